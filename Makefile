@@ -1,0 +1,194 @@
+# spoa-ratelimit — plain Makefile.
+#
+#   make                 build the agent into build/
+#   make test            install what is missing, then unit tests, fuzz corpus
+#                        replay (ASan), integration tests (real HAProxy + Redis)
+#   make demo            two gateways, two agents, one Redis: the shared budget
+#   make bench           wrk through HAProxy: no SPOE vs null agent vs Redis
+#   make fuzz-smoke      libFuzzer (clang) on the frame decoder for ~60 s
+#   make SANITIZE=address,undefined   ASan/UBSan build into build-asan/
+#   make WERROR=1        warnings are errors
+#   make install PREFIX=/usr/local DESTDIR=...
+
+CC      ?= gcc
+PREFIX  ?= /usr/local
+VERSION ?= 0.1.0
+PYTHON  ?= /usr/bin/python3
+
+ifneq ($(SANITIZE),)
+BUILD   ?= build-asan
+SANFLAGS = -fsanitize=$(SANITIZE) -fno-sanitize-recover=all -fno-omit-frame-pointer
+else
+BUILD   ?= build
+SANFLAGS =
+endif
+
+WARN    = -Wall -Wextra -Wshadow -Wformat=2 -Wstrict-prototypes -Wmissing-prototypes \
+          -Wpointer-arith -Wcast-align -Wwrite-strings -Wno-unused-parameter
+ifeq ($(WERROR),1)
+WARN   += -Werror
+endif
+ifeq ($(DEBUG),1)
+OPT     = -O0 -g3
+else
+OPT     = -O2 -g
+endif
+
+PKG_CFLAGS := $(shell pkg-config --cflags hiredis libconfig 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs hiredis libconfig 2>/dev/null || echo -lhiredis -lconfig)
+CFLAGS  += -std=gnu11 -D_GNU_SOURCE -DVERSION='"$(VERSION)"' $(OPT) $(WARN) $(SANFLAGS) \
+           -MMD -MP -Ispoa -Isrc $(PKG_CFLAGS)
+LDFLAGS += $(SANFLAGS)
+LIBS     = $(PKG_LIBS) -lev
+
+ifneq ($(V),1)
+Q = @
+endif
+
+SPOA_SRC  = spoa/spop.c spoa/server.c
+AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/limiter.c \
+            src/digest.c src/log.c src/util.c
+SPOA_OBJ  = $(SPOA_SRC:%.c=$(BUILD)/%.o)
+AGENT_OBJ = $(AGENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/scripts.o
+LUA       = lua/gcra.lua
+
+BIN       = $(BUILD)/spoa-ratelimit
+LIBSPOA   = $(BUILD)/libspoa.a
+UNIT_BINS = $(BUILD)/test_spop $(BUILD)/test_limiter
+REPLAY    = $(BUILD)/fuzz_replay
+
+.PHONY: all deps unit replay itest test demo bench fuzz fuzz-smoke check-config install \
+        uninstall clean help
+
+all: $(BIN) $(LIBSPOA)
+
+help:
+	@sed -n '1,14p' Makefile
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
+
+# The Lua scripts are embedded in the binary: what was tested is what runs.
+$(BUILD)/gen/scripts.c: $(LUA)
+	@mkdir -p $(dir $@)
+	@echo "  GEN     $@"
+	$(Q){ echo '/* generated from lua/ by the Makefile: do not edit */'; \
+	  echo '#include "scripts.h"'; \
+	  echo 'const char script_gcra[] = {'; xxd -i < lua/gcra.lua; echo ', 0x00 };'; \
+	  echo 'const size_t script_gcra_len = sizeof(script_gcra) - 1;'; } > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/gen/scripts.o: $(BUILD)/gen/scripts.c
+	@echo "  CC      $<"
+	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
+
+$(LIBSPOA): $(SPOA_OBJ)
+	@echo "  AR      $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(BIN): $(AGENT_OBJ) $(LIBSPOA)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(AGENT_OBJ) $(LIBSPOA) $(LIBS)
+
+# ---- tests ---------------------------------------------------------------
+
+$(BUILD)/test_spop: tests/unit/test_spop.c $(LIBSPOA)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIBSPOA) -lcmocka
+
+$(BUILD)/test_limiter: tests/unit/test_limiter.c $(BUILD)/src/limiter.o $(BUILD)/src/digest.o \
+                       $(BUILD)/src/util.o
+	@echo "  LD      $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka
+
+$(REPLAY): tests/fuzz/fuzz_spop_frame.c tests/fuzz/replay.c $(LIBSPOA)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ tests/fuzz/fuzz_spop_frame.c tests/fuzz/replay.c \
+	  $(LIBSPOA)
+
+unit: $(UNIT_BINS)
+	$(Q)for t in $(UNIT_BINS); do echo "== $$t"; $$t || exit 1; done
+
+# The fuzz corpus is replayed as a regression test under ASan/UBSan.
+replay:
+	$(Q)$(MAKE) --no-print-directory SANITIZE=address,undefined build-asan/fuzz_replay
+	build-asan/fuzz_replay tests/fuzz/corpus/spop_frame
+
+itest: $(BIN)
+	SPOA_BIN=$(abspath $(BIN)) $(PYTHON) -m pytest -q tests/integration
+
+test: deps
+	$(Q)$(MAKE) --no-print-directory all
+	$(Q)$(MAKE) --no-print-directory unit
+	$(Q)$(MAKE) --no-print-directory replay
+	$(Q)$(MAKE) --no-print-directory itest
+
+# ---- fuzzing (clang-14 + libFuzzer) ---------------------------------------
+
+FUZZ_BUILD = build-fuzz
+fuzz: $(FUZZ_BUILD)/fuzz_spop_frame
+
+$(FUZZ_BUILD)/fuzz_spop_frame: tests/fuzz/fuzz_spop_frame.c spoa/spop.c spoa/spop.h
+	@mkdir -p $(FUZZ_BUILD)
+	clang-14 -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -Ispoa -o $@ \
+	  tests/fuzz/fuzz_spop_frame.c spoa/spop.c
+
+fuzz-smoke: fuzz
+	@mkdir -p $(FUZZ_BUILD)/corpus
+	$(FUZZ_BUILD)/fuzz_spop_frame -max_total_time=60 -max_len=65536 \
+	  -dict=tests/fuzz/spop.dict $(FUZZ_BUILD)/corpus tests/fuzz/corpus/spop_frame
+
+# ---- the main job and the benchmark ----------------------------------------
+
+demo: deps
+	$(Q)$(MAKE) --no-print-directory all
+	$(PYTHON) tests/tools/demo.py --agent $(abspath $(BIN))
+
+bench: deps
+	$(Q)$(MAKE) --no-print-directory all
+	$(PYTHON) tests/tools/bench.py --agent $(abspath $(BIN))
+
+# ---- checks ----------------------------------------------------------------
+
+check-config: $(BIN)
+	$(BIN) -c -f contrib/spoa-ratelimit.conf
+	RL_SPOE_CONF=$(abspath haproxy/spoe-ratelimit.conf) RL_TIER_MAP=$(abspath haproxy/tiers.map) \
+	  haproxy -c -f haproxy/haproxy.cfg
+
+# ---- dependencies: Debian 12 packages ---------------------------------------
+
+DEB_PKGS = gcc make pkg-config xxd libev-dev libhiredis-dev libconfig-dev libcmocka-dev \
+           redis-server redis-tools haproxy python3 python3-pytest wrk clang-14 \
+           libclang-rt-14-dev
+
+deps:
+	@missing=""; for p in $(DEB_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || \
+	    missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+# ---- install ---------------------------------------------------------------
+
+install: $(BIN)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/spoa-ratelimit/haproxy \
+	  $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit
+	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/spoa-ratelimit
+	install -m 0644 haproxy/haproxy.cfg haproxy/spoe-ratelimit.conf haproxy/tiers.map \
+	  $(DESTDIR)$(PREFIX)/share/spoa-ratelimit/haproxy/
+	install -m 0644 contrib/spoa-ratelimit.conf README.md \
+	  $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit/
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/spoa-ratelimit
+	rm -rf $(DESTDIR)$(PREFIX)/share/spoa-ratelimit $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit
+
+clean:
+	rm -rf build build-asan build-fuzz
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,967 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libspoa runtime: listeners, connections, requests.
+ *
+ * DESIGN
+ * A connection goes HELLO -> READY -> CLOSING -> (freed).
+ *  - HELLO: the first frame must be a HAPROXY-HELLO with FIN; anything else is
+ *    answered with AGENT-DISCONNECT(4). A health-check hello is answered with a
+ *    full AGENT-HELLO and the connection closes once it is written.
+ *  - READY: NOTIFYs become requests; HAPROXY-DISCONNECT is answered with
+ *    AGENT-DISCONNECT(0); unknown frame types are skipped; a frame without FIN
+ *    gets AGENT-DISCONNECT(10) because we never announce fragmentation.
+ *  - CLOSING: input is ignored, queued output is flushed (bounded by a linger
+ *    timer), then the connection is freed.
+ * The 4-byte length of each frame is checked against the negotiated frame size
+ * before its payload is read; the receive buffer never grows past that size.
+ *
+ * Requests point at their connection and sit on its list. When a connection
+ * dies first it clears req->conn; the application's later spoa_req_done() then
+ * just frees the request (an "orphan"). A connection is never freed inside a
+ * call that may still use it: conn_kill() only marks it and arms a zero timer.
+ *
+ * Each ACK is built whole in the request's buffer and queued with one send(),
+ * so it leaves in one write unless the socket buffer is full.
+ */
+#include "spoa.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+
+#include <ev.h>
+
+#include "list.h"
+
+#define SPOA_ACK_MAX        1024    /* largest ACK a request can build */
+#define SPOA_LINGER_MS      1000    /* how long a closing connection may flush */
+
+enum conn_state {
+	CONN_ST_HELLO   = 0,
+	CONN_ST_READY   = 1,
+	CONN_ST_CLOSING = 2,
+	CONN_ST_DEAD    = 3,
+	CONN_ST_COUNT       /* sentinel */
+};
+
+struct spoa_listener {
+	struct list node;               /* in spoa_server.listeners */
+	struct spoa_server *srv;        /* ref: owner */
+	ev_io io;                       /* accept watcher */
+	int fd;                         /* owned */
+	char *unix_path;                /* owned: unlinked on close, or NULL */
+};
+
+struct spoa_conn {
+	struct list node;               /* in spoa_server.conns */
+	struct spoa_server *srv;        /* ref: owner */
+	uint64_t id;                    /* for logs */
+	int fd;                         /* owned */
+	enum conn_state state;
+	ev_io rio;                      /* readable */
+	ev_io wio;                      /* writable, only while tx has data */
+	ev_timer timer;                 /* hello timeout, linger, deferred free */
+	uint32_t frame_size;            /* negotiated max frame (our max before hello) */
+	uint8_t *rx;                    /* owned: frame_size + 4 bytes */
+	size_t rx_len;                  /* bytes in rx */
+	uint8_t *tx;                    /* owned: pending output */
+	size_t tx_off;                  /* first unsent byte */
+	size_t tx_len;                  /* bytes in tx */
+	size_t tx_cap;                  /* allocated size of tx */
+	unsigned inflight;              /* requests not completed */
+	struct list reqs;               /* spoa_req.node */
+	bool reading;                   /* rio started */
+	char peer[64];                  /* printable peer address */
+};
+
+struct spoa_req {
+	struct list node;               /* in spoa_conn.reqs while the conn lives */
+	struct spoa_conn *conn;         /* ref: NULL once the connection is gone */
+	struct spoa_server *srv;        /* ref: for stats */
+	void *udata;                    /* ref: application data */
+	size_t frame_start;             /* offset of the ACK in buf */
+	struct spop_wbuf w;             /* ACK under construction */
+	uint8_t buf[SPOA_ACK_MAX];      /* the ACK frame */
+};
+
+struct spoa_server {
+	struct ev_loop *loop;           /* ref: caller's loop */
+	struct spoa_opts opts;          /* with defaults applied */
+	struct spoa_handler h;          /* copy of the caller's hooks */
+	struct list listeners;          /* spoa_listener.node */
+	struct list conns;              /* spoa_conn.node */
+	struct spoa_stats stats;
+	uint64_t next_id;
+	int spare_fd;                   /* kept open to survive EMFILE, -1 if none */
+};
+
+static void conn_process(struct spoa_conn *c);
+static void conn_update_io(struct spoa_conn *c);
+
+static void slog(struct spoa_server *srv, int level, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void slog(struct spoa_server *srv, int level, const char *fmt, ...)
+{
+	char buf[512];
+	va_list ap;
+
+	if (!srv->h.log)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	srv->h.log(level, buf, srv->h.arg);
+}
+
+#define CLOG(c, level, fmt, ...)                                                           \
+	slog((c)->srv, (level), "[c#%llu %s] " fmt, (unsigned long long)(c)->id, (c)->peer,    \
+	     ##__VA_ARGS__)
+
+static void *xalloc(size_t n)
+{
+	void *p = calloc(1, n);
+
+	if (!p)
+		abort();
+	return p;
+}
+
+/* ---------------------------------------------------------------- output */
+
+/* Frees the connection: the timer callback armed by conn_kill(). */
+static void conn_free(struct spoa_conn *c)
+{
+	struct spoa_server *srv = c->srv;
+	struct list *n, *tmp;
+
+	ev_io_stop(srv->loop, &c->rio);
+	ev_io_stop(srv->loop, &c->wio);
+	ev_timer_stop(srv->loop, &c->timer);
+	list_for_each_safe(n, tmp, &c->reqs)
+	{
+		struct spoa_req *r = LIST_ELEM(n, struct spoa_req, node);
+
+		r->conn = NULL;
+		list_del(&r->node);
+	}
+	if (c->fd >= 0)
+		close(c->fd);
+	list_del(&c->node);
+	srv->stats.conns_active--;
+	free(c->rx);
+	free(c->tx);
+	free(c);
+}
+
+static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct spoa_conn *c = container_of(t, struct spoa_conn, timer);
+
+	(void)loop;
+	(void)revents;
+	switch (c->state) {
+	case CONN_ST_READY:
+		/* a kick: frames wait in rx for a free slot (see conn_kick) */
+		conn_process(c);
+		return;
+	case CONN_ST_HELLO:
+		CLOG(c, SPOA_LOG_INFO, "no HAPROXY-HELLO in time, closing");
+		break;
+	case CONN_ST_CLOSING:
+		CLOG(c, SPOA_LOG_DEBUG, "linger expired with %zu bytes unsent", c->tx_len - c->tx_off);
+		break;
+	default:
+		break;
+	}
+	conn_free(c);
+}
+
+/*
+ * Marks <c> dead: no more I/O, pending requests orphaned, freed from a zero
+ * timer. Safe to call from anywhere, including while <c> is being used up the
+ * stack.
+ */
+static void conn_kill(struct spoa_conn *c)
+{
+	struct spoa_server *srv = c->srv;
+	struct list *n, *tmp;
+
+	if (c->state == CONN_ST_DEAD)
+		return;
+	c->state = CONN_ST_DEAD;
+	ev_io_stop(srv->loop, &c->rio);
+	ev_io_stop(srv->loop, &c->wio);
+	c->reading = false;
+	list_for_each_safe(n, tmp, &c->reqs)
+	{
+		struct spoa_req *r = LIST_ELEM(n, struct spoa_req, node);
+
+		r->conn = NULL;
+		list_del(&r->node);
+	}
+	ev_timer_stop(srv->loop, &c->timer);
+	ev_timer_set(&c->timer, 0., 0.);
+	ev_timer_start(srv->loop, &c->timer);
+}
+
+/*
+ * Schedules conn_process() from the loop, for frames left in rx when a bound
+ * was hit. Never processes synchronously: the caller may be inside
+ * conn_process() already (a request completed from its notify callback).
+ */
+static void conn_kick(struct spoa_conn *c)
+{
+	if (c->state != CONN_ST_READY || c->rx_len < SPOP_LEN_SIZE)
+		return;
+	ev_timer_stop(c->srv->loop, &c->timer);
+	ev_timer_set(&c->timer, 0., 0.);
+	ev_timer_start(c->srv->loop, &c->timer);
+}
+
+/* Writes as much of tx as the socket takes. Returns 0, or -1 if <c> was killed. */
+static int conn_flush(struct spoa_conn *c)
+{
+	while (c->tx_off < c->tx_len) {
+		ssize_t n = send(c->fd, c->tx + c->tx_off, c->tx_len - c->tx_off, MSG_NOSIGNAL);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				break;
+			CLOG(c, SPOA_LOG_DEBUG, "send: %s", strerror(errno));
+			conn_kill(c);
+			return -1;
+		}
+		c->tx_off += (size_t)n;
+	}
+	if (c->tx_off == c->tx_len) {
+		c->tx_off = c->tx_len = 0;
+		if (c->state == CONN_ST_CLOSING) {
+			conn_kill(c);
+			return -1;
+		}
+	}
+	conn_update_io(c);
+	return 0;
+}
+
+/*
+ * Queues the frame <data> of <len> bytes and tries to send it at once. The send
+ * queue is bounded by the in-flight limit times the largest ACK plus one frame;
+ * a peer that does not read past that gets its connection closed.
+ */
+static int conn_send(struct spoa_conn *c, const uint8_t *data, size_t len)
+{
+	size_t need, limit;
+
+	if (c->state == CONN_ST_DEAD)
+		return -1;
+	limit = (size_t)c->srv->opts.max_inflight * SPOA_ACK_MAX + c->frame_size + SPOP_LEN_SIZE;
+	if (c->tx_off > 0 && c->tx_off == c->tx_len)
+		c->tx_off = c->tx_len = 0;
+	need = c->tx_len + len;
+	if (need > limit) {
+		CLOG(c, SPOA_LOG_WARN, "peer does not read, %zu bytes queued: closing", c->tx_len);
+		conn_kill(c);
+		return -1;
+	}
+	if (need > c->tx_cap) {
+		size_t cap = c->tx_cap ? c->tx_cap : 4096;
+		uint8_t *p;
+
+		while (cap < need)
+			cap *= 2;
+		if (cap > limit)
+			cap = limit;
+		p = realloc(c->tx, cap);
+		if (!p)
+			abort();
+		c->tx = p;
+		c->tx_cap = cap;
+	}
+	memcpy(c->tx + c->tx_len, data, len);
+	c->tx_len += len;
+	return conn_flush(c);
+}
+
+/* Sends AGENT-DISCONNECT(<status>) and closes once it is written. */
+static void conn_disconnect(struct spoa_conn *c, uint32_t status, const char *msg)
+{
+	uint8_t buf[512];
+	struct spop_wbuf w;
+	int n;
+
+	if (c->state == CONN_ST_DEAD || c->state == CONN_ST_CLOSING)
+		return;
+	if (status <= SPOP_ST_RES)
+		c->srv->stats.errors[status]++;
+	CLOG(c, status == SPOP_ST_NORMAL ? SPOA_LOG_DEBUG : SPOA_LOG_INFO,
+	     "AGENT-DISCONNECT status=%u (%s)", status, msg);
+	spop_wbuf_init(&w, buf, sizeof(buf));
+	n = spop_agent_disconnect_build(&w, status, msg);
+	c->state = CONN_ST_CLOSING;
+	ev_io_stop(c->srv->loop, &c->rio);
+	c->reading = false;
+	ev_timer_stop(c->srv->loop, &c->timer);
+	ev_timer_set(&c->timer, SPOA_LINGER_MS / 1000., 0.);
+	ev_timer_start(c->srv->loop, &c->timer);
+	if (n > 0)
+		(void)conn_send(c, buf, (size_t)n);
+	else
+		conn_kill(c);
+}
+
+/*
+ * Starts or stops the watchers: read while there is room for more work (in
+ * flight below the bound, send queue below half of it), write while output is
+ * pending. Reading pauses are how back-pressure reaches HAProxy.
+ */
+static void conn_update_io(struct spoa_conn *c)
+{
+	struct spoa_server *srv = c->srv;
+	bool want_read, want_write;
+
+	if (c->state == CONN_ST_DEAD)
+		return;
+	want_read = (c->state == CONN_ST_HELLO || c->state == CONN_ST_READY) &&
+		    c->inflight < srv->opts.max_inflight &&
+		    c->tx_len - c->tx_off < (size_t)srv->opts.max_inflight * SPOA_ACK_MAX / 2;
+	want_write = c->tx_off < c->tx_len;
+	if (want_read && !c->reading) {
+		ev_io_start(srv->loop, &c->rio);
+		c->reading = true;
+	} else if (!want_read && c->reading) {
+		ev_io_stop(srv->loop, &c->rio);
+		c->reading = false;
+	}
+	if (want_write && !ev_is_active(&c->wio))
+		ev_io_start(srv->loop, &c->wio);
+	else if (!want_write && ev_is_active(&c->wio))
+		ev_io_stop(srv->loop, &c->wio);
+}
+
+static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct spoa_conn *c = container_of(w, struct spoa_conn, wio);
+	bool was_full;
+
+	(void)loop;
+	(void)revents;
+	was_full = !c->reading;
+	if (conn_flush(c) < 0)
+		return;
+	/* frames left in rx while we were blocked can be processed now */
+	if (was_full && c->reading)
+		conn_kick(c);
+}
+
+/* ---------------------------------------------------------------- requests */
+
+static struct spoa_req *req_new(struct spoa_conn *c, const struct spop_frame *f)
+{
+	struct spoa_req *r = xalloc(sizeof(*r));
+	size_t size = sizeof(r->buf);
+
+	r->conn = c;
+	r->srv = c->srv;
+	/* an ACK may not exceed the negotiated frame size */
+	if (size > (size_t)c->frame_size + SPOP_LEN_SIZE)
+		size = (size_t)c->frame_size + SPOP_LEN_SIZE;
+	spop_wbuf_init(&r->w, r->buf, size);
+	r->frame_start = spop_frame_begin(&r->w, SPOP_FRM_ACK, SPOP_FL_FIN, f->sid, f->fid);
+	list_append(&c->reqs, &r->node);
+	c->inflight++;
+	c->srv->stats.inflight++;
+	return r;
+}
+
+/*
+ * Adds a set-var action for <name> in <scope> with value <v> to the ACK of
+ * <req>. Returns 0, or -1 if it does not fit (the ACK keeps what fitted).
+ */
+int spoa_req_set_data(struct spoa_req *req, uint8_t scope, const char *name,
+		      const struct spop_data *v)
+{
+	size_t before = req->w.len;
+
+	spop_put_set_var(&req->w, scope, name, strlen(name), v);
+	if (req->w.overflow) {
+		req->w.len = before;
+		req->w.overflow = false;
+		return -1;
+	}
+	return 0;
+}
+
+int spoa_req_set_int(struct spoa_req *req, uint8_t scope, const char *name, int64_t v)
+{
+	struct spop_data d = spop_int64(v);
+
+	return spoa_req_set_data(req, scope, name, &d);
+}
+
+int spoa_req_set_str(struct spoa_req *req, uint8_t scope, const char *name, const char *s,
+		     size_t len)
+{
+	struct spop_data d = spop_string(s, len);
+
+	return spoa_req_set_data(req, scope, name, &d);
+}
+
+bool spoa_req_orphaned(const struct spoa_req *req)
+{
+	return req->conn == NULL;
+}
+
+void spoa_req_set_udata(struct spoa_req *req, void *udata)
+{
+	req->udata = udata;
+}
+
+void *spoa_req_udata(const struct spoa_req *req)
+{
+	return req->udata;
+}
+
+/*
+ * Completes <req>: sends its ACK on its connection (if that still lives) and
+ * frees it. An ACK always carries at least one action: early HAProxy 3.1
+ * stalls on empty ACKs, so a request completed with none gets a NULL set-var
+ * named "done" added (which HAProxy treats as an unset). May be called from
+ * inside the notify callback. <req> is invalid afterwards.
+ */
+void spoa_req_done(struct spoa_req *req)
+{
+	struct spoa_conn *c = req->conn;
+	struct spoa_server *srv = req->srv;
+	bool was_full;
+	int n;
+
+	srv->stats.inflight--;
+	if (!c) {
+		srv->stats.orphans++;
+		free(req);
+		return;
+	}
+	list_del(&req->node);
+	was_full = c->inflight >= srv->opts.max_inflight;
+	c->inflight--;
+	if (req->w.len - req->frame_start <= SPOP_LEN_SIZE + 9 + 2 * SPOP_VARINT_MAX) {
+		struct spop_data d = {.type = SPOP_T_NULL};
+
+		(void)spoa_req_set_data(req, SPOP_SCOPE_TXN, "done", &d);
+	}
+	n = spop_frame_end(&req->w, req->frame_start);
+	if (n > 0 && c->state == CONN_ST_READY) {
+		srv->stats.acks++;
+		if (conn_send(c, req->buf + req->frame_start, (size_t)n) == 0 && was_full)
+			conn_kick(c); /* frames may wait in rx for this free slot */
+	}
+	free(req);
+}
+
+/* ---------------------------------------------------------------- input */
+
+static void conn_on_hello(struct spoa_conn *c, const struct spop_frame *f)
+{
+	struct spop_hello h;
+	struct spop_wbuf w;
+	uint8_t buf[128];
+	uint32_t size;
+	int ret, n;
+
+	if (f->type != SPOP_FRM_HAPROXY_HELLO) {
+		conn_disconnect(c, SPOP_ST_INVALID, "expected HAPROXY-HELLO");
+		return;
+	}
+	if (!(f->flags & SPOP_FL_FIN)) {
+		conn_disconnect(c, SPOP_ST_FRAG_NOT_SUPP, "fragmentation not supported");
+		return;
+	}
+	ret = spop_hello_parse(f->payload, f->len, &h);
+	if (ret == 0)
+		ret = spop_frame_size_negotiate(&h, c->srv->opts.max_frame_size, &size);
+	if (ret < 0) {
+		conn_disconnect(c, (uint32_t)-ret, spop_status_str(-ret));
+		return;
+	}
+	spop_wbuf_init(&w, buf, sizeof(buf));
+	n = spop_agent_hello_build(&w, size, "pipelining");
+	if (n < 0) {
+		conn_disconnect(c, SPOP_ST_RES, "cannot build hello");
+		return;
+	}
+	ev_timer_stop(c->srv->loop, &c->timer);
+	if (h.healthcheck) {
+		c->srv->stats.healthchecks++;
+		CLOG(c, SPOA_LOG_DEBUG, "health check");
+		c->state = CONN_ST_CLOSING;
+		ev_timer_set(&c->timer, SPOA_LINGER_MS / 1000., 0.);
+		ev_timer_start(c->srv->loop, &c->timer);
+		(void)conn_send(c, buf, (size_t)n);
+		return;
+	}
+	c->srv->stats.hellos++;
+	c->frame_size = size;
+	c->state = CONN_ST_READY;
+	CLOG(c, SPOA_LOG_DEBUG, "hello: frame size %u, engine %.*s", size, (int)h.engine_id.len,
+	     h.engine_id.p ? h.engine_id.p : "");
+	(void)conn_send(c, buf, (size_t)n);
+}
+
+static void conn_on_frame(struct spoa_conn *c, const struct spop_frame *f)
+{
+	struct spoa_server *srv = c->srv;
+	struct spop_disconnect d;
+	struct spop_rd rd;
+	struct spoa_req *r;
+
+	if (c->state == CONN_ST_HELLO) {
+		conn_on_hello(c, f);
+		return;
+	}
+	switch (f->type) {
+	case SPOP_FRM_NOTIFY:
+		if (!(f->flags & SPOP_FL_FIN)) {
+			conn_disconnect(c, SPOP_ST_FRAG_NOT_SUPP, "fragmentation not supported");
+			return;
+		}
+		if (f->flags & SPOP_FL_ABORT) {
+			conn_disconnect(c, SPOP_ST_INVALID, "unexpected abort flag");
+			return;
+		}
+		/* the whole message list is validated before the application sees it */
+		rd.p = f->payload;
+		rd.end = f->payload + f->len;
+		{
+			struct spop_msg m;
+			int ret;
+
+			while ((ret = spop_msg_next(&rd, &m)) > 0)
+				;
+			if (ret < 0) {
+				conn_disconnect(c, SPOP_ST_INVALID, "malformed NOTIFY payload");
+				return;
+			}
+		}
+		srv->stats.notify++;
+		r = req_new(c, f);
+		rd.p = f->payload;
+		rd.end = f->payload + f->len;
+		srv->h.on_notify(r, &rd, srv->h.arg);
+		return;
+	case SPOP_FRM_HAPROXY_DISCON:
+		srv->stats.haproxy_disconnects++;
+		if (spop_disconnect_parse(f->payload, f->len, &d) == 0)
+			CLOG(c, SPOA_LOG_DEBUG, "HAPROXY-DISCONNECT status=%u %.*s", d.status,
+			     (int)d.message.len, d.message.p);
+		conn_disconnect(c, SPOP_ST_NORMAL, "");
+		return;
+	case SPOP_FRM_HAPROXY_HELLO:
+		conn_disconnect(c, SPOP_ST_INVALID, "unexpected HAPROXY-HELLO");
+		return;
+	case SPOP_FRM_UNSET:
+		conn_disconnect(c, SPOP_ST_FRAG_NOT_SUPP, "fragmentation not supported");
+		return;
+	default:
+		/* unknown frame types are skipped (SPOE.txt 3.2.4) */
+		CLOG(c, SPOA_LOG_DEBUG, "skipping frame type %u", f->type);
+		return;
+	}
+}
+
+/*
+ * Extracts and dispatches every complete frame in rx, stopping when a bound is
+ * reached (in-flight requests, send queue) or the connection leaves the
+ * HELLO/READY states.
+ */
+static void conn_process(struct spoa_conn *c)
+{
+	size_t off = 0;
+
+	while (c->state == CONN_ST_HELLO || c->state == CONN_ST_READY) {
+		struct spop_frame f;
+		uint32_t len;
+
+		if (c->state == CONN_ST_READY && c->inflight >= c->srv->opts.max_inflight)
+			break;
+		if (spop_frame_len_peek(c->rx + off, c->rx_len - off, &len) == 0)
+			break;
+		if (len > c->frame_size) {
+			conn_disconnect(c, SPOP_ST_TOO_BIG, "frame is too big");
+			return;
+		}
+		if (len < SPOP_FRAME_MIN) {
+			conn_disconnect(c, SPOP_ST_INVALID, "frame too short");
+			return;
+		}
+		if (c->rx_len - off - SPOP_LEN_SIZE < len)
+			break;
+		if (spop_frame_decode(c->rx + off + SPOP_LEN_SIZE, len, &f) < 0) {
+			conn_disconnect(c, SPOP_ST_INVALID, "invalid frame header");
+			return;
+		}
+		off += SPOP_LEN_SIZE + len;
+		conn_on_frame(c, &f);
+		if (c->state == CONN_ST_DEAD)
+			return;
+	}
+	if (c->state == CONN_ST_DEAD)
+		return;
+	if (off) {
+		memmove(c->rx, c->rx + off, c->rx_len - off);
+		c->rx_len -= off;
+	}
+	conn_update_io(c);
+}
+
+static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct spoa_conn *c = container_of(w, struct spoa_conn, rio);
+	size_t room = (size_t)c->srv->opts.max_frame_size + SPOP_LEN_SIZE - c->rx_len;
+	ssize_t n;
+
+	(void)loop;
+	(void)revents;
+	if (room == 0) {
+		/* a full buffer that holds no complete frame cannot happen: frames
+		 * are bounded by frame_size <= max_frame_size */
+		conn_process(c);
+		return;
+	}
+	n = recv(c->fd, c->rx + c->rx_len, room, 0);
+	if (n < 0) {
+		if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+			return;
+		CLOG(c, SPOA_LOG_DEBUG, "recv: %s", strerror(errno));
+		conn_kill(c);
+		return;
+	}
+	if (n == 0) {
+		if (c->rx_len)
+			CLOG(c, SPOA_LOG_DEBUG, "peer closed with %zu bytes of a partial frame",
+			     c->rx_len);
+		conn_kill(c);
+		return;
+	}
+	c->rx_len += (size_t)n;
+	conn_process(c);
+}
+
+/* ---------------------------------------------------------------- server */
+
+static void peer_name(const struct sockaddr_storage *ss, char *buf, size_t len)
+{
+	char host[INET6_ADDRSTRLEN];
+
+	if (ss->ss_family == AF_INET) {
+		const struct sockaddr_in *s4 = (const struct sockaddr_in *)ss;
+
+		inet_ntop(AF_INET, &s4->sin_addr, host, sizeof(host));
+		snprintf(buf, len, "%s:%u", host, ntohs(s4->sin_port));
+	} else if (ss->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+
+		inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
+		snprintf(buf, len, "[%s]:%u", host, ntohs(s6->sin6_port));
+	} else {
+		snprintf(buf, len, "unix");
+	}
+}
+
+static void conn_new(struct spoa_server *srv, int fd, const struct sockaddr_storage *ss)
+{
+	struct spoa_conn *c = xalloc(sizeof(*c));
+
+	c->srv = srv;
+	c->fd = fd;
+	c->id = ++srv->next_id;
+	c->state = CONN_ST_HELLO;
+	c->frame_size = srv->opts.max_frame_size;
+	c->rx = xalloc((size_t)srv->opts.max_frame_size + SPOP_LEN_SIZE);
+	list_init(&c->reqs);
+	peer_name(ss, c->peer, sizeof(c->peer));
+	ev_io_init(&c->rio, conn_read_cb, fd, EV_READ);
+	ev_io_init(&c->wio, conn_write_cb, fd, EV_WRITE);
+	ev_timer_init(&c->timer, conn_timer_cb, srv->opts.hello_timeout_ms / 1000., 0.);
+	ev_timer_start(srv->loop, &c->timer);
+	list_append(&srv->conns, &c->node);
+	srv->stats.conns_accepted++;
+	srv->stats.conns_active++;
+	conn_update_io(c);
+	CLOG(c, SPOA_LOG_DEBUG, "accepted");
+}
+
+static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct spoa_listener *l = container_of(w, struct spoa_listener, io);
+	struct spoa_server *srv = l->srv;
+	int i;
+
+	(void)loop;
+	(void)revents;
+	for (i = 0; i < 64; i++) {
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof(ss);
+		int fd, one = 1;
+
+		fd = accept4(l->fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			if ((errno == EMFILE || errno == ENFILE) && srv->spare_fd >= 0) {
+				/* free the spare, accept and drop the connection, take it back:
+				 * HAProxy sees a close instead of a hanging backlog */
+				close(srv->spare_fd);
+				fd = accept(l->fd, NULL, NULL);
+				if (fd >= 0)
+					close(fd);
+				srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+				srv->stats.conns_refused++;
+				slog(srv, SPOA_LOG_WARN, "out of file descriptors, refused a connection");
+				continue;
+			}
+			if (errno != EAGAIN && errno != EWOULDBLOCK)
+				slog(srv, SPOA_LOG_WARN, "accept: %s", strerror(errno));
+			return;
+		}
+		if (srv->stats.conns_active >= srv->opts.max_conns) {
+			close(fd);
+			srv->stats.conns_refused++;
+			continue;
+		}
+		if (ss.ss_family == AF_INET || ss.ss_family == AF_INET6)
+			(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		conn_new(srv, fd, &ss);
+	}
+}
+
+/*
+ * Creates a server on <loop> with <opts> (NULL: defaults) and the hooks of
+ * <handler> (copied). Nothing listens until spoa_server_listen().
+ */
+struct spoa_server *spoa_server_new(struct ev_loop *loop, const struct spoa_opts *opts,
+				    const struct spoa_handler *handler)
+{
+	struct spoa_server *srv = xalloc(sizeof(*srv));
+
+	srv->loop = loop;
+	if (opts)
+		srv->opts = *opts;
+	if (!srv->opts.max_frame_size)
+		srv->opts.max_frame_size = 65532;
+	if (srv->opts.max_frame_size < SPOP_FRAME_SIZE_DFLT)
+		srv->opts.max_frame_size = SPOP_FRAME_SIZE_DFLT;
+	if (!srv->opts.max_inflight)
+		srv->opts.max_inflight = 256;
+	if (!srv->opts.max_conns)
+		srv->opts.max_conns = 4096;
+	if (!srv->opts.hello_timeout_ms)
+		srv->opts.hello_timeout_ms = 5000;
+	srv->h = *handler;
+	list_init(&srv->listeners);
+	list_init(&srv->conns);
+	srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	return srv;
+}
+
+/*
+ * Parses <addr> ("ip:port", "[ipv6]:port" or "unix:/path") into <ss>.
+ * Returns 0 or -1 with a message in <err>.
+ */
+static int parse_addr(const char *addr, struct sockaddr_storage *ss, socklen_t *sl, char *err,
+		      size_t errlen)
+{
+	char host[INET6_ADDRSTRLEN + 2];
+	const char *colon;
+	char *end;
+	unsigned long port;
+	size_t hl;
+
+	memset(ss, 0, sizeof(*ss));
+	if (strncmp(addr, "unix:", 5) == 0) {
+		struct sockaddr_un *su = (struct sockaddr_un *)ss;
+
+		if (strlen(addr + 5) == 0 || strlen(addr + 5) >= sizeof(su->sun_path)) {
+			snprintf(err, errlen, "bad unix socket path in '%s'", addr);
+			return -1;
+		}
+		su->sun_family = AF_UNIX;
+		strcpy(su->sun_path, addr + 5);
+		*sl = sizeof(*su);
+		return 0;
+	}
+	colon = strrchr(addr, ':');
+	if (!colon || colon == addr) {
+		snprintf(err, errlen, "'%s': expected ip:port, [ipv6]:port or unix:/path", addr);
+		return -1;
+	}
+	errno = 0;
+	port = strtoul(colon + 1, &end, 10);
+	if (errno || *end || end == colon + 1 || port > 65535) {
+		snprintf(err, errlen, "'%s': bad port", addr);
+		return -1;
+	}
+	hl = (size_t)(colon - addr);
+	if (addr[0] == '[') {
+		if (hl < 3 || addr[hl - 1] != ']' || hl - 2 >= sizeof(host)) {
+			snprintf(err, errlen, "'%s': bad IPv6 address", addr);
+			return -1;
+		}
+		memcpy(host, addr + 1, hl - 2);
+		host[hl - 2] = 0;
+	} else {
+		if (hl >= sizeof(host)) {
+			snprintf(err, errlen, "'%s': bad address", addr);
+			return -1;
+		}
+		memcpy(host, addr, hl);
+		host[hl] = 0;
+	}
+	if (inet_pton(AF_INET, host, &((struct sockaddr_in *)ss)->sin_addr) == 1) {
+		struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
+
+		s4->sin_family = AF_INET;
+		s4->sin_port = htons((uint16_t)port);
+		*sl = sizeof(*s4);
+		return 0;
+	}
+	if (inet_pton(AF_INET6, host, &((struct sockaddr_in6 *)ss)->sin6_addr) == 1) {
+		struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
+
+		s6->sin6_family = AF_INET6;
+		s6->sin6_port = htons((uint16_t)port);
+		*sl = sizeof(*s6);
+		return 0;
+	}
+	snprintf(err, errlen, "'%s': not a numeric IP address (names are not resolved)", addr);
+	return -1;
+}
+
+/*
+ * Opens a listener on <addr> and starts accepting. Returns 0, or -1 with a
+ * message in <err>.
+ */
+int spoa_server_listen(struct spoa_server *srv, const char *addr, char *err, size_t errlen)
+{
+	struct sockaddr_storage ss;
+	struct spoa_listener *l;
+	socklen_t sl;
+	int fd, one = 1;
+
+	if (parse_addr(addr, &ss, &sl, err, errlen) < 0)
+		return -1;
+	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		snprintf(err, errlen, "%s: socket: %s", addr, strerror(errno));
+		return -1;
+	}
+	if (ss.ss_family == AF_UNIX) {
+		struct stat st;
+		const char *path = ((struct sockaddr_un *)&ss)->sun_path;
+
+		/* replace a stale socket, never another kind of file */
+		if (stat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+			unlink(path);
+	} else {
+		(void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		if (srv->opts.reuseport &&
+		    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) < 0) {
+			snprintf(err, errlen, "%s: SO_REUSEPORT: %s", addr, strerror(errno));
+			close(fd);
+			return -1;
+		}
+		if (ss.ss_family == AF_INET6)
+			(void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+	}
+	if (bind(fd, (struct sockaddr *)&ss, sl) < 0 || listen(fd, 1024) < 0) {
+		snprintf(err, errlen, "%s: %s", addr, strerror(errno));
+		close(fd);
+		return -1;
+	}
+	l = xalloc(sizeof(*l));
+	l->srv = srv;
+	l->fd = fd;
+	if (ss.ss_family == AF_UNIX)
+		l->unix_path = strdup(((struct sockaddr_un *)&ss)->sun_path);
+	ev_io_init(&l->io, accept_cb, fd, EV_READ);
+	ev_io_start(srv->loop, &l->io);
+	list_append(&srv->listeners, &l->node);
+	slog(srv, SPOA_LOG_NOTICE, "listening on %s", addr);
+	return 0;
+}
+
+/* Closes every listener; open connections are left alone. */
+void spoa_server_stop_accepting(struct spoa_server *srv)
+{
+	struct list *n, *tmp;
+
+	list_for_each_safe(n, tmp, &srv->listeners)
+	{
+		struct spoa_listener *l = LIST_ELEM(n, struct spoa_listener, node);
+
+		ev_io_stop(srv->loop, &l->io);
+		close(l->fd);
+		if (l->unix_path)
+			unlink(l->unix_path);
+		free(l->unix_path);
+		list_del(&l->node);
+		free(l);
+	}
+}
+
+/*
+ * Sends AGENT-DISCONNECT(<status>, <message>) on every connection and closes
+ * them once written; requests still in flight become orphans.
+ */
+void spoa_server_disconnect_all(struct spoa_server *srv, uint32_t status, const char *message)
+{
+	struct list *n, *tmp;
+
+	list_for_each_safe(n, tmp, &srv->conns)
+	{
+		struct spoa_conn *c = LIST_ELEM(n, struct spoa_conn, node);
+
+		if (c->state == CONN_ST_HELLO)
+			conn_kill(c);
+		else
+			conn_disconnect(c, status, message);
+	}
+}
+
+size_t spoa_server_conns(const struct spoa_server *srv)
+{
+	return (size_t)srv->stats.conns_active;
+}
+
+const struct spoa_stats *spoa_server_stats(const struct spoa_server *srv)
+{
+	return &srv->stats;
+}
+
+/* Closes everything at once and frees <srv>. Pending requests become orphans. */
+void spoa_server_free(struct spoa_server *srv)
+{
+	struct list *n, *tmp;
+
+	if (!srv)
+		return;
+	spoa_server_stop_accepting(srv);
+	list_for_each_safe(n, tmp, &srv->conns)
+		conn_free(LIST_ELEM(n, struct spoa_conn, node));
+	if (srv->spare_fd >= 0)
+		close(srv->spare_fd);
+	free(srv);
+}

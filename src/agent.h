@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The agent: the root context (loop, SPOP server, store, current ruleset) and
+ * the decision path NOTIFY -> principal -> store -> ACK variables.
+ */
+#ifndef AGENT_AGENT_H
+#define AGENT_AGENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "compiler.h"
+
+struct ev_loop;
+struct ruleset;
+struct agent;
+
+/* Decision outcomes, counted. */
+enum agent_outcome {
+	OUT_ALLOWED   = 0,
+	OUT_DENIED    = 1,
+	OUT_DEGRADED  = 2,      /* Redis not consulted or failed: fail-open */
+	OUT_IGNORED   = 3,      /* no message of ours in the NOTIFY */
+	OUT_COUNT               /* sentinel */
+};
+
+int agent_new(struct ev_loop *loop, struct ruleset *rs, struct agent **out) MUSTCHECK;
+void agent_free(struct agent *a);
+void agent_swap_rules(struct agent *a, struct ruleset *rs);
+const struct ruleset *agent_rules(const struct agent *a);
+void agent_drain(struct agent *a);
+size_t agent_pending(const struct agent *a);
+void agent_log_stats(const struct agent *a);
+
+/* Exposed for tests: the Redis key part naming a principal. */
+size_t agent_principal_key(const char *key, size_t key_len, char *out, size_t outlen);
+
+#endif /* AGENT_AGENT_H */

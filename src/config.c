@@ -1,0 +1,470 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libconfig front end. Every key is looked up through a small table of known
+ * names per section so a typo is an error, not a silently ignored setting.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libconfig.h>
+
+#include "log.h"
+#include "store.h"
+#include "util.h"
+
+struct loader {
+	const char *file;
+	struct cfg_errors *errs;
+	struct agent_config *cfg;
+};
+
+static void add_err(struct loader *ld, int line, const char *fmt, ...) PRINTF(3, 4);
+
+static void add_err(struct loader *ld, int line, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	ld->errs->msgs = xrealloc(ld->errs->msgs, (ld->errs->n + 1) * sizeof(char *));
+	ld->errs->msgs[ld->errs->n++] = xasprintf("%s:%d: %s", ld->file, line, msg);
+}
+
+static int line_of(const config_setting_t *s)
+{
+	return s ? (int)config_setting_source_line(s) : 0;
+}
+
+/* Reports every member of group <g> whose name is not in <known>. */
+static void check_known(struct loader *ld, const config_setting_t *g, const char *where,
+			const char *const *known)
+{
+	int i, n = config_setting_length(g);
+
+	for (i = 0; i < n; i++) {
+		const config_setting_t *m = config_setting_get_elem(g, (unsigned)i);
+		const char *name = config_setting_name(m);
+		const char *const *k;
+
+		if (!name)
+			continue;
+		for (k = known; *k; k++)
+			if (strcmp(*k, name) == 0)
+				break;
+		if (!*k)
+			add_err(ld, line_of(m), "unknown setting '%s' in %s", name, where);
+	}
+}
+
+/* Reads string <name> of group <g>; returns a copy, <dflt> copy, or NULL. */
+static char *get_str(struct loader *ld, const config_setting_t *g, const char *name,
+		     const char *dflt)
+{
+	const config_setting_t *s = g ? config_setting_get_member(g, name) : NULL;
+
+	if (!s)
+		return dflt ? xstrdup(dflt) : NULL;
+	if (config_setting_type(s) != CONFIG_TYPE_STRING) {
+		add_err(ld, line_of(s), "'%s' must be a string", name);
+		return dflt ? xstrdup(dflt) : NULL;
+	}
+	return xstrdup(config_setting_get_string(s));
+}
+
+/* Reads integer <name> of <g> within [lo, hi] into <out> (left alone if absent). */
+static void get_uint(struct loader *ld, const config_setting_t *g, const char *name, long long lo,
+		     long long hi, unsigned *out)
+{
+	const config_setting_t *s = g ? config_setting_get_member(g, name) : NULL;
+	long long v;
+
+	if (!s)
+		return;
+	if (config_setting_type(s) != CONFIG_TYPE_INT && config_setting_type(s) != CONFIG_TYPE_INT64) {
+		add_err(ld, line_of(s), "'%s' must be an integer", name);
+		return;
+	}
+	v = config_setting_get_int64(s);
+	if (v < lo || v > hi) {
+		add_err(ld, line_of(s), "'%s' must be between %lld and %lld", name, lo, hi);
+		return;
+	}
+	*out = (unsigned)v;
+}
+
+static void get_bool(struct loader *ld, const config_setting_t *g, const char *name, bool *out)
+{
+	const config_setting_t *s = g ? config_setting_get_member(g, name) : NULL;
+
+	if (!s)
+		return;
+	if (config_setting_type(s) != CONFIG_TYPE_BOOL) {
+		add_err(ld, line_of(s), "'%s' must be true or false", name);
+		return;
+	}
+	*out = config_setting_get_bool(s);
+}
+
+/* A policy name goes into headers between quotes: keep it to a safe alphabet. */
+static bool name_ok(const char *n)
+{
+	size_t i, l = strlen(n);
+
+	if (l == 0 || l > 64)
+		return false;
+	for (i = 0; i < l; i++) {
+		char c = n[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      c == '_' || c == '-' || c == '.'))
+			return false;
+	}
+	return true;
+}
+
+static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_limit *l)
+{
+	static const char *const known[] = {"algorithm", "rate", "period", "burst", NULL};
+	const config_setting_t *m;
+	unsigned v;
+	char *alg;
+
+	l->name = xstrdup(config_setting_name(s));
+	l->line = line_of(s);
+	if (!config_setting_is_group(s)) {
+		add_err(ld, l->line, "limit '%s' must be a group { rate = N; period = \"1s\"; }",
+			l->name);
+		return;
+	}
+	check_known(ld, s, "a limit", known);
+	if (!name_ok(l->name))
+		add_err(ld, l->line, "limit name '%s': use at most 64 of [A-Za-z0-9_.-]", l->name);
+	alg = get_str(ld, s, "algorithm", "gcra");
+	if (strcmp(alg, "gcra") != 0 && strcmp(alg, "token_bucket") != 0)
+		add_err(ld, l->line, "limit '%s': unknown algorithm '%s' (known: gcra, token_bucket)",
+			l->name, alg);
+	free(alg);
+	m = config_setting_get_member(s, "rate");
+	if (!m) {
+		add_err(ld, l->line, "limit '%s': 'rate' is required", l->name);
+	} else {
+		v = 0;
+		get_uint(ld, s, "rate", 1, 1000000000LL, &v);
+		l->rate = v;
+	}
+	m = config_setting_get_member(s, "period");
+	if (!m) {
+		add_err(ld, l->line, "limit '%s': 'period' is required", l->name);
+	} else if (config_setting_type(m) != CONFIG_TYPE_STRING ||
+		   parse_duration_ms(config_setting_get_string(m), &l->period_ms) < 0 ||
+		   l->period_ms < 1 || l->period_ms > 366ULL * 86400000) {
+		add_err(ld, line_of(m),
+			"limit '%s': 'period' must be a duration like \"250ms\", \"1s\", \"1m\", "
+			"\"1h\", \"1d\" (at most 366d)",
+			l->name);
+	}
+	v = 0;
+	get_uint(ld, s, "burst", 1, 1000000000LL, &v);
+	l->burst = v ? v : l->rate;
+}
+
+static void load_tier(struct loader *ld, const config_setting_t *s, struct cfg_tier *t,
+		      const char *name)
+{
+	static const char *const known_tier[] = {"limits", NULL};
+	static const char *const known_anon[] = {"limits", "ipv4_prefix", "ipv6_prefix", NULL};
+	const config_setting_t *list;
+	int i, n;
+
+	t->name = xstrdup(name);
+	t->line = line_of(s);
+	if (!config_setting_is_group(s)) {
+		add_err(ld, t->line, "'%s' must be a group { limits = [ ... ]; }", name);
+		return;
+	}
+	check_known(ld, s, name, strcmp(name, "anonymous") == 0 ? known_anon : known_tier);
+	list = config_setting_get_member(s, "limits");
+	if (!list || !(config_setting_is_array(list) || config_setting_is_list(list))) {
+		add_err(ld, t->line, "'%s': 'limits' must be a list of limit names", name);
+		return;
+	}
+	n = config_setting_length(list);
+	if (n < 1 || n > STORE_MAX_LIMITS) {
+		add_err(ld, line_of(list), "'%s': between 1 and %d limits", name, STORE_MAX_LIMITS);
+		return;
+	}
+	t->limits = xcalloc((size_t)n, sizeof(char *));
+	for (i = 0; i < n; i++) {
+		const config_setting_t *e = config_setting_get_elem(list, (unsigned)i);
+		size_t j;
+
+		if (config_setting_type(e) != CONFIG_TYPE_STRING) {
+			add_err(ld, line_of(list), "'%s': limit names must be strings", name);
+			continue;
+		}
+		t->limits[t->nlimits] = xstrdup(config_setting_get_string(e));
+		for (j = 0; j < t->nlimits; j++)
+			if (strcmp(t->limits[j], t->limits[t->nlimits]) == 0)
+				add_err(ld, line_of(list), "'%s': limit '%s' listed twice", name,
+					t->limits[j]);
+		t->nlimits++;
+	}
+}
+
+static void check_tier_refs(struct loader *ld, const struct cfg_tier *t)
+{
+	size_t i, j;
+
+	for (i = 0; i < t->nlimits; i++) {
+		for (j = 0; j < ld->cfg->nlimits; j++)
+			if (strcmp(t->limits[i], ld->cfg->limits[j].name) == 0)
+				break;
+		if (j == ld->cfg->nlimits)
+			add_err(ld, t->line, "'%s' refers to unknown limit '%s'", t->name, t->limits[i]);
+	}
+}
+
+static void load_listen(struct loader *ld, const config_setting_t *s)
+{
+	struct agent_config *cfg = ld->cfg;
+	int i, n;
+
+	if (!s) {
+		cfg->listen = xcalloc(1, sizeof(char *));
+		cfg->listen[cfg->nlisten++] = xstrdup("127.0.0.1:12345");
+		return;
+	}
+	if (config_setting_type(s) == CONFIG_TYPE_STRING) {
+		cfg->listen = xcalloc(1, sizeof(char *));
+		cfg->listen[cfg->nlisten++] = xstrdup(config_setting_get_string(s));
+		return;
+	}
+	if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
+		add_err(ld, line_of(s), "'listen' must be an address or a list of addresses");
+		return;
+	}
+	n = config_setting_length(s);
+	if (n < 1) {
+		add_err(ld, line_of(s), "'listen' is empty");
+		return;
+	}
+	cfg->listen = xcalloc((size_t)n, sizeof(char *));
+	for (i = 0; i < n; i++) {
+		const config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
+
+		if (config_setting_type(e) != CONFIG_TYPE_STRING)
+			add_err(ld, line_of(s), "'listen' entries must be strings");
+		else
+			cfg->listen[cfg->nlisten++] = xstrdup(config_setting_get_string(e));
+	}
+}
+
+static void load_root(struct loader *ld, config_t *lc)
+{
+	static const char *const known_root[] = {
+		"listen", "log_level", "store", "message", "max_frame_size", "max_inflight", "redis",
+		"limits", "tiers", "default_tier", "anonymous", "response", NULL};
+	static const char *const known_redis[] = {"address", "user", "password", "key_prefix",
+						  "connect_timeout_ms", "command_timeout_ms",
+						  "max_pending", NULL};
+	static const char *const known_resp[] = {"legacy_headers", NULL};
+	struct agent_config *cfg = ld->cfg;
+	config_setting_t *root = config_root_setting(lc);
+	config_setting_t *s;
+	char *str;
+	int i, n;
+
+	check_known(ld, root, "the top level", known_root);
+	load_listen(ld, config_setting_get_member(root, "listen"));
+
+	str = get_str(ld, root, "log_level", "notice");
+	cfg->log_level = log_level_parse(str);
+	if (cfg->log_level < 0) {
+		add_err(ld, line_of(config_setting_get_member(root, "log_level")),
+			"log_level '%s': use err, warn, notice, info or debug", str);
+		cfg->log_level = LOG_NOTICE;
+	}
+	free(str);
+
+	str = get_str(ld, root, "store", "redis");
+	if (strcmp(str, "redis") == 0)
+		cfg->store = STORE_KIND_REDIS;
+	else if (strcmp(str, "allow") == 0)
+		cfg->store = STORE_KIND_ALLOW;
+	else
+		add_err(ld, line_of(config_setting_get_member(root, "store")),
+			"store '%s': use \"redis\" or \"allow\"", str);
+	free(str);
+
+	cfg->message = get_str(ld, root, "message", "rl-req");
+	cfg->max_frame_size = 65532;
+	get_uint(ld, root, "max_frame_size", 16380, 1 << 24, &cfg->max_frame_size);
+	cfg->max_inflight = 256;
+	get_uint(ld, root, "max_inflight", 1, 65536, &cfg->max_inflight);
+
+	s = config_setting_get_member(root, "redis");
+	if (s && !config_setting_is_group(s))
+		add_err(ld, line_of(s), "'redis' must be a group");
+	else if (s)
+		check_known(ld, s, "redis", known_redis);
+	cfg->redis.address = get_str(ld, s, "address", "127.0.0.1:6379");
+	cfg->redis.user = get_str(ld, s, "user", NULL);
+	cfg->redis.password = get_str(ld, s, "password", NULL);
+	cfg->redis.key_prefix = get_str(ld, s, "key_prefix", "rl");
+	if (!name_ok(cfg->redis.key_prefix) || strlen(cfg->redis.key_prefix) > 32)
+		add_err(ld, line_of(s), "redis key_prefix: use at most 32 of [A-Za-z0-9_.-]");
+	cfg->redis.connect_timeout_ms = 200;
+	cfg->redis.command_timeout_ms = 5;
+	cfg->redis.max_pending = 10000;
+	get_uint(ld, s, "connect_timeout_ms", 1, 60000, &cfg->redis.connect_timeout_ms);
+	get_uint(ld, s, "command_timeout_ms", 1, 60000, &cfg->redis.command_timeout_ms);
+	get_uint(ld, s, "max_pending", 1, 1000000, &cfg->redis.max_pending);
+
+	s = config_setting_get_member(root, "limits");
+	if (!s || !config_setting_is_group(s)) {
+		add_err(ld, line_of(s ? s : root), "'limits' must be a group of named limits");
+	} else {
+		n = config_setting_length(s);
+		cfg->limits = xcalloc((size_t)n, sizeof(*cfg->limits));
+		for (i = 0; i < n; i++)
+			load_limit(ld, config_setting_get_elem(s, (unsigned)i),
+				   &cfg->limits[cfg->nlimits++]);
+	}
+
+	s = config_setting_get_member(root, "tiers");
+	if (!s || !config_setting_is_group(s) || config_setting_length(s) < 1) {
+		add_err(ld, line_of(s ? s : root), "'tiers' must be a group with at least one tier");
+	} else {
+		n = config_setting_length(s);
+		cfg->tiers = xcalloc((size_t)n, sizeof(*cfg->tiers));
+		for (i = 0; i < n; i++) {
+			config_setting_t *t = config_setting_get_elem(s, (unsigned)i);
+
+			load_tier(ld, t, &cfg->tiers[cfg->ntiers], config_setting_name(t));
+			check_tier_refs(ld, &cfg->tiers[cfg->ntiers]);
+			cfg->ntiers++;
+		}
+	}
+
+	cfg->default_tier = get_str(ld, root, "default_tier", NULL);
+	if (!cfg->default_tier && cfg->ntiers) {
+		cfg->default_tier = xstrdup(cfg->tiers[0].name);
+	} else if (cfg->default_tier) {
+		size_t j;
+
+		for (j = 0; j < cfg->ntiers; j++)
+			if (strcmp(cfg->tiers[j].name, cfg->default_tier) == 0)
+				break;
+		if (j == cfg->ntiers)
+			add_err(ld, line_of(config_setting_get_member(root, "default_tier")),
+				"default_tier '%s' is not a tier", cfg->default_tier);
+	}
+
+	s = config_setting_get_member(root, "anonymous");
+	cfg->ipv4_prefix = 32;
+	cfg->ipv6_prefix = 64;
+	if (!s) {
+		add_err(ld, line_of(root), "'anonymous' is required: { limits = [ ... ]; }");
+	} else {
+		load_tier(ld, s, &cfg->anon, "anonymous");
+		check_tier_refs(ld, &cfg->anon);
+		if (config_setting_is_group(s)) {
+			get_uint(ld, s, "ipv4_prefix", 1, 32, &cfg->ipv4_prefix);
+			get_uint(ld, s, "ipv6_prefix", 1, 128, &cfg->ipv6_prefix);
+		}
+	}
+
+	s = config_setting_get_member(root, "response");
+	cfg->legacy_headers = true;
+	if (s && !config_setting_is_group(s))
+		add_err(ld, line_of(s), "'response' must be a group");
+	else if (s) {
+		check_known(ld, s, "response", known_resp);
+		get_bool(ld, s, "legacy_headers", &cfg->legacy_headers);
+	}
+}
+
+/*
+ * Reads and validates <file>. Returns 0 with a new config in <*out>, or -1 with
+ * every problem found appended to <errs> (as "file:line: message").
+ */
+int config_load(const char *file, struct agent_config **out, struct cfg_errors *errs)
+{
+	struct loader ld = {.file = file, .errs = errs};
+	size_t before = errs->n;
+	config_t lc;
+
+	ld.cfg = xcalloc(1, sizeof(*ld.cfg));
+	ld.cfg->file = xstrdup(file);
+	config_init(&lc);
+	if (config_read_file(&lc, file) != CONFIG_TRUE) {
+		if (config_error_type(&lc) == CONFIG_ERR_FILE_IO)
+			add_err(&ld, 0, "cannot read: %s", strerror(errno));
+		else
+			add_err(&ld, config_error_line(&lc), "%s", config_error_text(&lc));
+	} else {
+		load_root(&ld, &lc);
+	}
+	config_destroy(&lc);
+	if (errs->n != before) {
+		config_free(ld.cfg);
+		return -1;
+	}
+	*out = ld.cfg;
+	return 0;
+}
+
+static void tier_release(struct cfg_tier *t)
+{
+	size_t i;
+
+	for (i = 0; i < t->nlimits; i++)
+		free(t->limits[i]);
+	free(t->limits);
+	free(t->name);
+}
+
+void config_free(struct agent_config *cfg)
+{
+	size_t i;
+
+	if (!cfg)
+		return;
+	for (i = 0; i < cfg->nlisten; i++)
+		free(cfg->listen[i]);
+	free(cfg->listen);
+	for (i = 0; i < cfg->nlimits; i++)
+		free(cfg->limits[i].name);
+	free(cfg->limits);
+	for (i = 0; i < cfg->ntiers; i++)
+		tier_release(&cfg->tiers[i]);
+	free(cfg->tiers);
+	tier_release(&cfg->anon);
+	free(cfg->default_tier);
+	free(cfg->message);
+	free(cfg->redis.address);
+	free(cfg->redis.user);
+	free(cfg->redis.password);
+	free(cfg->redis.key_prefix);
+	free(cfg->file);
+	free(cfg);
+}
+
+void cfg_errors_release(struct cfg_errors *errs)
+{
+	size_t i;
+
+	for (i = 0; i < errs->n; i++)
+		free(errs->msgs[i]);
+	free(errs->msgs);
+	errs->msgs = NULL;
+	errs->n = 0;
+}

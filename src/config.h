@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The configuration file (libconfig syntax) as plain owned data. Loading
+ * validates everything and reports every error as "file:line: message", so
+ * startup, -c and reload share one pipeline. Nothing here points into the
+ * libconfig tree, which is gone when config_load() returns.
+ */
+#ifndef AGENT_CONFIG_H
+#define AGENT_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "compiler.h"
+
+enum store_kind {
+	STORE_KIND_REDIS = 0,   /* decide against Redis */
+	STORE_KIND_ALLOW = 1,   /* allow everything, touch nothing (benchmark baseline) */
+	STORE_KIND_COUNT        /* sentinel */
+};
+
+struct cfg_limit {
+	char *name;             /* owned: also the policy name in headers */
+	int line;               /* where it was defined */
+	uint64_t rate;          /* tokens per period */
+	uint64_t period_ms;
+	uint64_t burst;         /* bucket capacity in tokens */
+};
+
+struct cfg_tier {
+	char *name;             /* owned */
+	int line;
+	char **limits;          /* owned: limit names */
+	size_t nlimits;
+};
+
+struct agent_config {
+	char *file;                     /* owned: path it was read from */
+	char **listen;                  /* owned: listener addresses */
+	size_t nlisten;
+	int log_level;                  /* enum log_level */
+	enum store_kind store;
+	char *message;                  /* owned: SPOE message name we act on */
+	unsigned max_frame_size;        /* SPOP frame size we accept */
+	unsigned max_inflight;          /* NOTIFYs in flight per connection */
+	struct {
+		char *address;          /* owned */
+		char *user;             /* owned or NULL */
+		char *password;         /* owned or NULL */
+		char *key_prefix;       /* owned */
+		unsigned connect_timeout_ms;
+		unsigned command_timeout_ms;
+		unsigned max_pending;
+	} redis;
+	struct cfg_limit *limits;       /* owned array */
+	size_t nlimits;
+	struct cfg_tier *tiers;         /* owned array */
+	size_t ntiers;
+	char *default_tier;             /* owned */
+	struct cfg_tier anon;           /* limits of anonymous clients (name "anonymous") */
+	unsigned ipv4_prefix;           /* anonymous IPv4 grouping, bits (32) */
+	unsigned ipv6_prefix;           /* anonymous IPv6 grouping, bits (64) */
+	bool legacy_headers;            /* also return limit/remaining/reset */
+};
+
+/* Errors collected while loading, each "file:line: message". */
+struct cfg_errors {
+	char **msgs;            /* owned */
+	size_t n;
+};
+
+int config_load(const char *file, struct agent_config **out, struct cfg_errors *errs) MUSTCHECK;
+void config_free(struct agent_config *cfg);
+void cfg_errors_release(struct cfg_errors *errs);
+
+#endif /* AGENT_CONFIG_H */

@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The ruleset: a validated configuration compiled into what decisions need
+ * (GCRA parameters, tiers as limit indexes, ready-made RateLimit-Policy
+ * values). Immutable once built and reference counted: a reload builds a new
+ * one and swaps it in, decisions in flight finish on the one they started with.
+ */
+#ifndef AGENT_RULES_H
+#define AGENT_RULES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "limiter.h"
+#include "store.h"
+
+struct rule_limit {
+	const char *name;               /* ref: cfg */
+	uint64_t rate;                  /* tokens per period */
+	uint64_t period_s;              /* period in whole seconds, at least 1 (for headers) */
+	struct gcra_params gp;
+};
+
+struct rule_tier {
+	const char *name;               /* ref: cfg */
+	size_t n;                       /* limits applied together */
+	size_t idx[STORE_MAX_LIMITS];   /* into ruleset.limits */
+	char *policy;                   /* owned: RateLimit-Policy value */
+};
+
+struct ruleset {
+	unsigned refs;
+	uint64_t gen;                   /* generation, 1 for the first */
+	struct agent_config *cfg;       /* owned */
+	struct rule_limit *limits;      /* owned, cfg->nlimits entries */
+	struct rule_tier *tiers;        /* owned, cfg->ntiers entries */
+	size_t ntiers;
+	size_t default_tier;            /* index into tiers */
+	struct rule_tier anon;          /* anonymous clients */
+};
+
+struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen);
+struct ruleset *ruleset_ref(struct ruleset *rs);
+void ruleset_unref(struct ruleset *rs);
+const struct rule_tier *ruleset_tier(const struct ruleset *rs, const char *name, size_t len);
+
+#endif /* AGENT_RULES_H */

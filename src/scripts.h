@@ -1,0 +1,14 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The Redis scripts of lua/, embedded at build time (the Makefile generates
+ * the definitions from the .lua files).
+ */
+#ifndef AGENT_SCRIPTS_H
+#define AGENT_SCRIPTS_H
+
+#include <stddef.h>
+
+extern const char script_gcra[];        /* lua/gcra.lua, NUL-terminated */
+extern const size_t script_gcra_len;    /* its length without the NUL */
+
+#endif /* AGENT_SCRIPTS_H */

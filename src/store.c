@@ -1,0 +1,548 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Redis store on hiredis 0.14.1's async API and its libev adapter.
+ *
+ * DESIGN
+ * States: DISCONNECTED -> CONNECTING -> LOADING -> READY, back to DISCONNECTED
+ * on any failure, and a reconnect timer with a capped exponential backoff.
+ *  - CONNECTING: our connect timer bounds it (hiredis 0.14.1 has no async
+ *    connect timeout); on expiry the context is freed and we retry later.
+ *  - LOADING: AUTH (if configured) and SCRIPT LOAD are pipelined; the store is
+ *    ready when SCRIPT LOAD returns the digest. Queries are refused (DOWN)
+ *    until then, so they are answered by the fail policy at once rather than
+ *    waiting behind a connection that may never come up.
+ *  - READY: queries become EVALSHA commands. A NOSCRIPT error (Redis restarted
+ *    empty, SCRIPT FLUSH, eviction) re-sends the same query once as EVAL with
+ *    the script body, which also caches it again.
+ *
+ * Deadlines: every command joins a FIFO with its deadline; one timer tracks
+ * the oldest. When it expires the caller is answered STORE_TIMEOUT at once
+ * and the command is marked abandoned: hiredis still owns its callback, which
+ * later frees it without calling anyone ("late" replies). Since commands on one
+ * connection are answered in order, the FIFO head is always the oldest one.
+ *
+ * Bounded: at most max_pending commands in flight (abandoned ones included, so
+ * a stalled Redis cannot make us buffer without end); beyond that queries fail
+ * at once with STORE_BUSY.
+ *
+ * Exactly-once: a query accepted by store_decide() gets one callback, from the
+ * reply, the deadline, or the disconnection, whichever comes first.
+ */
+#include "store.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ev.h>
+#include <hiredis/adapters/libev.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+
+#include "list.h"
+#include "log.h"
+#include "scripts.h"
+#include "util.h"
+
+#define BACKOFF_MIN_MS 50
+#define BACKOFF_MAX_MS 500
+
+enum store_state {
+	ST_DISCONNECTED = 0,
+	ST_CONNECTING   = 1,
+	ST_LOADING      = 2,
+	ST_READY        = 3,
+	ST_COUNT            /* sentinel */
+};
+
+struct store_cmd {
+	struct list node;               /* in store.waiting until answered or expired */
+	struct store *s;                /* ref: owner */
+	store_done_fn cb;               /* NULL once the caller has been answered */
+	void *arg;                      /* ref: caller's */
+	ev_tstamp deadline;             /* ev_now() based */
+	bool retried;                   /* NOSCRIPT retry done */
+	struct store_query q;           /* kept for a NOSCRIPT retry */
+};
+
+struct store {
+	struct ev_loop *loop;           /* ref */
+	char *host;                     /* owned: ip, or NULL for unix */
+	int port;
+	char *unix_path;                /* owned or NULL */
+	char *user;                     /* owned or NULL */
+	char *password;                 /* owned or NULL */
+	unsigned connect_timeout_ms;
+	unsigned command_timeout_ms;
+	unsigned max_pending;
+	enum store_state state;
+	redisAsyncContext *ac;          /* owned by hiredis; NULL when disconnected */
+	ev_timer conn_timer;            /* connect deadline / reconnect backoff */
+	ev_timer cmd_timer;             /* deadline of the oldest waiting command */
+	unsigned backoff_ms;
+	char sha[41];                   /* digest of the script, from SCRIPT LOAD */
+	struct list waiting;            /* store_cmd.node, oldest first */
+	struct store_stats stats;
+	bool freeing;
+	uint64_t log_suppressed;        /* connection errors not logged */
+	ev_tstamp log_last;
+};
+
+static void store_connect(struct store *s);
+
+const char *store_status_str(int st)
+{
+	static const char *const names[STORE_COUNT] = {"ok", "error", "timeout", "down", "busy",
+						       "shutdown"};
+
+	if (st < 0 || st >= STORE_COUNT)
+		return "?";
+	return names[st];
+}
+
+/* Logs connection trouble at most once a second, counting what was dropped. */
+static void store_log_trouble(struct store *s, const char *what, const char *detail)
+{
+	ev_tstamp now = ev_now(s->loop);
+
+	if (now - s->log_last < 1.0) {
+		s->log_suppressed++;
+		return;
+	}
+	if (s->log_suppressed)
+		LOG(LOG_WARN, "redis %s: %s (%llu similar messages suppressed)", what, detail,
+		    (unsigned long long)s->log_suppressed);
+	else
+		LOG(LOG_WARN, "redis %s: %s", what, detail);
+	s->log_suppressed = 0;
+	s->log_last = now;
+}
+
+/* Answers <c>'s caller once; the command itself stays with hiredis. */
+static void cmd_answer(struct store_cmd *c, enum store_status st, const struct store_result *r)
+{
+	store_done_fn cb = c->cb;
+
+	list_del(&c->node);
+	if (!cb)
+		return;
+	c->cb = NULL;
+	if (st != STORE_OK)
+		c->s->stats.failed[st]++;
+	cb(st, r, c->arg);
+}
+
+static void cmd_timer_arm(struct store *s)
+{
+	ev_timer_stop(s->loop, &s->cmd_timer);
+	if (!list_empty(&s->waiting)) {
+		struct store_cmd *c = LIST_ELEM(s->waiting.next, struct store_cmd, node);
+		ev_tstamp after = c->deadline - ev_now(s->loop);
+
+		ev_timer_set(&s->cmd_timer, after > 0 ? after : 0., 0.);
+		ev_timer_start(s->loop, &s->cmd_timer);
+	}
+}
+
+static void cmd_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct store *s = container_of(t, struct store, cmd_timer);
+	ev_tstamp now = ev_now(loop);
+
+	(void)revents;
+	while (!list_empty(&s->waiting)) {
+		struct store_cmd *c = LIST_ELEM(s->waiting.next, struct store_cmd, node);
+
+		if (c->deadline > now)
+			break;
+		cmd_answer(c, STORE_TIMEOUT, NULL);
+	}
+	cmd_timer_arm(s);
+}
+
+/* Parses the script's flat integer array into <r>. Returns 0 or -1. */
+static int parse_result(const redisReply *rep, size_t n, struct store_result *r)
+{
+	size_t i;
+
+	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 + 4 * n)
+		return -1;
+	for (i = 0; i < rep->elements; i++)
+		if (rep->element[i]->type != REDIS_REPLY_INTEGER)
+			return -1;
+	if ((size_t)rep->element[1]->integer != n)
+		return -1;
+	r->allowed = rep->element[0]->integer == 1;
+	r->n = n;
+	for (i = 0; i < n; i++) {
+		redisReply **e = rep->element + 2 + 4 * i;
+
+		r->v[i].allowed = e[0]->integer == 1;
+		r->v[i].remaining = e[1]->integer;
+		r->v[i].retry_ms = e[2]->integer;
+		r->v[i].reset_ms = e[3]->integer;
+	}
+	return 0;
+}
+
+static int cmd_send(struct store *s, struct store_cmd *c, bool eval);
+
+static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct store_cmd *c = privdata;
+	struct store *s = c->s;
+	redisReply *rep = reply;
+	struct store_result res;
+
+	(void)ac;
+	s->stats.pending--;
+	if (!c->cb) {
+		/* the caller was answered already (deadline or shutdown) */
+		if (rep)
+			s->stats.late++;
+		free(c);
+		return;
+	}
+	if (!rep) {
+		/* connection lost or context freed */
+		cmd_answer(c, s->freeing ? STORE_SHUTDOWN : STORE_DOWN, NULL);
+		free(c);
+		return;
+	}
+	if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "NOSCRIPT", 8) == 0 &&
+	    !c->retried && s->state == ST_READY) {
+		s->stats.noscript++;
+		c->retried = true;
+		if (cmd_send(s, c, true) == 0)
+			return; /* same deadline, still waiting */
+	}
+	if (rep->type == REDIS_REPLY_ERROR) {
+		store_log_trouble(s, "script error", rep->str);
+		cmd_answer(c, STORE_ERROR, NULL);
+	} else if (parse_result(rep, c->q.n, &res) < 0) {
+		store_log_trouble(s, "reply", "unexpected reply shape");
+		cmd_answer(c, STORE_ERROR, NULL);
+	} else {
+		s->stats.replies++;
+		cmd_answer(c, STORE_OK, &res);
+	}
+	cmd_timer_arm(s);
+	free(c);
+}
+
+/*
+ * Sends <c> as EVALSHA (or EVAL with the body when <eval>). Keys and numbers go
+ * as separate argv entries: untrusted bytes never meet a format string.
+ */
+static int cmd_send(struct store *s, struct store_cmd *c, bool eval)
+{
+	const char *argv[3 + STORE_MAX_LIMITS * 3 + 1];
+	size_t lens[ARRAY_SIZE(argv)];
+	char nums[1 + 2 * STORE_MAX_LIMITS][24];
+	char nkeys[8];
+	size_t i;
+	int argc = 0, k = 0;
+
+	argv[argc] = eval ? "EVAL" : "EVALSHA";
+	lens[argc] = strlen(argv[argc]);
+	argc++;
+	argv[argc] = eval ? script_gcra : s->sha;
+	lens[argc] = eval ? script_gcra_len : strlen(s->sha);
+	argc++;
+	snprintf(nkeys, sizeof(nkeys), "%zu", c->q.n);
+	argv[argc] = nkeys;
+	lens[argc++] = strlen(nkeys);
+	for (i = 0; i < c->q.n; i++) {
+		argv[argc] = c->q.keys[i];
+		lens[argc++] = strlen(c->q.keys[i]);
+	}
+	snprintf(nums[k], sizeof(nums[k]), "%lld", (long long)c->q.cost);
+	argv[argc] = nums[k];
+	lens[argc++] = strlen(nums[k++]);
+	for (i = 0; i < c->q.n; i++) {
+		snprintf(nums[k], sizeof(nums[k]), "%lld", (long long)c->q.params[i].t_us);
+		argv[argc] = nums[k];
+		lens[argc++] = strlen(nums[k++]);
+		snprintf(nums[k], sizeof(nums[k]), "%lld", (long long)c->q.params[i].tau_us);
+		argv[argc] = nums[k];
+		lens[argc++] = strlen(nums[k++]);
+	}
+	if (redisAsyncCommandArgv(s->ac, cmd_reply_cb, c, argc, argv, lens) != REDIS_OK)
+		return -1;
+	s->stats.pending++;
+	s->stats.sent++;
+	return 0;
+}
+
+/*
+ * Submits the decision <q>. Returns 0 when <cb> will be called exactly once
+ * later, or the negated store_status when the query fails at once (the store is
+ * down or saturated) and <cb> will never be called. <q> is copied.
+ */
+int store_decide(struct store *s, const struct store_query *q, store_done_fn cb, void *arg)
+{
+	struct store_cmd *c;
+
+	if (s->state != ST_READY) {
+		s->stats.failed[STORE_DOWN]++;
+		return -STORE_DOWN;
+	}
+	if (s->stats.pending >= s->max_pending) {
+		s->stats.failed[STORE_BUSY]++;
+		return -STORE_BUSY;
+	}
+	BUG_ON(q->n < 1 || q->n > STORE_MAX_LIMITS);
+	c = xcalloc(1, sizeof(*c));
+	c->s = s;
+	c->cb = cb;
+	c->arg = arg;
+	c->q = *q;
+	c->deadline = ev_now(s->loop) + s->command_timeout_ms / 1000.;
+	list_init(&c->node);
+	if (cmd_send(s, c, false) < 0) {
+		free(c);
+		s->stats.failed[STORE_DOWN]++;
+		return -STORE_DOWN;
+	}
+	list_append(&s->waiting, &c->node);
+	if (!ev_is_active(&s->cmd_timer))
+		cmd_timer_arm(s);
+	return 0;
+}
+
+bool store_ready(const struct store *s)
+{
+	return s->state == ST_READY;
+}
+
+const struct store_stats *store_stats(const struct store *s)
+{
+	return &s->stats;
+}
+
+static void schedule_reconnect(struct store *s)
+{
+	s->state = ST_DISCONNECTED;
+	s->ac = NULL;
+	ev_timer_stop(s->loop, &s->conn_timer);
+	if (s->freeing)
+		return;
+	ev_timer_set(&s->conn_timer, s->backoff_ms / 1000., 0.);
+	ev_timer_start(s->loop, &s->conn_timer);
+	s->backoff_ms *= 2;
+	if (s->backoff_ms > BACKOFF_MAX_MS)
+		s->backoff_ms = BACKOFF_MAX_MS;
+}
+
+static void load_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct store *s = ac->data;
+	redisReply *rep = reply;
+
+	(void)privdata;
+	if (!rep || s->ac != ac)
+		return;
+	if (rep->type != REDIS_REPLY_STRING || rep->len != 40) {
+		store_log_trouble(s, "SCRIPT LOAD", rep->type == REDIS_REPLY_ERROR ? rep->str
+										 : "bad reply");
+		redisAsyncDisconnect(ac);
+		return;
+	}
+	memcpy(s->sha, rep->str, 40);
+	s->sha[40] = 0;
+	s->state = ST_READY;
+	s->backoff_ms = BACKOFF_MIN_MS;
+	s->stats.connects++;
+	LOG(LOG_NOTICE, "redis connected, script %s", s->sha);
+}
+
+static void auth_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct store *s = ac->data;
+	redisReply *rep = reply;
+
+	(void)privdata;
+	if (rep && rep->type == REDIS_REPLY_ERROR && s->ac == ac) {
+		store_log_trouble(s, "AUTH", rep->str);
+		redisAsyncDisconnect(ac);
+	}
+}
+
+static void connect_cb(const redisAsyncContext *cac, int status)
+{
+	redisAsyncContext *ac = (redisAsyncContext *)cac;
+	struct store *s = ac->data;
+
+	if (s->ac != ac)
+		return;
+	ev_timer_stop(s->loop, &s->conn_timer);
+	if (status != REDIS_OK) {
+		/* hiredis frees the context after this callback */
+		store_log_trouble(s, "connect", ac->errstr);
+		schedule_reconnect(s);
+		return;
+	}
+	s->state = ST_LOADING;
+	if (s->password) {
+		const char *argv[3] = {"AUTH", s->user ? s->user : s->password, s->password};
+		int argc = s->user ? 3 : 2;
+
+		redisAsyncCommandArgv(ac, auth_reply_cb, NULL, argc, argv, NULL);
+	}
+	{
+		const char *argv[3] = {"SCRIPT", "LOAD", script_gcra};
+		size_t lens[3] = {6, 4, script_gcra_len};
+
+		redisAsyncCommandArgv(ac, load_reply_cb, NULL, 3, argv, lens);
+	}
+}
+
+static void disconnect_cb(const redisAsyncContext *cac, int status)
+{
+	struct store *s = cac->data;
+
+	if (s->ac != cac)
+		return;
+	if (status != REDIS_OK)
+		store_log_trouble(s, "connection lost", cac->errstr);
+	/* hiredis frees the context after this callback; pending commands were
+	 * already called back with a NULL reply */
+	schedule_reconnect(s);
+}
+
+static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct store *s = container_of(t, struct store, conn_timer);
+
+	(void)loop;
+	(void)revents;
+	if (s->state == ST_CONNECTING || s->state == ST_LOADING) {
+		redisAsyncContext *ac = s->ac;
+
+		store_log_trouble(s, "connect", "timed out");
+		s->ac = NULL; /* our callbacks ignore this context from now on */
+		redisAsyncFree(ac);
+		schedule_reconnect(s);
+		return;
+	}
+	if (s->state == ST_DISCONNECTED)
+		store_connect(s);
+}
+
+static void store_connect(struct store *s)
+{
+	redisAsyncContext *ac;
+
+	ac = s->unix_path ? redisAsyncConnectUnix(s->unix_path)
+			  : redisAsyncConnect(s->host, s->port);
+	if (!ac) {
+		schedule_reconnect(s);
+		return;
+	}
+	if (ac->err) {
+		store_log_trouble(s, "connect", ac->errstr);
+		redisAsyncFree(ac);
+		schedule_reconnect(s);
+		return;
+	}
+	ac->data = s;
+	s->ac = ac;
+	s->state = ST_CONNECTING;
+	redisLibevAttach(s->loop, ac);
+	redisAsyncSetConnectCallback(ac, connect_cb);
+	redisAsyncSetDisconnectCallback(ac, disconnect_cb);
+	/* the deadline covers connect + AUTH + SCRIPT LOAD */
+	ev_timer_stop(s->loop, &s->conn_timer);
+	ev_timer_set(&s->conn_timer, s->connect_timeout_ms / 1000., 0.);
+	ev_timer_start(s->loop, &s->conn_timer);
+}
+
+/* Splits "ip:port", "[ip6]:port" or "unix:/path" into <s>'s fields. */
+static int parse_endpoint(struct store *s, const char *addr, char *err, size_t errlen)
+{
+	const char *colon;
+	char *end;
+	long port;
+
+	if (strncmp(addr, "unix:", 5) == 0) {
+		if (!addr[5]) {
+			snprintf(err, errlen, "redis address '%s': empty path", addr);
+			return -1;
+		}
+		s->unix_path = xstrdup(addr + 5);
+		return 0;
+	}
+	colon = strrchr(addr, ':');
+	if (!colon || colon == addr) {
+		snprintf(err, errlen, "redis address '%s': expected ip:port or unix:/path", addr);
+		return -1;
+	}
+	errno = 0;
+	port = strtol(colon + 1, &end, 10);
+	if (errno || *end || port < 1 || port > 65535) {
+		snprintf(err, errlen, "redis address '%s': bad port", addr);
+		return -1;
+	}
+	if (addr[0] == '[' && colon[-1] == ']')
+		s->host = xasprintf("%.*s", (int)(colon - addr - 2), addr + 1);
+	else
+		s->host = xasprintf("%.*s", (int)(colon - addr), addr);
+	s->port = (int)port;
+	return 0;
+}
+
+/*
+ * Creates a store for <opts> on <loop> and starts connecting (asynchronously).
+ * Returns 0 with <*out> set, or -1 with a message in <err>.
+ */
+int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store **out,
+	      char *err, size_t errlen)
+{
+	struct store *s = xcalloc(1, sizeof(*s));
+
+	s->loop = loop;
+	if (parse_endpoint(s, opts->address, err, errlen) < 0) {
+		free(s);
+		return -1;
+	}
+	s->user = opts->user && *opts->user ? xstrdup(opts->user) : NULL;
+	s->password = opts->password && *opts->password ? xstrdup(opts->password) : NULL;
+	s->connect_timeout_ms = opts->connect_timeout_ms ? opts->connect_timeout_ms : 200;
+	s->command_timeout_ms = opts->command_timeout_ms ? opts->command_timeout_ms : 5;
+	s->max_pending = opts->max_pending ? opts->max_pending : 10000;
+	s->backoff_ms = BACKOFF_MIN_MS;
+	list_init(&s->waiting);
+	ev_timer_init(&s->conn_timer, conn_timer_cb, 0., 0.);
+	ev_timer_init(&s->cmd_timer, cmd_timer_cb, 0., 0.);
+	store_connect(s);
+	*out = s;
+	return 0;
+}
+
+/*
+ * Frees <s>. Every accepted query still waiting is answered STORE_SHUTDOWN
+ * before this returns.
+ */
+void store_free(struct store *s)
+{
+	if (!s)
+		return;
+	s->freeing = true;
+	ev_timer_stop(s->loop, &s->conn_timer);
+	ev_timer_stop(s->loop, &s->cmd_timer);
+	if (s->ac) {
+		redisAsyncContext *ac = s->ac;
+
+		/* calls every pending reply callback with NULL, answering waiters */
+		redisAsyncFree(ac);
+		s->ac = NULL;
+	}
+	while (!list_empty(&s->waiting))
+		cmd_answer(LIST_ELEM(s->waiting.next, struct store_cmd, node), STORE_SHUTDOWN, NULL);
+	free(s->host);
+	free(s->unix_path);
+	free(s->user);
+	free(s->password);
+	free(s);
+}

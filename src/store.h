@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The Redis store: one non-blocking hiredis connection on the agent's libev
+ * loop, the rate-limit script loaded with SCRIPT LOAD and run with EVALSHA,
+ * our own connect and per-command deadlines, reconnection with capped backoff.
+ *
+ * Every query either fails at once (store_decide() returns a negative status
+ * and no callback ever comes) or gets exactly one completion callback later.
+ * A reply that arrives after its deadline is discarded.
+ */
+#ifndef AGENT_STORE_H
+#define AGENT_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "compiler.h"
+#include "limiter.h"
+
+struct ev_loop;
+struct store;
+
+#define STORE_MAX_LIMITS 16     /* limits decided in one script call */
+#define STORE_KEY_MAX    192    /* longest Redis key we build */
+
+enum store_status {
+	STORE_OK       = 0,
+	STORE_ERROR    = 1,     /* Redis answered with an error or nonsense */
+	STORE_TIMEOUT  = 2,     /* no answer within the command timeout */
+	STORE_DOWN     = 3,     /* not connected */
+	STORE_BUSY     = 4,     /* too many commands in flight */
+	STORE_SHUTDOWN = 5,     /* the store is being freed */
+	STORE_COUNT             /* sentinel */
+};
+
+struct store_opts {
+	const char *address;            /* "ip:port", "[ip6]:port" or "unix:/path" */
+	const char *user;               /* ACL user or NULL */
+	const char *password;           /* AUTH password or NULL */
+	unsigned connect_timeout_ms;
+	unsigned command_timeout_ms;
+	unsigned max_pending;           /* commands in flight */
+};
+
+/* One decision: n limits of one principal. */
+struct store_query {
+	size_t n;                                       /* limits, 1..STORE_MAX_LIMITS */
+	int64_t cost;                                   /* tokens */
+	char keys[STORE_MAX_LIMITS][STORE_KEY_MAX];     /* NUL-terminated keys */
+	struct gcra_params params[STORE_MAX_LIMITS];
+};
+
+struct store_result {
+	bool allowed;
+	size_t n;
+	struct limit_verdict v[STORE_MAX_LIMITS];
+};
+
+/* Called once per accepted query; <res> is valid only during the call. */
+typedef void (*store_done_fn)(enum store_status st, const struct store_result *res, void *arg);
+
+struct store_stats {
+	uint64_t sent;                  /* EVALSHA/EVAL commands sent */
+	uint64_t replies;               /* replies received in time */
+	uint64_t late;                  /* replies after their deadline */
+	uint64_t noscript;              /* NOSCRIPT retries */
+	uint64_t failed[STORE_COUNT];   /* outcomes other than OK, by status */
+	uint64_t connects;              /* successful connections */
+	uint64_t pending;               /* commands in flight now */
+};
+
+int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store **out,
+	      char *err, size_t errlen) MUSTCHECK;
+void store_free(struct store *s);
+int store_decide(struct store *s, const struct store_query *q, store_done_fn cb, void *arg);
+bool store_ready(const struct store *s);
+const struct store_stats *store_stats(const struct store *s);
+const char *store_status_str(int st);
+
+#endif /* AGENT_STORE_H */

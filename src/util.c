@@ -1,0 +1,112 @@
+/* SPDX-License-Identifier: MIT */
+#include "util.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void oom(void)
+{
+	static const char msg[] = "out of memory\n";
+
+	fputs(msg, stderr);
+	abort();
+}
+
+void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+
+	if (!p)
+		oom();
+	return p;
+}
+
+void *xcalloc(size_t nmemb, size_t n)
+{
+	void *p = calloc(nmemb ? nmemb : 1, n ? n : 1);
+
+	if (!p)
+		oom();
+	return p;
+}
+
+void *xrealloc(void *p, size_t n)
+{
+	p = realloc(p, n ? n : 1);
+	if (!p)
+		oom();
+	return p;
+}
+
+char *xstrdup(const char *s)
+{
+	char *p = strdup(s);
+
+	if (!p)
+		oom();
+	return p;
+}
+
+char *xasprintf(const char *fmt, ...)
+{
+	va_list ap;
+	char *p;
+	int n;
+
+	va_start(ap, fmt);
+	n = vasprintf(&p, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		oom();
+	return p;
+}
+
+/*
+ * Parses a duration "<integer><unit>" with unit ms, s, m, h or d (a bare
+ * integer means seconds) into milliseconds. Returns 0, or -1 for anything
+ * else, including zero-free overflow.
+ */
+int parse_duration_ms(const char *s, uint64_t *ms)
+{
+	static const struct {
+		const char *unit;
+		uint64_t mult;
+	} units[] = {{"ms", 1}, {"s", 1000}, {"", 1000}, {"m", 60000}, {"h", 3600000},
+		     {"d", 86400000}};
+	unsigned long long v;
+	char *end;
+	size_t i;
+
+	if (!s || !isdigit((unsigned char)*s))
+		return -1;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno)
+		return -1;
+	for (i = 0; i < ARRAY_SIZE(units); i++) {
+		if (strcmp(end, units[i].unit) == 0) {
+			if (v > UINT64_MAX / units[i].mult)
+				return -1;
+			*ms = v * units[i].mult;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+/* Writes the lower-case hex of <in> to <out>, which holds 2 * len + 1 bytes. */
+void hex_encode(const uint8_t *in, size_t len, char *out)
+{
+	static const char digits[] = "0123456789abcdef";
+	size_t i;
+
+	for (i = 0; i < len; i++) {
+		out[2 * i] = digits[in[i] >> 4];
+		out[2 * i + 1] = digits[in[i] & 15];
+	}
+	out[2 * len] = 0;
+}

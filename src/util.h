@@ -1,0 +1,26 @@
+/* SPDX-License-Identifier: MIT */
+/* Allocation wrappers that abort on OOM, and small parsing helpers. */
+#ifndef AGENT_UTIL_H
+#define AGENT_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "compiler.h"
+
+void *xmalloc(size_t n);
+void *xcalloc(size_t nmemb, size_t n);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+char *xasprintf(const char *fmt, ...) PRINTF(1, 2);
+
+int parse_duration_ms(const char *s, uint64_t *ms) MUSTCHECK;
+void hex_encode(const uint8_t *in, size_t len, char *out);
+
+#define FREE_AND_NULL(p)                                                                    \
+	do {                                                                                \
+		free(p);                                                                    \
+		(p) = NULL;                                                                 \
+	} while (0)
+
+#endif /* AGENT_UTIL_H */

@@ -55,6 +55,7 @@ LUA       = lua/gcra.lua
 BIN       = $(BUILD)/spoa-ratelimit
 LIBSPOA   = $(BUILD)/libspoa.a
 UNIT_BINS = $(BUILD)/test_spop $(BUILD)/test_limiter
+MODEL     = $(BUILD)/gcra_model
 REPLAY    = $(BUILD)/fuzz_replay
 
 .PHONY: all deps unit replay itest test demo bench fuzz fuzz-smoke check-config install \
@@ -102,6 +103,10 @@ $(BUILD)/test_limiter: tests/unit/test_limiter.c $(BUILD)/src/limiter.o $(BUILD)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka
 
+$(MODEL): tests/tools/gcra_model.c $(BUILD)/src/limiter.o
+	@echo "  LD      $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^
+
 $(REPLAY): tests/fuzz/fuzz_spop_frame.c tests/fuzz/replay.c $(LIBSPOA)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ tests/fuzz/fuzz_spop_frame.c tests/fuzz/replay.c \
@@ -115,8 +120,8 @@ replay:
 	$(Q)$(MAKE) --no-print-directory SANITIZE=address,undefined build-asan/fuzz_replay
 	build-asan/fuzz_replay tests/fuzz/corpus/spop_frame
 
-itest: $(BIN)
-	SPOA_BIN=$(abspath $(BIN)) $(PYTHON) -m pytest -q tests/integration
+itest: $(BIN) $(MODEL)
+	SPOA_BIN=$(abspath $(BIN)) GCRA_MODEL=$(abspath $(MODEL)) $(PYTHON) -m pytest -q tests/integration
 
 test: deps
 	$(Q)$(MAKE) --no-print-directory all

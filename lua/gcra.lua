@@ -12,7 +12,8 @@
 -- charged. Time comes from Redis TIME, so every gateway shares one clock.
 --
 -- Returns a flat array of integers:
---   { allowed, n, then per limit i: allowed_i, remaining_i, retry_ms_i, reset_ms_i }
+--   { allowed, n, now_us, then per limit i: allowed_i, remaining_i, retry_ms_i, reset_ms_i }
+--   now_us       the Redis time used (lets tests replay the C model exactly)
 --   remaining_i  tokens left after this request (before it, when not charged)
 --   retry_ms_i   ms until limit i would admit this cost (0 if it does now)
 --   reset_ms_i   ms until bucket i is full again
@@ -42,7 +43,7 @@ for i = 1, n do
 	end
 end
 
-local out = { allowed, n }
+local out = { allowed, n, now }
 for i = 1, n do
 	local T = tonumber(ARGV[2 * i])
 	local tau = tonumber(ARGV[2 * i + 1])

@@ -166,7 +166,7 @@ static int parse_result(const redisReply *rep, size_t n, struct store_result *r)
 {
 	size_t i;
 
-	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 + 4 * n)
+	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 3 + 4 * n)
 		return -1;
 	for (i = 0; i < rep->elements; i++)
 		if (rep->element[i]->type != REDIS_REPLY_INTEGER)
@@ -175,8 +175,9 @@ static int parse_result(const redisReply *rep, size_t n, struct store_result *r)
 		return -1;
 	r->allowed = rep->element[0]->integer == 1;
 	r->n = n;
+	r->now_us = rep->element[2]->integer;
 	for (i = 0; i < n; i++) {
-		redisReply **e = rep->element + 2 + 4 * i;
+		redisReply **e = rep->element + 3 + 4 * i;
 
 		r->v[i].allowed = e[0]->integer == 1;
 		r->v[i].remaining = e[1]->integer;

@@ -54,6 +54,7 @@ struct store_query {
 struct store_result {
 	bool allowed;
 	size_t n;
+	int64_t now_us;                 /* Redis time of the decision */
 	struct limit_verdict v[STORE_MAX_LIMITS];
 };
 

@@ -53,7 +53,7 @@ static bool view_eq(const struct spop_str *a, const void *p, size_t len)
 
 static uint8_t *dup_exact(const void *p, size_t n)
 {
-	uint8_t *d = malloc(n ? n : 1);
+	uint8_t *d = calloc(1, n ? n : 1);
 
 	CHECK(d != NULL);
 	if (n)

@@ -39,7 +39,7 @@ PKG_LIBS   := $(shell pkg-config --libs hiredis libconfig 2>/dev/null || echo -l
 CFLAGS  += -std=gnu11 -D_GNU_SOURCE -DVERSION='"$(VERSION)"' $(OPT) $(WARN) $(SANFLAGS) \
            -MMD -MP -Ispoa -Isrc $(PKG_CFLAGS)
 LDFLAGS += $(SANFLAGS)
-LIBS     = $(PKG_LIBS) -lev
+LIBS     = $(PKG_LIBS) -lev -lm
 
 ifneq ($(V),1)
 Q = @
@@ -50,12 +50,13 @@ AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/limi
             src/digest.c src/log.c src/util.c
 SPOA_OBJ  = $(SPOA_SRC:%.c=$(BUILD)/%.o)
 AGENT_OBJ = $(AGENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/scripts.o
-LUA       = lua/gcra.lua
+LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lua \
+            lua/sliding_window.lua lua/decide.lua
 
 BIN       = $(BUILD)/spoa-ratelimit
 LIBSPOA   = $(BUILD)/libspoa.a
 UNIT_BINS = $(BUILD)/test_spop $(BUILD)/test_limiter
-MODEL     = $(BUILD)/gcra_model
+MODEL     = $(BUILD)/limit_model
 REPLAY    = $(BUILD)/fuzz_replay
 
 .PHONY: all deps unit replay itest test demo bench fuzz fuzz-smoke check-config install \
@@ -71,14 +72,20 @@ $(BUILD)/%.o: %.c
 	@echo "  CC      $<"
 	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
 
-# The Lua scripts are embedded in the binary: what was tested is what runs.
-$(BUILD)/gen/scripts.c: $(LUA)
+# The Lua scripts are assembled into one script and embedded in the binary:
+# what was tested is what runs.
+$(BUILD)/gen/ratelimit.lua: $(LUA)
 	@mkdir -p $(dir $@)
+	@echo "  GEN     $@"
+	$(Q)cat $(LUA) > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/gen/scripts.c: $(BUILD)/gen/ratelimit.lua
 	@echo "  GEN     $@"
 	$(Q){ echo '/* generated from lua/ by the Makefile: do not edit */'; \
 	  echo '#include "scripts.h"'; \
-	  echo 'const char script_gcra[] = {'; xxd -i < lua/gcra.lua; echo ', 0x00 };'; \
-	  echo 'const size_t script_gcra_len = sizeof(script_gcra) - 1;'; } > $@.tmp && mv $@.tmp $@
+	  echo 'const char script_ratelimit[] = {'; xxd -i < $<; echo ', 0x00 };'; \
+	  echo 'const size_t script_ratelimit_len = sizeof(script_ratelimit) - 1;'; } > $@.tmp && \
+	  mv $@.tmp $@
 
 $(BUILD)/gen/scripts.o: $(BUILD)/gen/scripts.c
 	@echo "  CC      $<"
@@ -101,11 +108,11 @@ $(BUILD)/test_spop: tests/unit/test_spop.c $(LIBSPOA)
 $(BUILD)/test_limiter: tests/unit/test_limiter.c $(BUILD)/src/limiter.o $(BUILD)/src/digest.o \
                        $(BUILD)/src/util.o
 	@echo "  LD      $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka -lm
 
-$(MODEL): tests/tools/gcra_model.c $(BUILD)/src/limiter.o
+$(MODEL): tests/tools/limit_model.c $(BUILD)/src/limiter.o
 	@echo "  LD      $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lm
 
 $(REPLAY): tests/fuzz/fuzz_spop_frame.c tests/fuzz/replay.c $(LIBSPOA)
 	@echo "  LD      $@"
@@ -120,8 +127,9 @@ replay:
 	$(Q)$(MAKE) --no-print-directory SANITIZE=address,undefined build-asan/fuzz_replay
 	build-asan/fuzz_replay tests/fuzz/corpus/spop_frame
 
-itest: $(BIN) $(MODEL)
-	SPOA_BIN=$(abspath $(BIN)) GCRA_MODEL=$(abspath $(MODEL)) $(PYTHON) -m pytest -q tests/integration
+itest: $(BIN) $(MODEL) $(BUILD)/gen/ratelimit.lua
+	SPOA_BIN=$(abspath $(BIN)) LIMIT_MODEL=$(abspath $(MODEL)) \
+	  RATELIMIT_LUA=$(abspath $(BUILD)/gen/ratelimit.lua) $(PYTHON) -m pytest -q tests/integration
 
 test: deps
 	$(Q)$(MAKE) --no-print-directory all

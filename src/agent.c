@@ -43,6 +43,7 @@ struct agent {
 	size_t pending;                 /* decisions waiting for the store */
 	uint64_t outcomes[OUT_COUNT];
 	uint64_t degraded_by[STORE_COUNT];
+	uint64_t shadow_denied;         /* decisions a shadow limit would have denied */
 };
 
 /* A decision waiting for the store. */
@@ -93,33 +94,53 @@ static int64_t ms_to_s(int64_t ms, int64_t min)
 static void respond(struct agent *a, struct spoa_req *req, const struct ruleset *rs,
 		    const struct rule_tier *tier, const struct store_result *res)
 {
-	const struct rule_limit *l;
+	const struct rule_limit *l = NULL, *shadow = NULL;
 	char hdr[256];
 	size_t i, pick = 0;
 	int64_t t;
 
-	for (i = 1; i < res->n; i++) {
-		if (!res->allowed) {
-			if (res->v[i].retry_ms > res->v[pick].retry_ms)
+	for (i = 0; i < res->n; i++) {
+		const struct rule_limit *li = &rs->limits[tier->idx[i]];
+
+		if (li->shadow) {
+			if (!res->v[i].allowed && !shadow)
+				shadow = li;
+			continue;
+		}
+		if (!l) {
+			pick = i;
+			l = li;
+		} else if (!res->allowed) {
+			if (res->v[i].retry_ms > res->v[pick].retry_ms) {
 				pick = i;
-		} else if (res->v[i].remaining * (int64_t)rs->limits[tier->idx[pick]].rate <
-			   res->v[pick].remaining * (int64_t)rs->limits[tier->idx[i]].rate) {
+				l = li;
+			}
+		} else if (res->v[i].remaining * (int64_t)l->rate <
+			   res->v[pick].remaining * (int64_t)li->rate) {
 			/* fewest tokens left relative to the quota */
 			pick = i;
+			l = li;
 		}
 	}
-	l = &rs->limits[tier->idx[pick]];
+	if (shadow) {
+		a->shadow_denied++;
+		set_str(req, "shadow", shadow->name);
+	}
 	set_int(req, "allow", res->allowed ? 1 : 0);
+	if (res->allowed)
+		a->outcomes[OUT_ALLOWED]++;
+	else
+		a->outcomes[OUT_DENIED]++;
+	set_str(req, "policy", tier->policy);
+	if (!l)
+		return; /* only shadow limits */
 	if (res->allowed) {
 		t = ms_to_s(res->v[pick].reset_ms, 0);
-		a->outcomes[OUT_ALLOWED]++;
 	} else {
 		t = ms_to_s(res->v[pick].retry_ms, 1);
 		set_int(req, "retry_after", t);
-		a->outcomes[OUT_DENIED]++;
 	}
 	set_str(req, "rule", l->name);
-	set_str(req, "policy", tier->policy);
 	snprintf(hdr, sizeof(hdr), "\"%s\";r=%lld;t=%lld", l->name,
 		 (long long)res->v[pick].remaining, (long long)t);
 	set_str(req, "ratelimit", hdr);
@@ -281,7 +302,7 @@ static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 
 		snprintf(q.keys[i], sizeof(q.keys[i]), "%s:{%s}:%s", rs->cfg->redis.key_prefix,
 			 principal, l->name);
-		q.params[i] = l->gp;
+		q.params[i] = l->lp;
 	}
 	d = xmalloc(sizeof(*d));
 	d->a = a;

@@ -14,6 +14,7 @@
 
 #include <libconfig.h>
 
+#include "limiter.h"
 #include "log.h"
 #include "store.h"
 #include "util.h"
@@ -132,7 +133,8 @@ static bool name_ok(const char *n)
 
 static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_limit *l)
 {
-	static const char *const known[] = {"algorithm", "rate", "period", "burst", NULL};
+	static const char *const known[] = {"algorithm", "rate", "period", "burst", "shadow",
+					    NULL};
 	const config_setting_t *m;
 	unsigned v;
 	char *alg;
@@ -148,10 +150,14 @@ static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_
 	if (!name_ok(l->name))
 		add_err(ld, l->line, "limit name '%s': use at most 64 of [A-Za-z0-9_.-]", l->name);
 	alg = get_str(ld, s, "algorithm", "gcra");
-	if (strcmp(alg, "gcra") != 0 && strcmp(alg, "token_bucket") != 0)
-		add_err(ld, l->line, "limit '%s': unknown algorithm '%s' (known: gcra, token_bucket)",
+	l->alg = limit_alg_parse(alg);
+	if (l->alg < 0)
+		add_err(ld, l->line,
+			"limit '%s': unknown algorithm '%s' (known: gcra, token_bucket, "
+			"fixed_window, sliding_log, sliding_window)",
 			l->name, alg);
 	free(alg);
+	get_bool(ld, s, "shadow", &l->shadow);
 	m = config_setting_get_member(s, "rate");
 	if (!m) {
 		add_err(ld, l->line, "limit '%s': 'rate' is required", l->name);
@@ -174,6 +180,14 @@ static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_
 	v = 0;
 	get_uint(ld, s, "burst", 1, 1000000000LL, &v);
 	l->burst = v ? v : l->rate;
+	if (v && l->alg != ALG_GCRA)
+		add_err(ld, line_of(config_setting_get_member(s, "burst")),
+			"limit '%s': 'burst' applies to gcra/token_bucket only", l->name);
+	if (l->alg == ALG_SLIDING_LOG && l->rate > 100000)
+		add_err(ld, l->line,
+			"limit '%s': sliding_log keeps one entry per request: at most 100000 per "
+			"period (use sliding_window)",
+			l->name);
 }
 
 static void load_tier(struct loader *ld, const config_setting_t *s, struct cfg_tier *t,

@@ -25,7 +25,9 @@ struct cfg_limit {
 	int line;               /* where it was defined */
 	uint64_t rate;          /* tokens per period */
 	uint64_t period_ms;
-	uint64_t burst;         /* bucket capacity in tokens */
+	uint64_t burst;         /* bucket capacity in tokens (gcra) */
+	int alg;                /* enum limit_alg */
+	bool shadow;            /* evaluated and counted, never denies */
 };
 
 struct cfg_tier {

@@ -26,8 +26,10 @@ static void tier_compile(struct ruleset *rs, const struct cfg_tier *ct, struct r
 	for (i = 0; i < t->n; i++) {
 		const struct rule_limit *l = &rs->limits[t->idx[i]];
 
+		if (l->shadow) /* clients never see shadow limits */
+			continue;
 		used += (size_t)snprintf(t->policy + used, size + 1 - used, "%s\"%s\";q=%llu;w=%llu",
-					 i ? ", " : "", l->name, (unsigned long long)l->rate,
+					 used ? ", " : "", l->name, (unsigned long long)l->rate,
 					 (unsigned long long)l->period_s);
 	}
 }
@@ -52,7 +54,9 @@ struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen)
 		l->name = cl->name;
 		l->rate = cl->rate;
 		l->period_s = (cl->period_ms + 999) / 1000;
-		gcra_params_from_rate(&l->gp, cl->rate, cl->period_ms, cl->burst);
+		limit_params_init(&l->lp, cl->alg, cl->rate, cl->period_ms, cl->burst);
+		l->lp.shadow = cl->shadow;
+		l->shadow = cl->shadow;
 	}
 	rs->ntiers = cfg->ntiers;
 	rs->tiers = xcalloc(cfg->ntiers, sizeof(*rs->tiers));

@@ -19,14 +19,15 @@ struct rule_limit {
 	const char *name;               /* ref: cfg */
 	uint64_t rate;                  /* tokens per period */
 	uint64_t period_s;              /* period in whole seconds, at least 1 (for headers) */
-	struct gcra_params gp;
+	struct limit_params lp;         /* as sent to the script */
+	bool shadow;                    /* never denies */
 };
 
 struct rule_tier {
 	const char *name;               /* ref: cfg */
 	size_t n;                       /* limits applied together */
 	size_t idx[STORE_MAX_LIMITS];   /* into ruleset.limits */
-	char *policy;                   /* owned: RateLimit-Policy value */
+	char *policy;                   /* owned: RateLimit-Policy value (enforcing limits) */
 };
 
 struct ruleset {

@@ -8,7 +8,7 @@
 
 #include <stddef.h>
 
-extern const char script_gcra[];        /* lua/gcra.lua, NUL-terminated */
-extern const size_t script_gcra_len;    /* its length without the NUL */
+extern const char script_ratelimit[];   /* the lua/ files assembled, NUL-terminated */
+extern const size_t script_ratelimit_len; /* its length without the NUL */
 
 #endif /* AGENT_SCRIPTS_H */

@@ -238,18 +238,25 @@ static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
  */
 static int cmd_send(struct store *s, struct store_cmd *c, bool eval)
 {
-	const char *argv[3 + STORE_MAX_LIMITS * 3 + 1];
+	const char *argv[3 + STORE_MAX_LIMITS * 5 + 1];
 	size_t lens[ARRAY_SIZE(argv)];
-	char nums[1 + 2 * STORE_MAX_LIMITS][24];
+	char nums[1 + 4 * STORE_MAX_LIMITS][24];
 	char nkeys[8];
 	size_t i;
 	int argc = 0, k = 0;
 
+#define PUSH_NUM(v)                                                                         \
+	do {                                                                                \
+		snprintf(nums[k], sizeof(nums[k]), "%lld", (long long)(v));                 \
+		argv[argc] = nums[k];                                                       \
+		lens[argc++] = strlen(nums[k++]);                                           \
+	} while (0)
+
 	argv[argc] = eval ? "EVAL" : "EVALSHA";
 	lens[argc] = strlen(argv[argc]);
 	argc++;
-	argv[argc] = eval ? script_gcra : s->sha;
-	lens[argc] = eval ? script_gcra_len : strlen(s->sha);
+	argv[argc] = eval ? script_ratelimit : s->sha;
+	lens[argc] = eval ? script_ratelimit_len : strlen(s->sha);
 	argc++;
 	snprintf(nkeys, sizeof(nkeys), "%zu", c->q.n);
 	argv[argc] = nkeys;
@@ -258,17 +265,14 @@ static int cmd_send(struct store *s, struct store_cmd *c, bool eval)
 		argv[argc] = c->q.keys[i];
 		lens[argc++] = strlen(c->q.keys[i]);
 	}
-	snprintf(nums[k], sizeof(nums[k]), "%lld", (long long)c->q.cost);
-	argv[argc] = nums[k];
-	lens[argc++] = strlen(nums[k++]);
+	PUSH_NUM(c->q.cost);
 	for (i = 0; i < c->q.n; i++) {
-		snprintf(nums[k], sizeof(nums[k]), "%lld", (long long)c->q.params[i].t_us);
-		argv[argc] = nums[k];
-		lens[argc++] = strlen(nums[k++]);
-		snprintf(nums[k], sizeof(nums[k]), "%lld", (long long)c->q.params[i].tau_us);
-		argv[argc] = nums[k];
-		lens[argc++] = strlen(nums[k++]);
+		PUSH_NUM(c->q.params[i].alg);
+		PUSH_NUM(c->q.params[i].a);
+		PUSH_NUM(c->q.params[i].b);
+		PUSH_NUM(c->q.params[i].shadow ? 1 : 0);
 	}
+#undef PUSH_NUM
 	if (redisAsyncCommandArgv(s->ac, cmd_reply_cb, c, argc, argv, lens) != REDIS_OK)
 		return -1;
 	s->stats.pending++;
@@ -392,8 +396,8 @@ static void connect_cb(const redisAsyncContext *cac, int status)
 		redisAsyncCommandArgv(ac, auth_reply_cb, NULL, argc, argv, NULL);
 	}
 	{
-		const char *argv[3] = {"SCRIPT", "LOAD", script_gcra};
-		size_t lens[3] = {6, 4, script_gcra_len};
+		const char *argv[3] = {"SCRIPT", "LOAD", script_ratelimit};
+		size_t lens[3] = {6, 4, script_ratelimit_len};
 
 		redisAsyncCommandArgv(ac, load_reply_cb, NULL, 3, argv, lens);
 	}

@@ -48,7 +48,7 @@ struct store_query {
 	size_t n;                                       /* limits, 1..STORE_MAX_LIMITS */
 	int64_t cost;                                   /* tokens */
 	char keys[STORE_MAX_LIMITS][STORE_KEY_MAX];     /* NUL-terminated keys */
-	struct gcra_params params[STORE_MAX_LIMITS];
+	struct limit_params params[STORE_MAX_LIMITS];
 };
 
 struct store_result {

@@ -1,8 +1,8 @@
-"""The C model of each algorithm (src/limiter.c) and its Redis script (lua/) agree.
+"""Each algorithm's C model (src/limiter.c) and its Redis script (lua/) agree.
 
-The same request sequence goes to the script in a real Redis and, at the Redis
-times the script reports, to the C model (build/gcra_model); every verdict,
-remaining count, retry and reset must be identical.
+The same request sequence goes to the assembled script in a real Redis and, at
+the Redis times the script reports, to the C models (build/limit_model); every
+verdict, remaining count, retry and reset must be identical.
 """
 import os
 import pathlib
@@ -13,31 +13,28 @@ import time
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-MODEL = os.environ.get("GCRA_MODEL", str(ROOT / "build" / "gcra_model"))
-SCRIPT = (ROOT / "lua" / "gcra.lua").read_text()
+MODEL = os.environ.get("LIMIT_MODEL", str(ROOT / "build" / "limit_model"))
+SCRIPT_PATH = os.environ.get("RATELIMIT_LUA", str(ROOT / "build" / "gen" / "ratelimit.lua"))
+
+GCRA, FIXED, LOG, SLIDING = 1, 2, 3, 4
 
 
-def run_model(params, calls):
-    """params: [(T, tau)], calls: [(now_us, cost)] -> list of int lists."""
-    lines = ["%d %s" % (len(params), " ".join("%d %d" % p for p in params))]
+def script():
+    return pathlib.Path(SCRIPT_PATH).read_text()
+
+
+def run_model(limits, calls):
+    """limits: [(alg, a, b, shadow)], calls: [(now_us, cost)] -> list of int lists."""
+    lines = ["%d %s" % (len(limits), " ".join("%d %d %d %d" % l for l in limits))]
     lines += ["%d %d" % c for c in calls]
     out = subprocess.run([MODEL], input="\n".join(lines) + "\n", capture_output=True,
                          text=True, check=True, timeout=30).stdout
     return [[int(x) for x in line.split()] for line in out.splitlines()]
 
 
-def script_sequence(redis, keys, params, costs, pause_s=0.0):
-    """Runs the script once per cost; returns (replies, [(now_us, cost)])."""
-    sha = redis.cmd("SCRIPT", "LOAD", SCRIPT)
-    replies, calls = [], []
-    for cost in costs:
-        argv = [str(cost)] + [str(x) for p in params for x in p]
-        rep = redis.cmd("EVALSHA", sha, str(len(keys)), *keys, *argv)
-        replies.append([int(x) for x in rep])
-        calls.append((int(rep[2]), cost))
-        if pause_s:
-            time.sleep(pause_s)
-    return replies, calls
+def run_script(redis, sha, keys, limits, cost):
+    argv = [str(cost)] + [str(x) for l in limits for x in l]
+    return [int(x) for x in redis.cmd("EVALSHA", sha, str(len(keys)), *keys, *argv)]
 
 
 def compare(replies, model):
@@ -47,41 +44,108 @@ def compare(replies, model):
         assert [rep[0]] + rep[3:] == mod, "request %d: script %r model %r" % (i, rep, mod)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_gcra_script_matches_model(redis, seed):
-    """Random costs against two limits (a fast one and a slow one) with pauses that let
-    tokens refill, so allow, deny and partial refill all occur."""
-    rnd = random.Random(seed)
-    # 20 per 200 ms (burst 5) and 50 per day: T=10ms tau=50ms; T=1728 s
-    params = [(10000, 50000), (1728000000, 1728000000 * 50)]
-    keys = ["rl:{t%d}:fast" % seed, "rl:{t%d}:day" % seed]
-    costs = [rnd.choice([0, 1, 1, 1, 2, 3]) for _ in range(60)]
-    sha_replies, calls = [], []
-    for chunk in range(6):
-        r, c = script_sequence(redis, keys, params, costs[chunk * 10:(chunk + 1) * 10])
-        sha_replies += r
-        calls += c
-        time.sleep(rnd.choice([0.0, 0.005, 0.02, 0.06]))
-    compare(sha_replies, run_model(params, calls))
-    verdicts = {r[0] for r in sha_replies}
-    assert verdicts == {0, 1}, "the sequence must exercise both verdicts"
+def drive(redis, keys, limits, rnd, count=60, costs=(0, 1, 1, 1, 2, 3),
+          pauses=(0.0, 0.0, 0.004, 0.02, 0.06)):
+    sha = redis.cmd("SCRIPT", "LOAD", script())
+    replies, calls = [], []
+    for _ in range(count):
+        cost = rnd.choice(costs)
+        rep = run_script(redis, sha, keys, limits, cost)
+        replies.append(rep)
+        calls.append((rep[2], cost))
+        time.sleep(rnd.choice(pauses))
+    compare(replies, run_model(limits, calls))
+    return replies
 
 
-def test_gcra_denial_charges_no_limit(redis):
-    """When one limit denies, the other limit's bucket is untouched (script and model)."""
-    params = [(1000000, 2000000), (1000, 1000000)]  # 2 per 2 s burst 2; 1000/s
+ALGOS = {
+    # 10 per 100 ms, burst 5 (GCRA) / 5 per 100 ms windows
+    "gcra": (GCRA, 20000, 100000, 0),
+    "fixed_window": (FIXED, 100000, 5, 0),
+    "sliding_log": (LOG, 100000, 5, 0),
+    "sliding_window": (SLIDING, 100000, 5, 0),
+}
+
+
+@pytest.mark.parametrize("alg", sorted(ALGOS))
+@pytest.mark.parametrize("seed", [1, 2])
+def test_script_matches_model(redis, alg, seed):
+    """Random costs with pauses that let tokens return, so allow, deny, partial refill
+    and window changes all occur; together with a slow daily GCRA limit."""
+    rnd = random.Random("%s-%d" % (alg, seed))
+    limits = [ALGOS[alg], (GCRA, 1728000000, 1728000000 * 200, 0)]
+    keys = ["rl:{m%s%d}:a" % (alg, seed), "rl:{m%s%d}:day" % (alg, seed)]
+    replies = drive(redis, keys, limits, rnd)
+    assert {r[0] for r in replies} == {0, 1}, "the sequence must exercise both verdicts"
+
+
+def test_all_algorithms_in_one_call(redis):
+    rnd = random.Random(7)
+    limits = [ALGOS[a] for a in sorted(ALGOS)]
+    keys = ["rl:{all}:%d" % i for i in range(len(limits))]
+    replies = drive(redis, keys, limits, rnd, count=80)
+    assert {r[0] for r in replies} == {0, 1}
+
+
+def test_denial_charges_no_limit(redis):
+    """When one limit denies, no other limit is charged (script and model)."""
+    sha = redis.cmd("SCRIPT", "LOAD", script())
+    limits = [(GCRA, 1000000, 2000000, 0), (FIXED, 86400 * 10**6, 1000, 0)]
     keys = ["rl:{d}:a", "rl:{d}:b"]
-    replies, calls = script_sequence(redis, keys, params, [1, 1, 1, 1, 1])
-    compare(replies, run_model(params, calls))
+    replies, calls = [], []
+    for _ in range(5):
+        rep = run_script(redis, sha, keys, limits, 1)
+        replies.append(rep)
+        calls.append((rep[2], 1))
+    compare(replies, run_model(limits, calls))
     assert [r[0] for r in replies] == [1, 1, 0, 0, 0]
-    # limit b was charged exactly twice: 1000 - 2 tokens left (minus refill since)
-    assert replies[-1][3 + 4 + 1] >= 998
+    assert replies[-1][3 + 4 + 1] == 998  # the daily window was charged exactly twice
 
 
-def test_gcra_keys_expire_when_full(redis):
-    params = [(100000, 300000)]  # 10/s burst 3
-    replies, _ = script_sequence(redis, ["rl:{e}:x"], params, [1])
-    ttl = int(redis.cmd("PTTL", "rl:{e}:x"))
-    assert 0 < ttl <= 100, ttl
-    time.sleep(0.25)
-    assert redis.cmd("EXISTS", "rl:{e}:x") == 0
+def test_shadow_limit_never_denies(redis):
+    """A shadow limit reports its would-be denial but the request passes; it is not
+    charged past its limit."""
+    sha = redis.cmd("SCRIPT", "LOAD", script())
+    limits = [(FIXED, 3600 * 10**6, 2, 1), (GCRA, 1000, 1000000, 0)]
+    keys = ["rl:{s}:shadow", "rl:{s}:real"]
+    replies, calls = [], []
+    for _ in range(5):
+        rep = run_script(redis, sha, keys, limits, 1)
+        replies.append(rep)
+        calls.append((rep[2], 1))
+    compare(replies, run_model(limits, calls))
+    assert [r[0] for r in replies] == [1] * 5
+    assert [r[3] for r in replies] == [1, 1, 0, 0, 0]  # the shadow limit's own verdicts
+
+
+def test_fixed_window_is_calendar_aligned(redis):
+    """A 1-second fixed window resets on the second boundary of Redis time (a day window
+    resets at 00:00 UTC by the same arithmetic: windows are aligned on the epoch)."""
+    sha = redis.cmd("SCRIPT", "LOAD", script())
+    limits = [(FIXED, 1000000, 2, 0)]
+    # start right after a boundary so the three calls share one window
+    for _ in range(50):
+        now = int(redis.cmd("TIME")[1])
+        if now < 500000:
+            break
+        time.sleep((1000000 - now) / 1e6 + 0.001)
+    reps = [run_script(redis, sha, ["rl:{cal}:w"], limits, 1) for _ in range(3)]
+    assert [r[0] for r in reps] == [1, 1, 0]
+    now = reps[2][2]
+    assert reps[2][5] == -(-(1000000 - now % 1000000) // 1000)  # retry = until the boundary
+    time.sleep((1000000 - now % 1000000) / 1e6 + 0.01)
+    assert run_script(redis, sha, ["rl:{cal}:w"], limits, 1)[0] == 1
+
+
+def test_keys_expire(redis):
+    sha = redis.cmd("SCRIPT", "LOAD", script())
+    for i, (alg, lim) in enumerate([(GCRA, (GCRA, 100000, 300000, 0)),
+                                    (FIXED, (FIXED, 200000, 3, 0)),
+                                    (LOG, (LOG, 200000, 3, 0)),
+                                    (SLIDING, (SLIDING, 200000, 3, 0))]):
+        key = "rl:{e}:%d" % i
+        run_script(redis, sha, [key], [lim], 1)
+        ttl = int(redis.cmd("PTTL", key))
+        assert 0 < ttl <= 401, (alg, ttl)
+    time.sleep(0.5)
+    assert redis.cmd("EXISTS", *["rl:{e}:%d" % i for i in range(4)]) == 0

@@ -16,61 +16,61 @@
 
 static void test_limiter_params_from_rate(void **state)
 {
-	struct gcra_params p;
+	struct limit_params p;
 
 	(void)state;
-	gcra_params_from_rate(&p, 100, 1000, 0);
-	assert_int_equal(p.t_us, 10000);
-	assert_int_equal(p.tau_us, 100 * 10000);
-	gcra_params_from_rate(&p, 1000000, 86400000, 0);
-	assert_int_equal(p.t_us, 86400);
-	gcra_params_from_rate(&p, 3, 1000, 10);
-	assert_int_equal(p.t_us, 333333);
-	assert_int_equal(p.tau_us, 3333330);
+	limit_params_init(&p, ALG_GCRA, 100, 1000, 0);
+	assert_int_equal(p.a, 10000);
+	assert_int_equal(p.b, 100 * 10000);
+	limit_params_init(&p, ALG_GCRA, 1000000, 86400000, 0);
+	assert_int_equal(p.a, 86400);
+	limit_params_init(&p, ALG_GCRA, 3, 1000, 10);
+	assert_int_equal(p.a, 333333);
+	assert_int_equal(p.b, 3333330);
 	/* faster than one token per microsecond: clamped, never zero */
-	gcra_params_from_rate(&p, 5000000, 1000, 0);
-	assert_int_equal(p.t_us, 1);
+	limit_params_init(&p, ALG_GCRA, 5000000, 1000, 0);
+	assert_int_equal(p.a, 1);
 }
 
 static void test_limiter_burst_then_deny(void **state)
 {
-	struct gcra_params p;
+	struct limit_params p;
 	struct limit_verdict v;
-	int64_t tat = 0, now = 1000 * SEC;
+	struct limit_state tat = {0}; int64_t now = 1000 * SEC;
 	int i;
 
 	(void)state;
-	gcra_params_from_rate(&p, 5, 60000, 0); /* 5 per minute */
+	limit_params_init(&p, ALG_GCRA, 5, 60000, 0); /* 5 per minute */
 	for (i = 0; i < 5; i++) {
-		assert_true(gcra_decide(&p, &tat, 1, 1, now, &v));
+		assert_true(limit_decide(&p, &tat, 1, 1, now, &v));
 		assert_int_equal(v.remaining, 4 - i);
 		assert_int_equal(v.retry_ms, 0);
 	}
-	assert_false(gcra_decide(&p, &tat, 1, 1, now, &v));
+	assert_false(limit_decide(&p, &tat, 1, 1, now, &v));
 	assert_int_equal(v.remaining, 0);
 	assert_int_equal(v.retry_ms, 12000); /* one token every 12 s */
 	assert_int_equal(v.reset_ms, 60000);
 	/* 12 s later exactly one more passes */
 	now += 12 * SEC;
-	assert_true(gcra_decide(&p, &tat, 1, 1, now, &v));
-	assert_false(gcra_decide(&p, &tat, 1, 1, now, &v));
+	assert_true(limit_decide(&p, &tat, 1, 1, now, &v));
+	assert_false(limit_decide(&p, &tat, 1, 1, now, &v));
 }
 
 static void test_limiter_denial_charges_nothing(void **state)
 {
-	struct gcra_params p[2];
+	struct limit_params p[2];
 	struct limit_verdict v[2];
-	int64_t tat[2] = {0, 0}, now = 5 * SEC, saved[2];
+	struct limit_state tat[2] = {{0}}, saved[2]; int64_t now = 5 * SEC;
 	int i;
 
 	(void)state;
-	gcra_params_from_rate(&p[0], 2, 1000, 0);     /* 2/s */
-	gcra_params_from_rate(&p[1], 100, 86400000, 0); /* 100/day */
-	assert_true(gcra_decide(p, tat, 2, 1, now, v));
-	assert_true(gcra_decide(p, tat, 2, 1, now, v));
+	limit_params_init(&p[0], ALG_GCRA, 2, 1000, 0);     /* 2/s */
+	limit_params_init(&p[1], ALG_GCRA, 100, 86400000, 0); /* 100/day */
+	assert_true(limit_decide(p, tat, 2, 1, now, v));
+	assert_true(limit_decide(p, tat, 2, 1, now, v));
 	memcpy(saved, tat, sizeof(tat));
 	for (i = 0; i < 10; i++) {
-		assert_false(gcra_decide(p, tat, 2, 1, now, v));
+		assert_false(limit_decide(p, tat, 2, 1, now, v));
 		assert_false(v[0].allowed);
 		assert_true(v[1].allowed);
 		assert_int_equal(v[1].remaining, 98); /* the daily limit was not charged */
@@ -80,37 +80,37 @@ static void test_limiter_denial_charges_nothing(void **state)
 
 static void test_limiter_cost(void **state)
 {
-	struct gcra_params p;
+	struct limit_params p;
 	struct limit_verdict v;
-	int64_t tat = 0, now = SEC;
+	struct limit_state tat = {0}; int64_t now = SEC;
 
 	(void)state;
-	gcra_params_from_rate(&p, 100, 1000, 0);
-	assert_true(gcra_decide(&p, &tat, 1, 10, now, &v));
+	limit_params_init(&p, ALG_GCRA, 100, 1000, 0);
+	assert_true(limit_decide(&p, &tat, 1, 10, now, &v));
 	assert_int_equal(v.remaining, 90);
-	assert_true(gcra_decide(&p, &tat, 1, 90, now, &v));
+	assert_true(limit_decide(&p, &tat, 1, 90, now, &v));
 	assert_int_equal(v.remaining, 0);
-	assert_false(gcra_decide(&p, &tat, 1, 10, now, &v));
+	assert_false(limit_decide(&p, &tat, 1, 10, now, &v));
 	assert_int_equal(v.retry_ms, 100);
 	/* cost 0 reports without charging */
-	assert_false(gcra_decide(&p, &tat, 1, 1, now, &v));
-	assert_true(gcra_decide(&p, &tat, 1, 0, now, &v));
+	assert_false(limit_decide(&p, &tat, 1, 1, now, &v));
+	assert_true(limit_decide(&p, &tat, 1, 0, now, &v));
 	assert_int_equal(v.remaining, 0);
 }
 
 static void test_limiter_idle_bucket_refills_fully(void **state)
 {
-	struct gcra_params p;
+	struct limit_params p;
 	struct limit_verdict v;
-	int64_t tat = 0, now = SEC;
+	struct limit_state tat = {0}; int64_t now = SEC;
 	int i;
 
 	(void)state;
-	gcra_params_from_rate(&p, 10, 1000, 0);
+	limit_params_init(&p, ALG_GCRA, 10, 1000, 0);
 	for (i = 0; i < 10; i++)
-		assert_true(gcra_decide(&p, &tat, 1, 1, now, &v));
+		assert_true(limit_decide(&p, &tat, 1, 1, now, &v));
 	now += 3600 * SEC; /* an hour later: a full bucket, not 36000 tokens */
-	assert_true(gcra_decide(&p, &tat, 1, 1, now, &v));
+	assert_true(limit_decide(&p, &tat, 1, 1, now, &v));
 	assert_int_equal(v.remaining, 9);
 }
 

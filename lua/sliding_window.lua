@@ -1,0 +1,45 @@
+-- Sliding window counter: the current and the previous fixed window, the
+-- previous one weighted by how much of it still overlaps the sliding window.
+-- Two numbers per key ("<window index>:<current>:<previous>"), close to the
+-- sliding log without its memory.
+--   a = window length (us), b = limit (requests per window)
+ALG[4] = function(key, now, cost, win, limit)
+	local idx = math.floor(now / win)
+	local cur, prev = 0, 0
+	local v = redis.call('GET', key)
+	if v then
+		local w, c, p = string.match(v, '^(%d+):(%d+):(%d+)$')
+		if w then
+			w = tonumber(w)
+			if w == idx then
+				cur, prev = tonumber(c), tonumber(p)
+			elseif w == idx - 1 then
+				prev = tonumber(c)
+			end
+		end
+	end
+	local elapsed = now - idx * win
+	local left = win - elapsed
+	local est = math.floor(prev * left / win) + cur
+	local r = {}
+	r.ok = (est + cost <= limit) and 1 or 0
+	r.rem_c = clamp0(limit - est - cost)
+	r.rem_u = clamp0(limit - est)
+	if r.ok == 1 then
+		r.retry = 0
+	elseif cur + cost <= limit and prev > 0 then
+		-- the previous window's weight must fall to (limit - cur - cost) / prev
+		local need = math.ceil(win - (limit - cur - cost) * win / prev)
+		r.retry = clamp0(need - elapsed)
+		if r.retry < 1 then r.retry = 1 end
+	else
+		r.retry = left + win
+	end
+	r.reset_c = left + win
+	r.reset_u = (cur > 0) and (left + win) or ((prev > 0) and left or 0)
+	r.commit = function()
+		redis.call('SET', key, string.format('%d:%d:%d', idx, cur + cost, prev), 'PX',
+			math.ceil((left + win) / 1000) + 1)
+	end
+	return r
+end

@@ -1,0 +1,753 @@
+"""Fixtures for the integration tests: real redis-server, real HAProxy, the agent binary.
+
+Everything listens on 127.0.0.1 on ports picked by free_port(); each test gets its own
+temporary directory, processes and logs. Processes are stopped with SIGTERM, then SIGKILL
+after a deadline; when a test fails, the logs of every process it started are printed.
+
+Environment:
+  SPOA_BIN      agent binary (default: <repo>/build/spoa-ratelimit)
+  HAPROXY_BIN   haproxy binary (default: haproxy on PATH)
+  REDIS_BIN     redis-server binary (default: redis-server on PATH)
+"""
+
+import http.client
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+REPO = HERE.parent.parent
+HAPROXY_DIR = REPO / "haproxy"
+SPOA_BIN = Path(os.environ.get("SPOA_BIN") or REPO / "build" / "spoa-ratelimit")
+HAPROXY_BIN = os.environ.get("HAPROXY_BIN") or shutil.which("haproxy") or "/usr/sbin/haproxy"
+REDIS_BIN = os.environ.get("REDIS_BIN") or shutil.which("redis-server") or "/usr/bin/redis-server"
+
+# Sanitizer reports in a process log fail the test (the agent may run as an ASan build).
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
+                     "WARNING: ThreadSanitizer")
+
+
+# ---------------------------------------------------------------------------------------
+# Small helpers
+
+def free_port(host="127.0.0.1"):
+    """A TCP port that was free a moment ago (bind to port 0, read it, close)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_port(host, port, timeout=10.0, proc=None):
+    """Wait until a TCP connect to host:port succeeds; fail early if <proc> exited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and not proc.alive():
+            raise RuntimeError("%s exited with %s before listening on %s:%d\n%s" % (
+                proc.name, proc.returncode(), host, port, proc.log_tail()))
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            raise RuntimeError("nothing listening on %s:%d after %.1fs" % (host, port, timeout))
+        time.sleep(0.05)
+
+
+def wait_until(pred, timeout, interval=0.1, what="condition"):
+    """Poll <pred> until it returns a true value (returned) or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        last = pred()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            raise AssertionError("timed out after %.1fs waiting for %s (last: %r)" % (
+                timeout, what, last))
+        time.sleep(interval)
+
+
+class Proc:
+    """A child process with its output in a log file."""
+
+    def __init__(self, name, argv, log_path, env=None, cwd=None):
+        self.name = name
+        self.argv = [str(a) for a in argv]
+        self.log_path = Path(log_path)
+        self.env = env
+        self.cwd = cwd
+        self.p = None
+        self.expect_exit_zero = True
+        self.start()
+
+    def start(self):
+        assert self.p is None or self.p.poll() is not None, "%s already running" % self.name
+        logf = open(self.log_path, "ab")
+        logf.write(("==== %s: %s\n" % (time.strftime("%H:%M:%S"), " ".join(self.argv))).encode())
+        logf.flush()
+        self.p = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=logf,
+                                  stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd)
+        logf.close()
+
+    @property
+    def pid(self):
+        return self.p.pid
+
+    def alive(self):
+        return self.p is not None and self.p.poll() is None
+
+    def returncode(self):
+        return self.p.poll() if self.p else None
+
+    def signal(self, sig):
+        if self.alive():
+            self.p.send_signal(sig)
+
+    def kill(self):
+        """SIGKILL, as a crash would; the exit status is then not checked."""
+        self.expect_exit_zero = False
+        if self.alive():
+            self.p.kill()
+            self.p.wait(10)
+
+    def stop(self, timeout=10.0):
+        """SIGTERM, then SIGKILL after <timeout>. Returns the exit status."""
+        if self.p is None:
+            return None
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(10)
+                self.log_note("killed with SIGKILL after %.0fs without exiting on SIGTERM"
+                              % timeout)
+                return "sigkill"
+        return self.p.returncode
+
+    def log_note(self, text):
+        with open(self.log_path, "ab") as f:
+            f.write(("==== %s\n" % text).encode())
+
+    def log_text(self):
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, nbytes=6000):
+        t = self.log_text()
+        return t[-nbytes:]
+
+
+class ProcGroup:
+    """Every process a test starts; stopped in reverse order at teardown."""
+
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.procs = []
+
+    def spawn(self, name, argv, env=None, cwd=None):
+        n = sum(1 for p in self.procs if p.name.split("#")[0] == name)
+        if n:
+            name = "%s#%d" % (name, n + 1)
+        log = self.tmp / ("%s.log" % name.replace("#", "-"))
+        p = Proc(name, argv, log, env=env, cwd=cwd)
+        self.procs.append(p)
+        return p
+
+    def stop_all(self):
+        problems = []
+        for p in reversed(self.procs):
+            rc = p.stop()
+            if p.name.startswith("agent") and p.expect_exit_zero and rc not in (0, None):
+                problems.append("%s exited with %r on SIGTERM (expected 0)" % (p.name, rc))
+        for p in self.procs:
+            text = p.log_text()
+            for m in SANITIZER_MARKERS:
+                if m in text:
+                    problems.append("%s log contains %r" % (p.name, m))
+                    break
+        return problems
+
+    def dump_logs(self):
+        out = []
+        for p in self.procs:
+            out.append("\n======== %s (pid %s, exit %s) log %s ========\n%s" % (
+                p.name, p.p.pid if p.p else "-", p.returncode(), p.log_path, p.log_tail(20000)))
+        return "".join(out)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
+@pytest.fixture
+def tmp(tmp_path):
+    """Per-test temporary directory."""
+    return tmp_path
+
+
+@pytest.fixture
+def procs(request, tmp):
+    group = ProcGroup(tmp)
+    yield group
+    problems = group.stop_all()
+    failed = any(getattr(request.node, "rep_" + w, None) is not None
+                 and getattr(request.node, "rep_" + w).failed for w in ("setup", "call"))
+    if failed or problems:
+        sys.stderr.write(group.dump_logs())
+    if problems and not failed:
+        pytest.fail("teardown: " + "; ".join(problems), pytrace=False)
+
+
+# ---------------------------------------------------------------------------------------
+# Redis
+
+class Redis:
+    """A redis-server owned by the test, with stop/start/restart for outage tests."""
+
+    def __init__(self, procs, tmp):
+        self.procs = procs
+        self.port = free_port()
+        self.dir = tmp / "redis"
+        self.dir.mkdir(exist_ok=True)
+        self.proc = None
+        self.start()
+
+    @property
+    def address(self):
+        return "127.0.0.1:%d" % self.port
+
+    def argv(self):
+        return [REDIS_BIN, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", str(self.dir), "--daemonize", "no",
+                "--protected-mode", "no", "--unixsocket", str(self.unix_path),
+                "--unixsocketperm", "700"]
+
+    @property
+    def unix_path(self):
+        return self.dir / "redis.sock"
+
+    @property
+    def unix_address(self):
+        return "unix:%s" % self.unix_path
+
+    def start(self):
+        if self.proc is None:
+            self.proc = self.procs.spawn("redis", self.argv())
+        else:
+            self.proc.start()
+        wait_port("127.0.0.1", self.port, 10, self.proc)
+        wait_until(lambda: self.ping(), 10, what="redis PING")
+
+    def stop(self):
+        rc = self.proc.stop()
+        # The port must be free for clients to see "connection refused" at once.
+        wait_until(lambda: not _can_connect("127.0.0.1", self.port), 5,
+                   what="redis port closed")
+        return rc
+
+    def restart(self):
+        self.stop()
+        self.start()
+
+    def alive(self):
+        return self.proc is not None and self.proc.alive()
+
+    def cmd(self, *args, timeout=2.0):
+        """Run one command with a minimal RESP client; return the decoded reply."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
+            req = b"*%d\r\n" % len(args)
+            for a in args:
+                a = a if isinstance(a, bytes) else str(a).encode()
+                req += b"$%d\r\n%s\r\n" % (len(a), a)
+            s.sendall(req)
+            f = s.makefile("rb")
+            return _resp_read(f)
+
+    def ping(self):
+        try:
+            return self.cmd("PING") == "PONG"
+        except OSError:
+            return False
+
+
+def _can_connect(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=0.3):
+            return True
+    except OSError:
+        return False
+
+
+def _resp_read(f):
+    line = f.readline()
+    if not line:
+        raise OSError("redis closed the connection")
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"+":
+        return rest.decode()
+    if kind == b"-":
+        raise RuntimeError("redis error: " + rest.decode())
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        n = int(rest)
+        if n < 0:
+            return None
+        data = f.read(n + 2)[:-2]
+        return data.decode(errors="replace")
+    if kind == b"*":
+        n = int(rest)
+        if n < 0:
+            return None
+        return [_resp_read(f) for _ in range(n)]
+    raise RuntimeError("bad RESP line %r" % line)
+
+
+@pytest.fixture
+def redis(procs, tmp):
+    return Redis(procs, tmp)
+
+
+# ---------------------------------------------------------------------------------------
+# Agent
+
+def to_libconfig(value, indent=0):
+    """Render a Python dict as a libconfig file body (groups, lists, scalars)."""
+    pad = "  " * indent
+
+    def scalar(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int):
+            return str(v)
+        if isinstance(v, float):
+            return repr(v)
+        if isinstance(v, str):
+            return '"%s"' % v.replace("\\", "\\\\").replace('"', '\\"')
+        raise TypeError(v)
+
+    def render(v, ind):
+        if isinstance(v, dict):
+            inner = "".join("%s%s = %s;\n" % ("  " * (ind + 1), k, render(x, ind + 1))
+                            for k, x in v.items())
+            return "{\n%s%s}" % (inner, "  " * ind)
+        if isinstance(v, (list, tuple)):
+            return "[ %s ]" % ", ".join(render(x, ind) for x in v)
+        return scalar(v)
+
+    return "".join("%s%s = %s;\n" % (pad, k, render(v, indent)) for k, v in value.items())
+
+
+# Limits used by default: periods of a minute or more, so that a slow machine does not
+# refill a token in the middle of a test.
+DEFAULT_LIMITS = {
+    "key_rpm": {"rate": 5, "period": "1m"},
+    "key_day": {"rate": 1000, "period": "1d"},
+    "pro_rpm": {"rate": 10, "period": "1m"},
+    "anon_rpm": {"rate": 3, "period": "1m"},
+}
+DEFAULT_TIERS = {
+    "free": {"limits": ["key_rpm", "key_day"]},
+    "pro": {"limits": ["pro_rpm"]},
+}
+
+
+def agent_config(listen, redis_address=None, **over):
+    """The agent's config as a dict; keyword arguments replace top-level entries
+    (a value of None removes the entry)."""
+    cfg = {
+        "listen": listen,
+        "log_level": "info",
+        "store": "redis" if redis_address else "allow",
+        "redis": {
+            "address": redis_address or "127.0.0.1:1",
+            "connect_timeout_ms": 200,
+            "command_timeout_ms": 150,
+            "key_prefix": "rl",
+        },
+        "limits": DEFAULT_LIMITS,
+        "tiers": DEFAULT_TIERS,
+        "default_tier": "free",
+        "anonymous": {"limits": ["anon_rpm"], "ipv6_prefix": 64},
+        "response": {"legacy_headers": True},
+    }
+    for k, v in over.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    return cfg
+
+
+def parse_listen(listen):
+    """Agent listen string -> socket address: ("127.0.0.1", p), ("::1", p) or "/path"."""
+    if listen.startswith("unix:"):
+        return listen[5:]
+    host, port = listen.rsplit(":", 1)
+    return (host.strip("[]"), int(port))
+
+
+def connect_to(addr, timeout=0.5):
+    if isinstance(addr, str):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        try:
+            s.connect(addr)
+        except OSError:
+            s.close()
+            raise
+        return s
+    return socket.create_connection(addr, timeout=timeout)
+
+
+def wait_addr(addr, timeout=10.0, proc=None):
+    """wait_port() for any agent address (TCP v4/v6 or unix socket path)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and not proc.alive():
+            raise RuntimeError("%s exited with %s before listening on %r\n%s" % (
+                proc.name, proc.returncode(), addr, proc.log_tail()))
+        try:
+            connect_to(addr).close()
+            return
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            raise RuntimeError("nothing listening on %r after %.1fs" % (addr, timeout))
+        time.sleep(0.05)
+
+
+class Agent:
+    def __init__(self, procs, tmp, cfg, name="agent", wait_redis=True):
+        self.procs = procs
+        self.cfg = cfg
+        self.addr = parse_listen(cfg["listen"])
+        self.wait_redis = wait_redis and cfg.get("store") == "redis"
+        self.conf_path = tmp / ("%s-%d.conf" % (name, len(procs.procs)))
+        self.conf_path.write_text(to_libconfig(cfg))
+        self.proc = procs.spawn(name, [SPOA_BIN, "-f", self.conf_path],
+                                env=agent_env())
+        self._ready()
+
+    def _ready(self):
+        wait_addr(self.addr, 15, self.proc)
+        if self.wait_redis:
+            self.wait_store()
+
+    def wait_store(self, timeout=10.0):
+        """Wait until the agent decides with Redis (its first decisions, while it is still
+        connecting, are fail-open). Probes with a throw-away key."""
+        import spop_client as sc
+        deadline = time.monotonic() + timeout
+        with sc.SpopClient(self.addr) as c:
+            c.hello()
+            sid = 1
+            while True:
+                v = c.request(sid, 1, [sc.rl_message(key="__harness_probe__")])
+                if not v.get("degraded"):
+                    return
+                if time.monotonic() >= deadline:
+                    raise RuntimeError("agent still degraded after %.0fs\n%s" % (
+                        timeout, self.proc.log_tail()))
+                sid += 2
+                time.sleep(0.05)
+
+    @property
+    def address(self):
+        """The address in HAProxy's syntax (for RL_AGENT_ADDR)."""
+        if isinstance(self.addr, str):
+            return "unix@" + self.addr
+        host, port = self.addr
+        return ("[%s]:%d" if ":" in host else "%s:%d") % (host, port)
+
+    def alive(self):
+        return self.proc.alive()
+
+    def kill(self):
+        self.proc.kill()
+
+    def stop(self):
+        return self.proc.stop()
+
+    def restart(self):
+        if self.proc.alive():
+            self.proc.stop()
+        self.proc.expect_exit_zero = True
+        self.proc.start()
+        self._ready()
+
+
+def agent_env():
+    env = dict(os.environ)
+    env.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1")
+    env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
+    return env
+
+
+@pytest.fixture
+def agent_bin():
+    if not SPOA_BIN.exists():
+        msg = "agent binary %s not built (run make, or set SPOA_BIN)" % SPOA_BIN
+        # In CI, or when SPOA_BIN was given explicitly, a missing binary is an error.
+        if os.environ.get("CI") or os.environ.get("SPOA_BIN"):
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    return SPOA_BIN
+
+
+@pytest.fixture
+def agent(procs, tmp, agent_bin):
+    """Factory: agent(redis=Redis|None, redis_cfg={...}, **config overrides) -> Agent
+    (started, listening). redis_cfg entries are merged into the `redis` group."""
+    def start(redis=None, name="agent", redis_cfg=None, wait_redis=True, **over):
+        listen = over.pop("listen", None) or "127.0.0.1:%d" % free_port()
+        cfg = agent_config(listen, redis.address if redis else None, **over)
+        cfg["redis"].update(redis_cfg or {})
+        return Agent(procs, tmp, cfg, name=name, wait_redis=wait_redis)
+    return start
+
+
+# ---------------------------------------------------------------------------------------
+# HAProxy (gateway and upstream)
+
+class HAProxy:
+    def __init__(self, procs, tmp, agent_addr, upstream_addr, tiers=None,
+                 spoe_timeout="500ms", cfg=None, name="haproxy"):
+        self.port = free_port()
+        self.front = ("127.0.0.1", self.port)
+        map_path = tmp / ("tiers-%d.map" % self.port)
+        map_path.write_text("".join("%s %s\n" % kv for kv in (tiers or {}).items()))
+        self.map_path = map_path
+        self.env = dict(os.environ)
+        self.env.update({
+            "RL_FRONT_ADDR": "127.0.0.1:%d" % self.port,
+            "RL_AGENT_ADDR": agent_addr,
+            "RL_UPSTREAM_ADDR": upstream_addr,
+            "RL_SPOE_CONF": str(HAPROXY_DIR / "spoe-ratelimit.conf"),
+            "RL_TIER_MAP": str(map_path),
+            "RL_SPOE_TIMEOUT": spoe_timeout,
+            "RL_STATS_SOCKET": str(tmp / ("haproxy-%d.sock" % self.port)),
+        })
+        cfg = cfg or HAPROXY_DIR / "haproxy.cfg"
+        self.proc = procs.spawn(name, [HAPROXY_BIN, "-db", "-f", cfg], env=self.env,
+                                cwd=str(tmp))
+        wait_port("127.0.0.1", self.port, 15, self.proc)
+
+    def request(self, path="/", api_key=None, source=None, method="GET", headers=None,
+                timeout=5.0):
+        return http_request(self.front, path, api_key, source, method, headers, timeout)
+
+    def runtime(self, command, timeout=5.0):
+        """One command on the runtime API (RL_STATS_SOCKET); returns the answer text."""
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        try:
+            s.connect(self.env["RL_STATS_SOCKET"])
+            s.sendall(command.encode() + b"\n")
+            out = b""
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                out += chunk
+            return out.decode(errors="replace")
+        finally:
+            s.close()
+
+
+class Response:
+    def __init__(self, status, headers, body, elapsed):
+        self.status = status
+        self.headers = headers          # lower-case name -> value (last one)
+        self.body = body
+        self.elapsed = elapsed
+
+    def h(self, name):
+        return self.headers.get(name.lower())
+
+    def __repr__(self):
+        return "Response(%d, %r, %r)" % (self.status, self.headers, self.body[:200])
+
+
+def http_request(addr, path="/", api_key=None, source=None, method="GET", headers=None,
+                 timeout=5.0):
+    """One request on a fresh connection (optionally from a given source address)."""
+    t0 = time.monotonic()
+    conn = http.client.HTTPConnection(addr[0], addr[1], timeout=timeout,
+                                      source_address=(source, 0) if source else None)
+    try:
+        hdrs = {"Connection": "close"}
+        if api_key is not None:
+            hdrs["X-API-Key"] = api_key
+        hdrs.update(headers or {})
+        conn.request(method, path, headers=hdrs)
+        r = conn.getresponse()
+        body = r.read()
+        return Response(r.status, {k.lower(): v for k, v in r.getheaders()}, body,
+                        time.monotonic() - t0)
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def upstream(procs):
+    """The stand-in application server (haproxy/upstream.cfg); returns its "ip:port"."""
+    port = free_port()
+    env = dict(os.environ, RL_UPSTREAM_ADDR="127.0.0.1:%d" % port)
+    p = procs.spawn("upstream", [HAPROXY_BIN, "-db", "-f", HAPROXY_DIR / "upstream.cfg"],
+                    env=env)
+    wait_port("127.0.0.1", port, 15, p)
+    return "127.0.0.1:%d" % port
+
+
+@pytest.fixture
+def haproxy(procs, tmp, upstream):
+    """Factory: haproxy(agent_addr, tiers={key: tier}, spoe_timeout="500ms") -> HAProxy.
+    The SPOE budget is raised from the production 10ms so that a loaded (or ASan) run
+    does not flake; it stays above the agent's Redis command timeout (150ms here), so
+    an answer from the agent is always seen."""
+    def start(agent_addr, **kw):
+        return HAProxy(procs, tmp, agent_addr, upstream, **kw)
+    return start
+
+
+class Stack:
+    """Redis + agent + upstream + gateway, the usual set for a test."""
+
+    def __init__(self, redis, agent, gw):
+        self.redis, self.agent, self.gw = redis, agent, gw
+
+    def get(self, *a, **kw):
+        return self.gw.request(*a, **kw)
+
+
+@pytest.fixture
+def stack(redis, agent, haproxy):
+    """Factory: stack(tiers={...}, spoe_timeout=..., **agent overrides) -> Stack."""
+    def start(tiers=None, spoe_timeout="500ms", **agent_over):
+        a = agent(redis=redis, **agent_over)
+        gw = haproxy(a.address, tiers=tiers, spoe_timeout=spoe_timeout)
+        return Stack(redis, a, gw)
+    return start
+
+
+# ---------------------------------------------------------------------------------------
+# Structured fields (RFC 8941 lists), enough for RateLimit / RateLimit-Policy
+
+def parse_sf_list(text):
+    """Parse an sf-list of items with parameters: returns [(item, {param: value})].
+    Items and values may be strings, tokens, integers, decimals or booleans."""
+    s = text
+    i = 0
+    n = len(s)
+    out = []
+
+    def ws():
+        nonlocal i
+        while i < n and s[i] in " \t":
+            i += 1
+
+    def bare():
+        nonlocal i
+        if i >= n:
+            raise ValueError("sf: unexpected end in %r" % s)
+        c = s[i]
+        if c == '"':
+            i += 1
+            buf = []
+            while True:
+                if i >= n:
+                    raise ValueError("sf: unterminated string in %r" % s)
+                c = s[i]
+                i += 1
+                if c == "\\":
+                    if i >= n or s[i] not in '"\\':
+                        raise ValueError("sf: bad escape in %r" % s)
+                    buf.append(s[i])
+                    i += 1
+                elif c == '"':
+                    return ("string", "".join(buf))
+                elif ord(c) < 0x20 or ord(c) > 0x7e:
+                    raise ValueError("sf: bad char in string %r" % s)
+                else:
+                    buf.append(c)
+        if c == "-" or c.isdigit():
+            j = i + 1
+            while j < n and (s[j].isdigit() or s[j] == "."):
+                j += 1
+            num = s[i:j]
+            i = j
+            if "." in num:
+                return ("decimal", float(num))
+            if len(num.lstrip("-")) > 15:
+                raise ValueError("sf: integer too long in %r" % s)
+            return ("integer", int(num))
+        if c == "?":
+            v = s[i + 1:i + 2]
+            i += 2
+            if v not in ("0", "1"):
+                raise ValueError("sf: bad boolean in %r" % s)
+            return ("boolean", v == "1")
+        if c.isalpha() or c == "*":
+            j = i + 1
+            while j < n and (s[j].isalnum() or s[j] in "_-.:%*/!#$&'+^`|~"):
+                j += 1
+            tok = s[i:j]
+            i = j
+            return ("token", tok)
+        raise ValueError("sf: unexpected %r in %r" % (c, s))
+
+    def key():
+        nonlocal i
+        j = i
+        if j >= n or not (s[j].islower() or s[j] == "*"):
+            raise ValueError("sf: bad key in %r" % s)
+        while j < n and (s[j].islower() or s[j].isdigit() or s[j] in "_-.*"):
+            j += 1
+        k = s[i:j]
+        i = j
+        return k
+
+    ws()
+    while i < n:
+        item = bare()
+        params = {}
+        while i < n and s[i] == ";":
+            i += 1
+            ws()
+            k = key()
+            if i < n and s[i] == "=":
+                i += 1
+                params[k] = bare()[1]
+            else:
+                params[k] = True
+        out.append((item[1], params))
+        ws()
+        if i >= n:
+            break
+        if s[i] != ",":
+            raise ValueError("sf: expected ',' at %d in %r" % (i, s))
+        i += 1
+        ws()
+        if i >= n:
+            raise ValueError("sf: trailing comma in %r" % s)
+    return out

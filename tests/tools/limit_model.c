@@ -1,0 +1,51 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Drives the C models of src/limiter.c from text, so tests can feed them the
+ * same requests (at the same Redis times) as the Redis script and compare
+ * every field.
+ *
+ * stdin:  "n alg1 a1 b1 shadow1 ... algn an bn shadown" on the first line,
+ *         then "now_us cost" lines.
+ * stdout: per request "allowed ok1 rem1 retry1 reset1 ... okn remn retryn resetn".
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "limiter.h"
+
+#define MAXN 16
+
+int main(void)
+{
+	struct limit_params p[MAXN];
+	struct limit_state st[MAXN] = {{0}};
+	struct limit_verdict v[MAXN];
+	long long now, cost;
+	size_t n, i;
+
+	if (scanf("%zu", &n) != 1 || n < 1 || n > MAXN)
+		return 2;
+	for (i = 0; i < n; i++) {
+		long long a, b;
+		int alg, shadow;
+
+		if (scanf("%d %lld %lld %d", &alg, &a, &b, &shadow) != 4)
+			return 2;
+		p[i].alg = (uint8_t)alg;
+		p[i].a = a;
+		p[i].b = b;
+		p[i].shadow = shadow != 0;
+	}
+	while (scanf("%lld %lld", &now, &cost) == 2) {
+		bool ok = limit_decide(p, st, n, cost, now, v);
+
+		printf("%d", ok ? 1 : 0);
+		for (i = 0; i < n; i++)
+			printf(" %d %lld %lld %lld", v[i].allowed ? 1 : 0, (long long)v[i].remaining,
+			       (long long)v[i].retry_ms, (long long)v[i].reset_ms);
+		printf("\n");
+	}
+	for (i = 0; i < n; i++)
+		limit_state_release(&st[i]);
+	return 0;
+}

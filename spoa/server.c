@@ -103,6 +103,7 @@ struct spoa_server {
 	struct spoa_stats stats;
 	uint64_t next_id;
 	int spare_fd;                   /* kept open to survive EMFILE, -1 if none */
+	bool zombie;                    /* freed by the caller, waiting for its requests */
 };
 
 static void conn_process(struct spoa_conn *c);
@@ -264,24 +265,28 @@ static int conn_flush(struct spoa_conn *c)
  */
 static int conn_send(struct spoa_conn *c, const uint8_t *data, size_t len)
 {
-	size_t need, limit;
+	size_t unsent, limit;
 
 	if (c->state == CONN_ST_DEAD)
 		return -1;
 	limit = (size_t)c->srv->opts.max_inflight * SPOA_ACK_MAX + c->frame_size + SPOP_LEN_SIZE;
-	if (c->tx_off > 0 && c->tx_off == c->tx_len)
-		c->tx_off = c->tx_len = 0;
-	need = c->tx_len + len;
-	if (need > limit) {
+	/* drop what was sent already, so the bound counts only unsent bytes */
+	if (c->tx_off > 0) {
+		memmove(c->tx, c->tx + c->tx_off, c->tx_len - c->tx_off);
+		c->tx_len -= c->tx_off;
+		c->tx_off = 0;
+	}
+	unsent = c->tx_len + len;
+	if (unsent > limit) {
 		CLOG(c, SPOA_LOG_WARN, "peer does not read, %zu bytes queued: closing", c->tx_len);
 		conn_kill(c);
 		return -1;
 	}
-	if (need > c->tx_cap) {
+	if (unsent > c->tx_cap) {
 		size_t cap = c->tx_cap ? c->tx_cap : 4096;
 		uint8_t *p;
 
-		while (cap < need)
+		while (cap < unsent)
 			cap *= 2;
 		if (cap > limit)
 			cap = limit;
@@ -453,6 +458,8 @@ void spoa_req_done(struct spoa_req *req)
 	if (!c) {
 		srv->stats.orphans++;
 		free(req);
+		if (srv->zombie && srv->stats.inflight == 0)
+			free(srv);
 		return;
 	}
 	list_del(&req->node);
@@ -596,6 +603,10 @@ static void conn_process(struct spoa_conn *c)
 		uint32_t len;
 
 		if (c->state == CONN_ST_READY && c->inflight >= c->srv->opts.max_inflight)
+			break;
+		/* answers pile up faster than the peer reads: wait for the write side,
+		 * whose callback kicks processing again */
+		if (c->tx_len - c->tx_off >= (size_t)c->srv->opts.max_inflight * SPOA_ACK_MAX / 2)
 			break;
 		if (spop_frame_len_peek(c->rx + off, c->rx_len - off, &len) == 0)
 			break;
@@ -951,7 +962,10 @@ const struct spoa_stats *spoa_server_stats(const struct spoa_server *srv)
 	return &srv->stats;
 }
 
-/* Closes everything at once and frees <srv>. Pending requests become orphans. */
+/*
+ * Closes everything at once and frees <srv>. Pending requests become orphans;
+ * if any remain, the memory is released when the last one completes.
+ */
 void spoa_server_free(struct spoa_server *srv)
 {
 	struct list *n, *tmp;
@@ -963,5 +977,11 @@ void spoa_server_free(struct spoa_server *srv)
 		conn_free(LIST_ELEM(n, struct spoa_conn, node));
 	if (srv->spare_fd >= 0)
 		close(srv->spare_fd);
+	srv->spare_fd = -1;
+	/* orphaned requests still point at us: the last one to complete frees us */
+	if (srv->stats.inflight) {
+		srv->zombie = true;
+		return;
+	}
 	free(srv);
 }

@@ -5,6 +5,7 @@
  */
 #include "config.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -129,6 +130,37 @@ static bool name_ok(const char *n)
 			return false;
 	}
 	return true;
+}
+
+/* "ip:port", "[ipv6]:port" or "unix:/path", numeric only. */
+static bool redis_address_ok(const char *addr)
+{
+	const char *colon = strrchr(addr, ':');
+	char host[64];
+	struct in6_addr a6;
+	size_t hl;
+	char *end;
+	long port;
+
+	if (strncmp(addr, "unix:", 5) == 0)
+		return addr[5] == '/' || addr[5] == '.';
+	if (!colon || colon == addr)
+		return false;
+	port = strtol(colon + 1, &end, 10);
+	if (*end || end == colon + 1 || port < 1 || port > 65535)
+		return false;
+	hl = (size_t)(colon - addr);
+	if (addr[0] == '[') {
+		if (hl < 3 || addr[hl - 1] != ']')
+			return false;
+		addr++;
+		hl -= 2;
+	}
+	if (hl >= sizeof(host))
+		return false;
+	memcpy(host, addr, hl);
+	host[hl] = 0;
+	return inet_pton(AF_INET, host, &a6) == 1 || inet_pton(AF_INET6, host, &a6) == 1;
 }
 
 static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_limit *l)
@@ -330,6 +362,11 @@ static void load_root(struct loader *ld, config_t *lc)
 	else if (s)
 		check_known(ld, s, "redis", known_redis);
 	cfg->redis.address = get_str(ld, s, "address", "127.0.0.1:6379");
+	if (!redis_address_ok(cfg->redis.address))
+		add_err(ld, line_of(config_setting_get_member(s ? s : root, "address")),
+			"redis address '%s': use ip:port, [ipv6]:port or unix:/path with a numeric "
+			"address (names would block the event loop)",
+			cfg->redis.address);
 	cfg->redis.user = get_str(ld, s, "user", NULL);
 	cfg->redis.password = get_str(ld, s, "password", NULL);
 	cfg->redis.key_prefix = get_str(ld, s, "key_prefix", "rl");

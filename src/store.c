@@ -30,10 +30,12 @@
  */
 #include "store.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <ev.h>
 #include <hiredis/adapters/libev.h>
@@ -61,7 +63,7 @@ struct store_cmd {
 	struct store *s;                /* ref: owner */
 	store_done_fn cb;               /* NULL once the caller has been answered */
 	void *arg;                      /* ref: caller's */
-	ev_tstamp deadline;             /* ev_now() based */
+	double deadline;                /* mono_now() based */
 	bool retried;                   /* NOSCRIPT retry done */
 	struct store_query q;           /* kept for a NOSCRIPT retry */
 };
@@ -85,11 +87,23 @@ struct store {
 	struct list waiting;            /* store_cmd.node, oldest first */
 	struct store_stats stats;
 	bool freeing;
+	double last_progress;           /* mono_now() of the last reply or first send */
+	double stall_s;                 /* no reply for this long with commands out: reconnect */
 	uint64_t log_suppressed;        /* connection errors not logged */
 	ev_tstamp log_last;
 };
 
 static void store_connect(struct store *s);
+static void schedule_reconnect(struct store *s);
+
+/* Seconds on the monotonic clock: deadlines must not move with the wall clock. */
+static double mono_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
 
 const char *store_status_str(int st)
 {
@@ -133,23 +147,32 @@ static void cmd_answer(struct store_cmd *c, enum store_status st, const struct s
 	cb(st, r, c->arg);
 }
 
+/*
+ * Arms the command timer for the oldest waiting command's deadline, or, when
+ * every waiting command has been answered but some are still out (abandoned),
+ * for the stall check.
+ */
 static void cmd_timer_arm(struct store *s)
 {
-	ev_timer_stop(s->loop, &s->cmd_timer);
-	if (!list_empty(&s->waiting)) {
-		struct store_cmd *c = LIST_ELEM(s->waiting.next, struct store_cmd, node);
-		ev_tstamp after = c->deadline - ev_now(s->loop);
+	double now = mono_now(), at;
 
-		ev_timer_set(&s->cmd_timer, after > 0 ? after : 0., 0.);
-		ev_timer_start(s->loop, &s->cmd_timer);
-	}
+	ev_timer_stop(s->loop, &s->cmd_timer);
+	if (!list_empty(&s->waiting))
+		at = LIST_ELEM(s->waiting.next, struct store_cmd, node)->deadline;
+	else if (s->stats.pending && s->ac)
+		at = s->last_progress + s->stall_s;
+	else
+		return;
+	ev_timer_set(&s->cmd_timer, at > now ? at - now : 0., 0.);
+	ev_timer_start(s->loop, &s->cmd_timer);
 }
 
 static void cmd_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	struct store *s = container_of(t, struct store, cmd_timer);
-	ev_tstamp now = ev_now(loop);
+	double now = mono_now();
 
+	(void)loop;
 	(void)revents;
 	while (!list_empty(&s->waiting)) {
 		struct store_cmd *c = LIST_ELEM(s->waiting.next, struct store_cmd, node);
@@ -157,6 +180,19 @@ static void cmd_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 		if (c->deadline > now)
 			break;
 		cmd_answer(c, STORE_TIMEOUT, NULL);
+	}
+	/* commands out and nothing back for a long time: the connection is
+	 * alive for TCP but Redis is not answering (frozen, partitioned). Drop
+	 * it: waiters are answered DOWN at once, reconnection starts. Safe here:
+	 * we are not inside a hiredis callback. */
+	if (s->stats.pending && s->ac && s->state == ST_READY &&
+	    now - s->last_progress >= s->stall_s) {
+		redisAsyncContext *ac = s->ac;
+
+		store_log_trouble(s, "stalled", "no reply in time, reconnecting");
+		s->ac = NULL;
+		redisAsyncFree(ac);
+		schedule_reconnect(s);
 	}
 	cmd_timer_arm(s);
 }
@@ -198,6 +234,8 @@ static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 
 	(void)ac;
 	s->stats.pending--;
+	if (rep)
+		s->last_progress = mono_now();
 	if (!c->cb) {
 		/* the caller was answered already (deadline or shutdown) */
 		if (rep)
@@ -303,15 +341,19 @@ int store_decide(struct store *s, const struct store_query *q, store_done_fn cb,
 	c->cb = cb;
 	c->arg = arg;
 	c->q = *q;
-	c->deadline = ev_now(s->loop) + s->command_timeout_ms / 1000.;
+	c->deadline = mono_now() + s->command_timeout_ms / 1000.;
+	if (!s->stats.pending)
+		s->last_progress = mono_now();
 	list_init(&c->node);
 	if (cmd_send(s, c, false) < 0) {
 		free(c);
 		s->stats.failed[STORE_DOWN]++;
 		return -STORE_DOWN;
 	}
+	/* the timer follows the oldest waiting command: arm it when this one is
+	 * the only one (it may be armed for the stall check meanwhile) */
 	list_append(&s->waiting, &c->node);
-	if (!ev_is_active(&s->cmd_timer))
+	if (s->waiting.next == &c->node)
 		cmd_timer_arm(s);
 	return 0;
 }
@@ -356,7 +398,9 @@ static void load_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	}
 	memcpy(s->sha, rep->str, 40);
 	s->sha[40] = 0;
+	ev_timer_stop(s->loop, &s->conn_timer);
 	s->state = ST_READY;
+	s->last_progress = mono_now();
 	s->backoff_ms = BACKOFF_MIN_MS;
 	s->stats.connects++;
 	LOG(LOG_NOTICE, "redis connected, script %s", s->sha);
@@ -381,14 +425,17 @@ static void connect_cb(const redisAsyncContext *cac, int status)
 
 	if (s->ac != ac)
 		return;
-	ev_timer_stop(s->loop, &s->conn_timer);
 	if (status != REDIS_OK) {
+		ev_timer_stop(s->loop, &s->conn_timer);
 		/* hiredis frees the context after this callback */
 		store_log_trouble(s, "connect", ac->errstr);
 		schedule_reconnect(s);
 		return;
 	}
+	/* the connect deadline keeps running: it covers AUTH and SCRIPT LOAD too */
 	s->state = ST_LOADING;
+	if (s->host)
+		(void)redisEnableKeepAlive(&ac->c); /* TCP only: unix sockets refuse it */
 	if (s->password) {
 		const char *argv[3] = {"AUTH", s->user ? s->user : s->password, s->password};
 		int argc = s->user ? 3 : 2;
@@ -494,6 +541,20 @@ static int parse_endpoint(struct store *s, const char *addr, char *err, size_t e
 	else
 		s->host = xasprintf("%.*s", (int)(colon - addr), addr);
 	s->port = (int)port;
+	/* hiredis 0.14.1 resolves names with a blocking getaddrinfo() on every
+	 * connect: only numeric addresses keep the loop from ever blocking */
+	{
+		struct in6_addr a6;
+
+		if (inet_pton(AF_INET, s->host, &a6) != 1 && inet_pton(AF_INET6, s->host, &a6) != 1) {
+			snprintf(err, errlen,
+				 "redis address '%s': use a numeric IP address or unix:/path "
+				 "(names would block the event loop)",
+				 addr);
+			FREE_AND_NULL(s->host);
+			return -1;
+		}
+	}
 	return 0;
 }
 
@@ -516,6 +577,12 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 	s->connect_timeout_ms = opts->connect_timeout_ms ? opts->connect_timeout_ms : 200;
 	s->command_timeout_ms = opts->command_timeout_ms ? opts->command_timeout_ms : 5;
 	s->max_pending = opts->max_pending ? opts->max_pending : 10000;
+	/* a stall is 20 command timeouts, at least 1 s and at most 5 s */
+	s->stall_s = s->command_timeout_ms * 20 / 1000.;
+	if (s->stall_s < 1.)
+		s->stall_s = 1.;
+	if (s->stall_s > 5.)
+		s->stall_s = 5.;
 	s->backoff_ms = BACKOFF_MIN_MS;
 	list_init(&s->waiting);
 	ev_timer_init(&s->conn_timer, conn_timer_cb, 0., 0.);

@@ -481,6 +481,15 @@ class Agent:
     def alive(self):
         return self.proc.alive()
 
+    def reload(self, text=None, **over):
+        """Rewrite the config file (raw <text>, or the current dict with top-level
+        entries replaced) and send SIGHUP."""
+        if text is None:
+            self.cfg = dict(self.cfg, **over)
+            text = to_libconfig(self.cfg)
+        self.conf_path.write_text(text)
+        self.proc.signal(signal.SIGHUP)
+
     def kill(self):
         self.proc.kill()
 
@@ -496,9 +505,13 @@ class Agent:
 
 
 def agent_env():
+    """Environment for the agent: sanitizer options for an ASan/UBSan build (ignored by a
+    normal build), with the suppressions of lsan.supp (known third-party leaks)."""
     env = dict(os.environ)
     env.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1")
     env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
+    supp = "suppressions=%s" % (HERE / "lsan.supp")
+    env["LSAN_OPTIONS"] = supp + (":" + env["LSAN_OPTIONS"] if env.get("LSAN_OPTIONS") else "")
     return env
 
 

@@ -8,13 +8,12 @@ import subprocess
 import pytest
 
 import spop_client as sc
-from conftest import REPO, agent_config, free_port, to_libconfig
+from conftest import REPO, agent_config, agent_env, free_port, to_libconfig
 
 
 def run(agent_bin, *args, timeout=20):
     return subprocess.run([str(agent_bin)] + [str(a) for a in args], capture_output=True,
-                          text=True, timeout=timeout, env=dict(os.environ,
-                                                               ASAN_OPTIONS="detect_leaks=1"))
+                          text=True, timeout=timeout, env=agent_env())
 
 
 def test_version(agent_bin):
@@ -67,12 +66,17 @@ def test_check_bad_config(agent_bin, tmp):
     assert any("nope" in l for l in errs), r.stderr
 
 
-def test_check_syntax_error(agent_bin, tmp):
+@pytest.mark.parametrize("text,line", [
+    ('listen = "127.0.0.1:1"\nstore = ;\n', 2),
+    ('log_level = "info";\nlisten "127.0.0.1:1";\n', 2),     # missing '=' before a string
+])
+def test_check_syntax_error(agent_bin, tmp, text, line):
     p = tmp / "syntax.conf"
-    p.write_text('listen = "127.0.0.1:1"\nstore = ;\n')
+    p.write_text(text)
     r = run(agent_bin, "-c", "-f", p)
-    assert r.returncode == 1
-    assert re.search(re.escape(str(p)) + r":\d+: ", r.stderr), r.stderr
+    assert r.returncode == 1, r
+    assert re.search(re.escape(str(p)) + r":%d: " % line, r.stderr), r.stderr
+    assert "Sanitizer" not in r.stderr, r.stderr
 
 
 def test_missing_config_file(agent_bin, tmp):

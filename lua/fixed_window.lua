@@ -19,7 +19,7 @@ ALG[2] = function(key, now, cost, win, limit)
 	r.reset_c = left
 	r.reset_u = (count > 0) and left or 0
 	r.commit = function()
-		redis.call('SET', key, string.format('%d:%d', idx, count + cost), 'PX',
+		redis.call('SET', key, string.format('%d:%d', idx, clamp0(count + cost)), 'PX',
 			math.ceil(left / 1000) + 1)
 	end
 	return r

@@ -5,6 +5,7 @@ ALG[1] = function(key, now, cost, T, tau)
 	local tat = tonumber(redis.call('GET', key) or 0) or 0
 	if tat < now then tat = now end
 	local newtat = tat + T * cost
+	if newtat < now then newtat = now end -- a refund never goes past full
 	local r = {}
 	r.ok = (newtat - tau <= now) and 1 or 0
 	r.rem_c = math.floor(clamp0(tau - (newtat - now)) / T)

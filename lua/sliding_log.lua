@@ -24,6 +24,10 @@ ALG[3] = function(key, now, cost, win, limit)
 	if newest[2] then r.reset_u = tonumber(newest[2]) + win - now end
 	r.reset_c = (cost > 0) and win or r.reset_u
 	r.commit = function()
+		if cost < 0 then -- a refund takes back the newest entries
+			redis.call('ZPOPMAX', key, -cost)
+			return
+		end
 		for i = 1, cost do
 			local m = string.format('%d:%d', now, i)
 			local n = 0

@@ -38,7 +38,7 @@ ALG[4] = function(key, now, cost, win, limit)
 	r.reset_c = left + win
 	r.reset_u = (cur > 0) and (left + win) or ((prev > 0) and left or 0)
 	r.commit = function()
-		redis.call('SET', key, string.format('%d:%d:%d', idx, cur + cost, prev), 'PX',
+		redis.call('SET', key, string.format('%d:%d:%d', idx, clamp0(cur + cost), prev), 'PX',
 			math.ceil((left + win) / 1000) + 1)
 	end
 	return r

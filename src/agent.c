@@ -296,8 +296,8 @@ static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 		return;
 	}
 	q.n = tier->n;
-	q.cost = ra.cost;
 	for (i = 0; i < tier->n; i++) {
+		q.cost[i] = ra.cost;
 		const struct rule_limit *l = &rs->limits[tier->idx[i]];
 
 		snprintf(q.keys[i], sizeof(q.keys[i]), "%s:{%s}:%s", rs->cfg->redis.key_prefix,

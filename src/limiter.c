@@ -84,6 +84,8 @@ static void check_gcra(const struct limit_params *p, const struct limit_state *s
 	int64_t tat = st->x < now ? now : st->x;
 	int64_t newtat = tat + T * cost;
 
+	if (newtat < now) /* a refund never goes past full */
+		newtat = now;
 	c->ok = newtat - tau <= now;
 	c->rem_c = clamp0(tau - (newtat - now)) / T;
 	c->rem_u = clamp0(tau - (tat - now)) / T;
@@ -192,9 +194,13 @@ static void apply(const struct limit_params *p, struct limit_state *st, int64_t 
 		break;
 	case ALG_FIXED_WINDOW:
 		st->x = c->n1;
-		st->y = c->n2;
+		st->y = clamp0(c->n2);
 		break;
 	case ALG_SLIDING_LOG:
+		if (cost < 0) { /* a refund takes back the newest entries */
+			st->nlog -= (size_t)(-cost) < st->nlog ? (size_t)(-cost) : st->nlog;
+			break;
+		}
 		for (i = 0; i < cost; i++) {
 			if (st->nlog == st->caplog) {
 				st->caplog = st->caplog ? 2 * st->caplog : 16;
@@ -207,7 +213,7 @@ static void apply(const struct limit_params *p, struct limit_state *st, int64_t 
 		break;
 	case ALG_SLIDING_WINDOW:
 		st->x = c->n1;
-		st->y = c->n2;
+		st->y = clamp0(c->n2);
 		st->z = c->n3;
 		break;
 	default:
@@ -216,13 +222,15 @@ static void apply(const struct limit_params *p, struct limit_state *st, int64_t 
 }
 
 /*
- * Decides a request of <cost> tokens against the <n> limits <p> with states
- * <st> at <now_us>, as the script does: it passes only if every enforcing
- * (non-shadow) limit admits it; then every limit that admits it is charged.
- * Fills <out>[0..n) and returns the overall verdict. Unknown algorithms admit.
+ * Decides a request costing <cost>[i] tokens for limit i against the <n>
+ * limits <p> with states <st> at <now_us>, as the script does: it passes only
+ * if every enforcing (non-shadow) limit admits it; then every limit that
+ * admits it is charged. A negative cost is a refund: always applied, never
+ * denies. Fills <out>[0..n) and returns the overall verdict. Unknown
+ * algorithms admit.
  */
-bool limit_decide(const struct limit_params *p, struct limit_state *st, size_t n, int64_t cost,
-		  int64_t now_us, struct limit_verdict *out)
+bool limit_decide(const struct limit_params *p, struct limit_state *st, size_t n,
+		  const int64_t *cost, int64_t now_us, struct limit_verdict *out)
 {
 	struct check c[16];
 	bool allowed = true;
@@ -234,20 +242,24 @@ bool limit_decide(const struct limit_params *p, struct limit_state *st, size_t n
 		memset(&c[i], 0, sizeof(c[i]));
 		switch (p[i].alg) {
 		case ALG_GCRA:
-			check_gcra(&p[i], &st[i], now_us, cost, &c[i]);
+			check_gcra(&p[i], &st[i], now_us, cost[i], &c[i]);
 			break;
 		case ALG_FIXED_WINDOW:
-			check_fixed(&p[i], &st[i], now_us, cost, &c[i]);
+			check_fixed(&p[i], &st[i], now_us, cost[i], &c[i]);
 			break;
 		case ALG_SLIDING_LOG:
-			check_log(&p[i], &st[i], now_us, cost, &c[i]);
+			check_log(&p[i], &st[i], now_us, cost[i], &c[i]);
 			break;
 		case ALG_SLIDING_WINDOW:
-			check_sliding(&p[i], &st[i], now_us, cost, &c[i]);
+			check_sliding(&p[i], &st[i], now_us, cost[i], &c[i]);
 			break;
 		default:
 			c[i].ok = true;
 			break;
+		}
+		if (cost[i] < 0) {
+			c[i].ok = true;
+			c[i].retry = 0;
 		}
 		if (!c[i].ok && !p[i].shadow)
 			allowed = false;
@@ -256,7 +268,7 @@ bool limit_decide(const struct limit_params *p, struct limit_state *st, size_t n
 		bool charged = allowed && c[i].ok;
 
 		if (charged)
-			apply(&p[i], &st[i], now_us, cost, &c[i]);
+			apply(&p[i], &st[i], now_us, cost[i], &c[i]);
 		out[i].allowed = c[i].ok;
 		out[i].remaining = charged ? c[i].rem_c : c[i].rem_u;
 		out[i].retry_ms = ceil_ms(c[i].retry);

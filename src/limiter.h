@@ -50,8 +50,8 @@ const char *limit_alg_str(int alg);
 int limit_alg_parse(const char *name);
 void limit_params_init(struct limit_params *p, int alg, uint64_t rate, uint64_t period_ms,
 		       uint64_t burst);
-bool limit_decide(const struct limit_params *p, struct limit_state *st, size_t n, int64_t cost,
-		  int64_t now_us, struct limit_verdict *out);
+bool limit_decide(const struct limit_params *p, struct limit_state *st, size_t n,
+		  const int64_t *cost, int64_t now_us, struct limit_verdict *out);
 void limit_state_release(struct limit_state *st);
 
 #endif /* AGENT_LIMITER_H */

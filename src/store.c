@@ -276,9 +276,9 @@ static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
  */
 static int cmd_send(struct store *s, struct store_cmd *c, bool eval)
 {
-	const char *argv[3 + STORE_MAX_LIMITS * 5 + 1];
+	const char *argv[3 + STORE_MAX_LIMITS * 6];
 	size_t lens[ARRAY_SIZE(argv)];
-	char nums[1 + 4 * STORE_MAX_LIMITS][24];
+	char nums[5 * STORE_MAX_LIMITS][24];
 	char nkeys[8];
 	size_t i;
 	int argc = 0, k = 0;
@@ -303,12 +303,12 @@ static int cmd_send(struct store *s, struct store_cmd *c, bool eval)
 		argv[argc] = c->q.keys[i];
 		lens[argc++] = strlen(c->q.keys[i]);
 	}
-	PUSH_NUM(c->q.cost);
 	for (i = 0; i < c->q.n; i++) {
 		PUSH_NUM(c->q.params[i].alg);
 		PUSH_NUM(c->q.params[i].a);
 		PUSH_NUM(c->q.params[i].b);
 		PUSH_NUM(c->q.params[i].shadow ? 1 : 0);
+		PUSH_NUM(c->q.cost[i]);
 	}
 #undef PUSH_NUM
 	if (redisAsyncCommandArgv(s->ac, cmd_reply_cb, c, argc, argv, lens) != REDIS_OK)

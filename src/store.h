@@ -46,7 +46,7 @@ struct store_opts {
 /* One decision: n limits of one principal. */
 struct store_query {
 	size_t n;                                       /* limits, 1..STORE_MAX_LIMITS */
-	int64_t cost;                                   /* tokens */
+	int64_t cost[STORE_MAX_LIMITS];                 /* tokens per limit; < 0 refunds */
 	char keys[STORE_MAX_LIMITS][STORE_KEY_MAX];     /* NUL-terminated keys */
 	struct limit_params params[STORE_MAX_LIMITS];
 };

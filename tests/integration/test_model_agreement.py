@@ -24,16 +24,19 @@ def script():
 
 
 def run_model(limits, calls):
-    """limits: [(alg, a, b, shadow)], calls: [(now_us, cost)] -> list of int lists."""
+    """limits: [(alg, a, b, shadow)], calls: [(now_us, cost or [costs])] -> int lists."""
     lines = ["%d %s" % (len(limits), " ".join("%d %d %d %d" % l for l in limits))]
-    lines += ["%d %d" % c for c in calls]
+    for now, cost in calls:
+        costs = cost if isinstance(cost, (list, tuple)) else [cost]
+        lines.append("%d %s" % (now, " ".join(str(c) for c in costs)))
     out = subprocess.run([MODEL], input="\n".join(lines) + "\n", capture_output=True,
                          text=True, check=True, timeout=30).stdout
     return [[int(x) for x in line.split()] for line in out.splitlines()]
 
 
 def run_script(redis, sha, keys, limits, cost):
-    argv = [str(cost)] + [str(x) for l in limits for x in l]
+    costs = cost if isinstance(cost, (list, tuple)) else [cost] * len(limits)
+    argv = [str(x) for l, c in zip(limits, costs) for x in tuple(l) + (c,)]
     return [int(x) for x in redis.cmd("EVALSHA", sha, str(len(keys)), *keys, *argv)]
 
 
@@ -149,3 +152,38 @@ def test_keys_expire(redis):
         assert 0 < ttl <= 401, (alg, ttl)
     time.sleep(0.5)
     assert redis.cmd("EXISTS", *["rl:{e}:%d" % i for i in range(4)]) == 0
+
+
+@pytest.mark.parametrize("alg", sorted(ALGOS))
+def test_refund_restores_tokens(redis, alg):
+    """A negative cost refunds an earlier charge (used when a decision spanning two
+    script calls is denied by the other one): script and model agree, and the tokens
+    come back."""
+    sha = redis.cmd("SCRIPT", "LOAD", script())
+    limits = [ALGOS[alg]]
+    key = ["rl:{r%s}:x" % alg]
+    seq = [1, 1, 1, -2, 1, 1, 3, -3, 0]
+    replies, calls = [], []
+    for c in seq:
+        rep = run_script(redis, sha, key, limits, c)
+        replies.append(rep)
+        calls.append((rep[2], c))
+    compare(replies, run_model(limits, calls))
+    assert all(r[0] == 1 for r, c in zip(replies, seq) if c < 0), "a refund never denies"
+    assert replies[3][4] >= replies[2][4] + 2 or replies[3][4] == 5, replies
+
+
+def test_per_limit_costs(redis):
+    """Each limit can be charged its own cost in one call."""
+    rnd = random.Random(11)
+    sha = redis.cmd("SCRIPT", "LOAD", script())
+    limits = [ALGOS["gcra"], ALGOS["fixed_window"]]
+    keys = ["rl:{pc}:a", "rl:{pc}:b"]
+    replies, calls = [], []
+    for _ in range(40):
+        costs = [rnd.choice([0, 1, 2]), rnd.choice([0, 1, 3])]
+        rep = run_script(redis, sha, keys, limits, costs)
+        replies.append(rep)
+        calls.append((rep[2], costs))
+        time.sleep(rnd.choice([0, 0.01, 0.03]))
+    compare(replies, run_model(limits, calls))

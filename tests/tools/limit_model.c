@@ -5,7 +5,7 @@
  * every field.
  *
  * stdin:  "n alg1 a1 b1 shadow1 ... algn an bn shadown" on the first line,
- *         then "now_us cost" lines.
+ *         then "now_us cost" or "now_us cost1 ... costn" lines.
  * stdout: per request "allowed ok1 rem1 retry1 reset1 ... okn remn retryn resetn".
  */
 #include <stdio.h>
@@ -20,7 +20,8 @@ int main(void)
 	struct limit_params p[MAXN];
 	struct limit_state st[MAXN] = {{0}};
 	struct limit_verdict v[MAXN];
-	long long now, cost;
+	long long now;
+	int64_t cost[MAXN];
 	size_t n, i;
 
 	if (scanf("%zu", &n) != 1 || n < 1 || n > MAXN)
@@ -36,8 +37,28 @@ int main(void)
 		p[i].b = b;
 		p[i].shadow = shadow != 0;
 	}
-	while (scanf("%lld %lld", &now, &cost) == 2) {
-		bool ok = limit_decide(p, st, n, cost, now, v);
+	/* a request line: "now_us cost" (same cost for every limit) or
+	 * "now_us c1 ... cn" (one cost per limit) */
+	while (scanf("%lld", &now) == 1) {
+		char line[1024], *s, *end;
+		size_t k = 0;
+		bool ok;
+
+		if (!fgets(line, sizeof(line), stdin))
+			return 2;
+		for (s = line; k < n; s = end) {
+			long long c = strtoll(s, &end, 10);
+
+			if (end == s)
+				break;
+			cost[k++] = c;
+		}
+		if (k == 1)
+			for (i = 1; i < n; i++)
+				cost[i] = cost[0];
+		else if (k != n)
+			return 2;
+		ok = limit_decide(p, st, n, cost, now, v);
 
 		printf("%d", ok ? 1 : 0);
 		for (i = 0; i < n; i++)

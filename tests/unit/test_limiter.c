@@ -13,6 +13,8 @@
 #include "util.h"
 
 #define SEC 1000000LL
+#define C(x) ((const int64_t[]){(x)})
+#define C2(x) ((const int64_t[]){(x), (x)})
 
 static void test_limiter_params_from_rate(void **state)
 {
@@ -42,18 +44,18 @@ static void test_limiter_burst_then_deny(void **state)
 	(void)state;
 	limit_params_init(&p, ALG_GCRA, 5, 60000, 0); /* 5 per minute */
 	for (i = 0; i < 5; i++) {
-		assert_true(limit_decide(&p, &tat, 1, 1, now, &v));
+		assert_true(limit_decide(&p, &tat, 1, C(1), now, &v));
 		assert_int_equal(v.remaining, 4 - i);
 		assert_int_equal(v.retry_ms, 0);
 	}
-	assert_false(limit_decide(&p, &tat, 1, 1, now, &v));
+	assert_false(limit_decide(&p, &tat, 1, C(1), now, &v));
 	assert_int_equal(v.remaining, 0);
 	assert_int_equal(v.retry_ms, 12000); /* one token every 12 s */
 	assert_int_equal(v.reset_ms, 60000);
 	/* 12 s later exactly one more passes */
 	now += 12 * SEC;
-	assert_true(limit_decide(&p, &tat, 1, 1, now, &v));
-	assert_false(limit_decide(&p, &tat, 1, 1, now, &v));
+	assert_true(limit_decide(&p, &tat, 1, C(1), now, &v));
+	assert_false(limit_decide(&p, &tat, 1, C(1), now, &v));
 }
 
 static void test_limiter_denial_charges_nothing(void **state)
@@ -66,11 +68,11 @@ static void test_limiter_denial_charges_nothing(void **state)
 	(void)state;
 	limit_params_init(&p[0], ALG_GCRA, 2, 1000, 0);     /* 2/s */
 	limit_params_init(&p[1], ALG_GCRA, 100, 86400000, 0); /* 100/day */
-	assert_true(limit_decide(p, tat, 2, 1, now, v));
-	assert_true(limit_decide(p, tat, 2, 1, now, v));
+	assert_true(limit_decide(p, tat, 2, C2(1), now, v));
+	assert_true(limit_decide(p, tat, 2, C2(1), now, v));
 	memcpy(saved, tat, sizeof(tat));
 	for (i = 0; i < 10; i++) {
-		assert_false(limit_decide(p, tat, 2, 1, now, v));
+		assert_false(limit_decide(p, tat, 2, C2(1), now, v));
 		assert_false(v[0].allowed);
 		assert_true(v[1].allowed);
 		assert_int_equal(v[1].remaining, 98); /* the daily limit was not charged */
@@ -86,15 +88,15 @@ static void test_limiter_cost(void **state)
 
 	(void)state;
 	limit_params_init(&p, ALG_GCRA, 100, 1000, 0);
-	assert_true(limit_decide(&p, &tat, 1, 10, now, &v));
+	assert_true(limit_decide(&p, &tat, 1, C(10), now, &v));
 	assert_int_equal(v.remaining, 90);
-	assert_true(limit_decide(&p, &tat, 1, 90, now, &v));
+	assert_true(limit_decide(&p, &tat, 1, C(90), now, &v));
 	assert_int_equal(v.remaining, 0);
-	assert_false(limit_decide(&p, &tat, 1, 10, now, &v));
+	assert_false(limit_decide(&p, &tat, 1, C(10), now, &v));
 	assert_int_equal(v.retry_ms, 100);
 	/* cost 0 reports without charging */
-	assert_false(limit_decide(&p, &tat, 1, 1, now, &v));
-	assert_true(limit_decide(&p, &tat, 1, 0, now, &v));
+	assert_false(limit_decide(&p, &tat, 1, C(1), now, &v));
+	assert_true(limit_decide(&p, &tat, 1, C(0), now, &v));
 	assert_int_equal(v.remaining, 0);
 }
 
@@ -108,9 +110,9 @@ static void test_limiter_idle_bucket_refills_fully(void **state)
 	(void)state;
 	limit_params_init(&p, ALG_GCRA, 10, 1000, 0);
 	for (i = 0; i < 10; i++)
-		assert_true(limit_decide(&p, &tat, 1, 1, now, &v));
+		assert_true(limit_decide(&p, &tat, 1, C(1), now, &v));
 	now += 3600 * SEC; /* an hour later: a full bucket, not 36000 tokens */
-	assert_true(limit_decide(&p, &tat, 1, 1, now, &v));
+	assert_true(limit_decide(&p, &tat, 1, C(1), now, &v));
 	assert_int_equal(v.remaining, 9);
 }
 

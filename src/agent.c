@@ -22,44 +22,85 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <ev.h>
 
 #include "config.h"
 #include "digest.h"
 #include "log.h"
+#include "memstore.h"
 #include "rules.h"
 #include "spoa.h"
 #include "store.h"
 #include "util.h"
 
 #define COST_MAX 1000000
+#define MAX_APPLIED (2 * STORE_MAX_LIMITS)
+
+/* Slots of the tier cache: API key digest -> tier name, with an expiry. */
+struct tier_slot {
+	uint8_t digest[16];             /* first 16 bytes of SHA-256(key) */
+	char tier[65];                  /* tier name, "" = no entry in Redis */
+	double expires;                 /* ev_now() based; 0 = empty slot */
+};
 
 struct agent {
 	struct ev_loop *loop;           /* ref */
 	struct ruleset *rs;             /* one reference */
 	struct spoa_server *srv;        /* owned */
-	struct store *store;            /* owned, NULL for store "allow" */
+	struct store *store;            /* owned, NULL unless store "redis" */
+	struct memstore *mem;           /* owned, NULL unless store "memory" */
+	struct tier_slot *tcache;       /* owned: tier cache, tcache_size slots */
+	size_t tcache_size;
 	size_t pending;                 /* decisions waiting for the store */
 	uint64_t outcomes[OUT_COUNT];
 	uint64_t degraded_by[STORE_COUNT];
 	uint64_t shadow_denied;         /* decisions a shadow limit would have denied */
+	uint64_t refunds;               /* charges taken back after a split denial */
+	uint64_t tier_hits, tier_misses;
 };
 
-/* A decision waiting for the store. */
+/* One limit applied to a request. */
+struct applied {
+	const struct rule_limit *l;     /* ref: into the decision's ruleset */
+	int part;                       /* which store query: 0 principal, 1 global */
+	size_t slot;                    /* index inside that query */
+};
+
+/* One store query of a decision and its outcome. */
+struct part {
+	struct decision *d;             /* ref: back pointer for the callback */
+	struct store_query q;
+	enum store_status st;
+	struct store_result res;
+	bool used;
+};
+
+/* A decision in progress. */
 struct decision {
 	struct agent *a;                /* ref */
 	struct spoa_req *req;           /* owned until completed */
 	struct ruleset *rs;             /* one reference */
-	const struct rule_tier *tier;   /* ref: into rs */
+	const struct rule_endpoint *ep; /* ref: into rs, or NULL */
+	unsigned waiting;               /* store queries not answered yet */
+	size_t n;                       /* applied limits */
+	struct applied ap[MAX_APPLIED];
+	struct part parts[2];
+	/* kept while the tier is looked up */
+	char principal[80];
+	uint8_t digest[16];
+	struct spop_data ip;
+	int64_t cost;                   /* from HAProxy, or -1 */
 };
 
 /* What we read from the message. */
 struct req_args {
 	struct spop_str key;            /* API key (empty: anonymous) */
 	struct spop_str tier;           /* tier name or empty */
+	struct spop_str method, path, route;
 	struct spop_data ip;            /* NULL type when absent */
-	int64_t cost;
+	int64_t cost;                   /* -1 when not sent */
 };
 
 static void lib_log(int level, const char *msg, void *arg)
@@ -86,111 +127,231 @@ static int64_t ms_to_s(int64_t ms, int64_t min)
 	return s < min ? min : s;
 }
 
-/*
- * Fills the ACK of <req> from the store's verdict <res> for <tier>. The limit
- * reported is the one that decided: on a denial the one that makes the client
- * wait longest, otherwise the one with the fewest tokens left.
- */
-static void respond(struct agent *a, struct spoa_req *req, const struct ruleset *rs,
-		    const struct rule_tier *tier, const struct store_result *res)
+/* RateLimit-Policy: every enforcing limit applied to the request. */
+static void render_policy(const struct decision *d, char *buf, size_t len)
 {
+	size_t i, used = 0;
+
+	buf[0] = 0;
+	for (i = 0; i < d->n && used < len; i++) {
+		const struct rule_limit *l = d->ap[i].l;
+
+		if (l->shadow)
+			continue;
+		used += (size_t)snprintf(buf + used, len - used, "%s\"%s\";q=%llu;w=%llu",
+					 used ? ", " : "", l->name, (unsigned long long)l->rate,
+					 (unsigned long long)l->period_s);
+	}
+}
+
+/* The verdict of applied limit <i>, or NULL if its part was not decided. */
+static const struct limit_verdict *verdict_of(const struct decision *d, size_t i)
+{
+	const struct part *p = &d->parts[d->ap[i].part];
+
+	if (p->st != STORE_OK)
+		return NULL;
+	return &p->res.v[d->ap[i].slot];
+}
+
+/*
+ * Fills the ACK from the parts' verdicts. The limit reported is the one that
+ * decided: on a denial the one that makes the client wait longest, otherwise
+ * the one with the fewest tokens left relative to its quota. A part whose store
+ * failed counts as allowing (fail-open) and marks the answer degraded.
+ */
+static void respond(struct decision *d)
+{
+	struct agent *a = d->a;
+	struct spoa_req *req = d->req;
+	const struct limit_verdict *pv = NULL;
 	const struct rule_limit *l = NULL, *shadow = NULL;
-	char hdr[256];
-	size_t i, pick = 0;
+	bool allowed = true, degraded = false, any = false;
+	char buf[1024];
+	size_t i;
+	int p;
 	int64_t t;
 
-	for (i = 0; i < res->n; i++) {
-		const struct rule_limit *li = &rs->limits[tier->idx[i]];
+	for (p = 0; p < 2; p++) {
+		if (!d->parts[p].used)
+			continue;
+		if (d->parts[p].st != STORE_OK) {
+			degraded = true;
+			a->degraded_by[d->parts[p].st < STORE_COUNT ? d->parts[p].st : STORE_ERROR]++;
+		} else {
+			any = true;
+			if (!d->parts[p].res.allowed)
+				allowed = false;
+		}
+	}
+	for (i = 0; i < d->n; i++) {
+		const struct limit_verdict *v = verdict_of(d, i);
+		const struct rule_limit *li = d->ap[i].l;
 
+		if (!v)
+			continue;
 		if (li->shadow) {
-			if (!res->v[i].allowed && !shadow)
+			if (!v->allowed && !shadow)
 				shadow = li;
 			continue;
 		}
-		if (!l) {
-			pick = i;
+		if (!l || (!allowed && v->retry_ms > pv->retry_ms) ||
+		    (allowed && v->remaining * (int64_t)l->rate < pv->remaining * (int64_t)li->rate)) {
 			l = li;
-		} else if (!res->allowed) {
-			if (res->v[i].retry_ms > res->v[pick].retry_ms) {
-				pick = i;
-				l = li;
-			}
-		} else if (res->v[i].remaining * (int64_t)l->rate <
-			   res->v[pick].remaining * (int64_t)li->rate) {
-			/* fewest tokens left relative to the quota */
-			pick = i;
-			l = li;
+			pv = v;
 		}
 	}
 	if (shadow) {
 		a->shadow_denied++;
 		set_str(req, "shadow", shadow->name);
 	}
-	set_int(req, "allow", res->allowed ? 1 : 0);
-	if (res->allowed)
-		a->outcomes[OUT_ALLOWED]++;
-	else
-		a->outcomes[OUT_DENIED]++;
-	set_str(req, "policy", tier->policy);
-	if (!l)
-		return; /* only shadow limits */
-	if (res->allowed) {
-		t = ms_to_s(res->v[pick].reset_ms, 0);
+	set_int(req, "allow", allowed ? 1 : 0);
+	a->outcomes[!allowed ? OUT_DENIED : (degraded ? OUT_DEGRADED : OUT_ALLOWED)]++;
+	if (degraded)
+		set_int(req, "degraded", 1);
+	if (d->ep)
+		set_str(req, "endpoint", d->ep->name);
+	render_policy(d, buf, sizeof(buf));
+	if (buf[0])
+		set_str(req, "policy", buf);
+	if (!any || !l)
+		return;
+	if (allowed) {
+		t = ms_to_s(pv->reset_ms, 0);
 	} else {
-		t = ms_to_s(res->v[pick].retry_ms, 1);
+		t = ms_to_s(pv->retry_ms, 1);
 		set_int(req, "retry_after", t);
 	}
 	set_str(req, "rule", l->name);
-	snprintf(hdr, sizeof(hdr), "\"%s\";r=%lld;t=%lld", l->name,
-		 (long long)res->v[pick].remaining, (long long)t);
-	set_str(req, "ratelimit", hdr);
-	if (rs->cfg->legacy_headers) {
+	snprintf(buf, sizeof(buf), "\"%s\";r=%lld;t=%lld", l->name, (long long)pv->remaining,
+		 (long long)t);
+	set_str(req, "ratelimit", buf);
+	if (d->rs->cfg->legacy_headers) {
 		set_int(req, "limit", (int64_t)l->rate);
-		set_int(req, "remaining", res->v[pick].remaining);
+		set_int(req, "remaining", pv->remaining);
 		set_int(req, "reset", t);
 	}
 }
 
-/* Fail-open answer: the store could not decide. */
-static void respond_degraded(struct agent *a, struct spoa_req *req, const struct rule_tier *tier,
-			     enum store_status why)
+static void refund_done_cb(enum store_status st, const struct store_result *res, void *arg)
 {
-	a->outcomes[OUT_DEGRADED]++;
-	if (why < STORE_COUNT)
-		a->degraded_by[why]++;
-	set_int(req, "allow", 1);
-	set_int(req, "degraded", 1);
-	set_str(req, "policy", tier->policy);
+	(void)st;
+	(void)res;
+	(void)arg;
 }
 
-static void decision_done_cb(enum store_status st, const struct store_result *res, void *arg)
+/*
+ * A request denied by one part was charged by the other (the two live in
+ * different Redis slots, so no single script can see both): take that charge
+ * back, so a denied request leaves no limit charged.
+ */
+static void refund(struct decision *d)
 {
-	struct decision *d = arg;
 	struct agent *a = d->a;
+	int p;
 
-	a->pending--;
-	if (st == STORE_OK && res->n == d->tier->n)
-		respond(a, d->req, d->rs, d->tier, res);
-	else
-		respond_degraded(a, d->req, d->tier, st == STORE_OK ? STORE_ERROR : st);
-	spoa_req_done(d->req);
+	for (p = 0; p < 2; p++) {
+		struct part *pt = &d->parts[p];
+		struct store_query rq;
+		struct store_result rr;
+		size_t i;
+
+		if (!pt->used || pt->st != STORE_OK || !pt->res.allowed)
+			continue;
+		rq.n = 0;
+		for (i = 0; i < pt->q.n; i++) {
+			if (!pt->res.v[i].allowed || pt->q.cost[i] <= 0)
+				continue;
+			memcpy(rq.keys[rq.n], pt->q.keys[i], sizeof(rq.keys[0]));
+			rq.params[rq.n] = pt->q.params[i];
+			rq.cost[rq.n] = -pt->q.cost[i];
+			rq.n++;
+		}
+		if (!rq.n)
+			continue;
+		a->refunds++;
+		if (a->mem)
+			memstore_decide(a->mem, &rq, now_us_real(), &rr);
+		else if (a->store)
+			(void)store_decide(a->store, &rq, refund_done_cb, NULL);
+	}
+}
+
+static void decision_free(struct decision *d)
+{
 	ruleset_unref(d->rs);
 	free(d);
 }
 
-/*
- * Writes the Redis key part for API key <key> into <out>: "k:" and the first
- * 16 bytes of its SHA-256 in hex (fixed length, whatever the key holds).
- * Returns the length written.
- */
-size_t agent_principal_key(const char *key, size_t key_len, char *out, size_t outlen)
+/* Every part answered: refund if needed, answer HAProxy, free. */
+static void decision_finish(struct decision *d)
 {
-	uint8_t md[SHA256_LEN];
-	char hex[2 * 16 + 1];
+	bool denied = false, charged = false;
+	int p;
 
-	sha256(key, key_len, md);
-	hex_encode(md, 16, hex);
-	return (size_t)snprintf(out, outlen, "k:%s", hex);
+	for (p = 0; p < 2; p++) {
+		if (!d->parts[p].used || d->parts[p].st != STORE_OK)
+			continue;
+		if (d->parts[p].res.allowed)
+			charged = true;
+		else
+			denied = true;
+	}
+	if (denied && charged)
+		refund(d);
+	respond(d);
+	spoa_req_done(d->req);
+	decision_free(d);
+}
+
+static void part_done_cb(enum store_status st, const struct store_result *res, void *arg)
+{
+	struct part *pt = arg;
+	struct decision *d = pt->d;
+
+	pt->st = st;
+	if (st == STORE_OK && res->n == pt->q.n)
+		pt->res = *res;
+	else if (st == STORE_OK)
+		pt->st = STORE_ERROR;
+	d->a->pending--;
+	if (--d->waiting == 0)
+		decision_finish(d);
+}
+
+/* Microseconds of real time: calendar-aligned windows need the wall clock. */
+int64_t now_us_real(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* Adds the limits of <t> to part <p> of <d>, keyed "<prefix>:{<principal>}:<limit><sfx>". */
+static void add_limits(struct decision *d, int p, const struct rule_tier *t, const char *principal,
+		       const char *sfx)
+{
+	struct part *pt = &d->parts[p];
+	size_t i;
+
+	for (i = 0; i < t->n && pt->q.n < STORE_MAX_LIMITS && d->n < MAX_APPLIED; i++) {
+		const struct rule_limit *l = &d->rs->limits[t->idx[i]];
+		int64_t cost = d->cost >= 0 ? d->cost : (d->ep ? d->ep->cost : 1);
+
+		if (d->ep && d->ep->limit_cost[t->idx[i]] >= 0)
+			cost = d->ep->limit_cost[t->idx[i]];
+		snprintf(pt->q.keys[pt->q.n], sizeof(pt->q.keys[0]), "%s:{%s}:%s%s",
+			 d->rs->cfg->redis.key_prefix, principal, l->name, sfx);
+		pt->q.params[pt->q.n] = l->lp;
+		pt->q.cost[pt->q.n] = cost;
+		d->ap[d->n].l = l;
+		d->ap[d->n].part = p;
+		d->ap[d->n].slot = pt->q.n;
+		d->n++;
+		pt->q.n++;
+		pt->used = true;
+	}
 }
 
 /* The key part for an anonymous client: its address masked to the prefix. */
@@ -228,6 +389,103 @@ static void principal_ip(const struct ruleset *rs, const struct spop_data *ip, c
 	snprintf(out, outlen, "ip%u:%s/%u", len == 4 ? 4 : 6, hex, bits);
 }
 
+/*
+ * Builds and sends the store queries of <d> for tier <tier> (NULL: anonymous),
+ * then answers at once if nothing is left to wait for.
+ */
+static void decision_run(struct decision *d, const struct rule_tier *tier)
+{
+	struct agent *a = d->a;
+	const struct ruleset *rs = d->rs;
+	char principal[80];
+	char sfx[72];
+	int p;
+
+	if (tier) {
+		snprintf(principal, sizeof(principal), "%s", d->principal);
+	} else {
+		tier = &rs->anon;
+		principal_ip(rs, &d->ip, principal, sizeof(principal));
+	}
+	add_limits(d, 0, tier, principal, "");
+	if (d->ep) {
+		char global[80];
+
+		snprintf(sfx, sizeof(sfx), "@%s", d->ep->name);
+		add_limits(d, 0, &d->ep->extra, principal, sfx);
+		snprintf(global, sizeof(global), "g:%s", d->ep->name);
+		add_limits(d, 1, &d->ep->global, global, "");
+	}
+	for (p = 0; p < 2; p++) {
+		struct part *pt = &d->parts[p];
+		int ret;
+
+		if (!pt->used)
+			continue;
+		pt->d = d;
+		if (a->mem) {
+			memstore_decide(a->mem, &pt->q, now_us_real(), &pt->res);
+			pt->st = STORE_OK;
+			continue;
+		}
+		d->waiting++;
+		a->pending++;
+		ret = store_decide(a->store, &pt->q, part_done_cb, pt);
+		if (ret < 0) {
+			pt->st = (enum store_status)-ret;
+			a->pending--;
+			d->waiting--;
+		}
+	}
+	if (d->waiting == 0)
+		decision_finish(d);
+}
+
+static struct tier_slot *tier_slot(struct agent *a, const uint8_t *digest)
+{
+	uint64_t h;
+
+	memcpy(&h, digest, sizeof(h));
+	return &a->tcache[h % a->tcache_size];
+}
+
+static void tier_lookup_cb(enum store_status st, const char *val, size_t len, void *arg)
+{
+	struct decision *d = arg;
+	struct agent *a = d->a;
+	const struct rule_tier *tier = NULL;
+
+	a->pending--;
+	if (st == STORE_OK) {
+		struct tier_slot *slot = tier_slot(a, d->digest);
+
+		memcpy(slot->digest, d->digest, sizeof(slot->digest));
+		snprintf(slot->tier, sizeof(slot->tier), "%.*s", (int)(len < 64 ? len : 64),
+			 val ? val : "");
+		slot->expires = ev_now(a->loop) + d->rs->cfg->tier_cache_ttl_ms / 1000.;
+		tier = ruleset_tier_find(d->rs, val, val ? len : 0);
+	}
+	/* a failed lookup is not cached: the next request asks again */
+	if (!tier && d->rs->cfg->unknown_keys == UNKNOWN_DEFAULT_TIER)
+		tier = &d->rs->tiers[d->rs->default_tier];
+	decision_run(d, tier);
+}
+
+/*
+ * Writes the Redis key part for API key <key> into <out>: "k:" and the first
+ * 16 bytes of its SHA-256 in hex (fixed length, whatever the key holds).
+ * Returns the length written.
+ */
+size_t agent_principal_key(const char *key, size_t key_len, char *out, size_t outlen)
+{
+	uint8_t md[SHA256_LEN];
+	char hex[2 * 16 + 1];
+
+	sha256(key, key_len, md);
+	hex_encode(md, 16, hex);
+	return (size_t)snprintf(out, outlen, "k:%s", hex);
+}
+
 /* Reads our arguments from message <m>; unknown arguments are ignored. */
 static void read_args(struct spop_msg *m, struct req_args *ra)
 {
@@ -236,17 +494,28 @@ static void read_args(struct spop_msg *m, struct req_args *ra)
 	int64_t i;
 
 	memset(ra, 0, sizeof(*ra));
-	ra->cost = 1;
+	ra->cost = -1;
 	while (spop_arg_next(m, &name, &v) > 0) {
+		bool str = v.type == SPOP_T_STR || v.type == SPOP_T_BIN;
+
 		if (spop_str_eq(&name, "key")) {
-			if (v.type == SPOP_T_STR || v.type == SPOP_T_BIN)
+			if (str)
 				ra->key = v.v.s;
 		} else if (spop_str_eq(&name, "tier")) {
-			if (v.type == SPOP_T_STR)
+			if (str)
 				ra->tier = v.v.s;
 		} else if (spop_str_eq(&name, "ip")) {
 			if (v.type == SPOP_T_IPV4 || v.type == SPOP_T_IPV6)
 				ra->ip = v;
+		} else if (spop_str_eq(&name, "method")) {
+			if (str)
+				ra->method = v.v.s;
+		} else if (spop_str_eq(&name, "path")) {
+			if (str)
+				ra->path = v.v.s;
+		} else if (spop_str_eq(&name, "route")) {
+			if (str)
+				ra->route = v.v.s;
 		} else if (spop_str_eq(&name, "cost")) {
 			if (spop_data_int(&v, &i))
 				ra->cost = i < 0 ? 0 : (i > COST_MAX ? COST_MAX : i);
@@ -258,14 +527,11 @@ static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 {
 	struct agent *a = arg;
 	struct ruleset *rs = a->rs;
-	const struct rule_tier *tier;
-	struct store_query q;
+	const struct rule_tier *tier = NULL;
 	struct decision *d;
 	struct req_args ra;
 	struct spop_msg m;
-	char principal[80];
 	bool found = false;
-	size_t i;
 	int ret;
 
 	while ((ret = spop_msg_next(msgs, &m)) > 0) {
@@ -275,49 +541,78 @@ static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 		}
 	}
 	if (!found) {
-		/* nothing to decide (or a malformed list: the library validated the
-		 * frame header only); answer without a verdict, HAProxy lets it pass */
+		/* nothing to decide: answer without a verdict, HAProxy lets it pass */
 		a->outcomes[OUT_IGNORED]++;
 		spoa_req_done(req);
 		return;
 	}
 	read_args(&m, &ra);
-	if (ra.key.len) {
-		tier = ruleset_tier(rs, ra.tier.p, ra.tier.len);
-		agent_principal_key(ra.key.p, ra.key.len, principal, sizeof(principal));
-	} else {
-		tier = &rs->anon;
-		principal_ip(rs, &ra.ip, principal, sizeof(principal));
-	}
-	if (rs->cfg->store == STORE_KIND_ALLOW || !a->store) {
+	if (rs->cfg->store == STORE_KIND_ALLOW) {
 		a->outcomes[OUT_ALLOWED]++;
 		set_int(req, "allow", 1);
 		spoa_req_done(req);
 		return;
 	}
-	q.n = tier->n;
-	for (i = 0; i < tier->n; i++) {
-		q.cost[i] = ra.cost;
-		const struct rule_limit *l = &rs->limits[tier->idx[i]];
-
-		snprintf(q.keys[i], sizeof(q.keys[i]), "%s:{%s}:%s", rs->cfg->redis.key_prefix,
-			 principal, l->name);
-		q.params[i] = l->lp;
-	}
-	d = xmalloc(sizeof(*d));
+	d = xcalloc(1, sizeof(*d));
 	d->a = a;
 	d->req = req;
 	d->rs = ruleset_ref(rs);
-	d->tier = tier;
-	ret = store_decide(a->store, &q, decision_done_cb, d);
-	if (ret < 0) {
-		respond_degraded(a, req, tier, (enum store_status)-ret);
-		spoa_req_done(req);
-		ruleset_unref(d->rs);
-		free(d);
+	d->ip = ra.ip;
+	d->cost = ra.cost;
+	d->ep = ruleset_endpoint(rs, ra.route.p, ra.route.len, ra.method.p, ra.method.len,
+				 ra.path.p, ra.path.len);
+	if (!ra.key.len) {
+		decision_run(d, NULL);
 		return;
 	}
-	a->pending++;
+	{
+		uint8_t md[SHA256_LEN];
+		char hex[33];
+
+		sha256(ra.key.p, ra.key.len, md);
+		memcpy(d->digest, md, sizeof(d->digest));
+		hex_encode(md, 16, hex);
+		snprintf(d->principal, sizeof(d->principal), "k:%s", hex);
+	}
+	tier = ruleset_tier_find(rs, ra.tier.p, ra.tier.len);
+	if (!tier && rs->cfg->tier_hash && a->store && a->tcache) {
+		struct tier_slot *slot = tier_slot(a, d->digest);
+		char hex[33];
+
+		if (slot->expires > ev_now(a->loop) &&
+		    memcmp(slot->digest, d->digest, sizeof(d->digest)) == 0) {
+			a->tier_hits++;
+			tier = ruleset_tier_find(rs, slot->tier, strlen(slot->tier));
+		} else {
+			a->tier_misses++;
+			hex_encode(d->digest, 16, hex);
+			a->pending++;
+			if (store_hget(a->store, rs->cfg->tier_hash, hex, tier_lookup_cb, d) == 0)
+				return;
+			a->pending--;
+		}
+	}
+	if (!tier && rs->cfg->unknown_keys == UNKNOWN_DEFAULT_TIER)
+		tier = &rs->tiers[rs->default_tier];
+	decision_run(d, tier);
+}
+
+static void tier_cache_setup(struct agent *a, const struct ruleset *rs)
+{
+	if (!rs->cfg->tier_hash) {
+		FREE_AND_NULL(a->tcache);
+		a->tcache_size = 0;
+		return;
+	}
+	if (a->tcache && a->tcache_size == rs->cfg->tier_cache_size) {
+		/* a reload may change tiers: cached answers are re-checked by name, but
+		 * drop them anyway so new hash contents are seen at once */
+		memset(a->tcache, 0, a->tcache_size * sizeof(*a->tcache));
+		return;
+	}
+	free(a->tcache);
+	a->tcache_size = rs->cfg->tier_cache_size;
+	a->tcache = xcalloc(a->tcache_size, sizeof(*a->tcache));
 }
 
 /*
@@ -342,6 +637,9 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, struct agent **out)
 			goto fail;
 		}
 	}
+	if (rs->cfg->store == STORE_KIND_MEMORY)
+		a->mem = memstore_new(1000000);
+	tier_cache_setup(a, rs);
 	if (rs->cfg->store == STORE_KIND_REDIS) {
 		struct store_opts so = {
 			.address = rs->cfg->redis.address,
@@ -361,6 +659,8 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, struct agent **out)
 	return 0;
 fail:
 	spoa_server_free(a->srv);
+	memstore_free(a->mem);
+	free(a->tcache);
 	free(a);
 	return -1;
 }
@@ -385,6 +685,9 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 		LOG(LOG_WARN, "reload: store settings changed, ignored until restart");
 	if (o->store != n->store)
 		rs->cfg->store = o->store;
+	if (rs->cfg->tier_hash && rs->cfg->store != STORE_KIND_REDIS)
+		FREE_AND_NULL(rs->cfg->tier_hash);
+	tier_cache_setup(a, rs);
 	ruleset_unref(a->rs);
 	a->rs = rs;
 }
@@ -434,6 +737,8 @@ void agent_free(struct agent *a)
 	spoa_server_disconnect_all(a->srv, SPOP_ST_NORMAL, "agent shutting down");
 	store_free(a->store);
 	spoa_server_free(a->srv);
+	memstore_free(a->mem);
+	free(a->tcache);
 	ruleset_unref(a->rs);
 	free(a);
 }

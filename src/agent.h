@@ -33,6 +33,8 @@ void agent_drain(struct agent *a);
 size_t agent_pending(const struct agent *a);
 void agent_log_stats(const struct agent *a);
 
+int64_t now_us_real(void);
+
 /* Exposed for tests: the Redis key part naming a principal. */
 size_t agent_principal_key(const char *key, size_t key_len, char *out, size_t outlen);
 

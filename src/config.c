@@ -278,6 +278,179 @@ static void check_tier_refs(struct loader *ld, const struct cfg_tier *t)
 	}
 }
 
+/* Reads an optional list of limit names <name> of group <g> into <t>. */
+static void load_name_list(struct loader *ld, const config_setting_t *g, const char *name,
+			   const char *owner, struct cfg_tier *t)
+{
+	const config_setting_t *list = config_setting_get_member(g, name);
+	int i, n;
+
+	t->name = xasprintf("%s", owner);
+	t->line = line_of(g);
+	if (!list)
+		return;
+	if (!config_setting_is_array(list) && !config_setting_is_list(list)) {
+		add_err(ld, line_of(list), "%s: '%s' must be a list of limit names", owner, name);
+		return;
+	}
+	n = config_setting_length(list);
+	if (n > STORE_MAX_LIMITS) {
+		add_err(ld, line_of(list), "%s: at most %d limits in '%s'", owner, STORE_MAX_LIMITS,
+			name);
+		return;
+	}
+	t->limits = xcalloc((size_t)n, sizeof(char *));
+	for (i = 0; i < n; i++) {
+		const config_setting_t *e = config_setting_get_elem(list, (unsigned)i);
+
+		if (config_setting_type(e) != CONFIG_TYPE_STRING)
+			add_err(ld, line_of(list), "%s: limit names must be strings", owner);
+		else
+			t->limits[t->nlimits++] = xstrdup(config_setting_get_string(e));
+	}
+	check_tier_refs(ld, t);
+}
+
+static void load_endpoint(struct loader *ld, const config_setting_t *g, struct cfg_endpoint *e)
+{
+	static const char *const known[] = {"name", "route", "path_prefix", "methods", "cost",
+					    "limit_costs", "limits", "global_limits", NULL};
+	const config_setting_t *m;
+	unsigned v;
+	int i, n;
+
+	e->line = line_of(g);
+	e->cost = 1;
+	if (!config_setting_is_group(g)) {
+		add_err(ld, e->line, "an endpoint must be a group { name = ...; path_prefix = ...; }");
+		return;
+	}
+	check_known(ld, g, "an endpoint", known);
+	e->name = get_str(ld, g, "name", NULL);
+	if (!e->name || !name_ok(e->name)) {
+		add_err(ld, e->line, "endpoint: 'name' is required, at most 64 of [A-Za-z0-9_.-]");
+		free(e->name);
+		e->name = xstrdup("?");
+	}
+	e->route = get_str(ld, g, "route", NULL);
+	e->path_prefix = get_str(ld, g, "path_prefix", NULL);
+	if (!e->route && !e->path_prefix)
+		add_err(ld, e->line, "endpoint '%s': needs 'route' or 'path_prefix'", e->name);
+	if (e->path_prefix && e->path_prefix[0] != '/')
+		add_err(ld, e->line, "endpoint '%s': 'path_prefix' must start with '/'", e->name);
+	m = config_setting_get_member(g, "methods");
+	if (m && (config_setting_is_array(m) || config_setting_is_list(m))) {
+		n = config_setting_length(m);
+		e->methods = xcalloc((size_t)n, sizeof(char *));
+		for (i = 0; i < n; i++) {
+			const char *str = config_setting_get_string_elem(m, (unsigned)i);
+
+			if (!str || !*str)
+				add_err(ld, line_of(m), "endpoint '%s': methods must be strings",
+					e->name);
+			else
+				e->methods[e->nmethods++] = xstrdup(str);
+		}
+	} else if (m) {
+		add_err(ld, line_of(m), "endpoint '%s': 'methods' must be a list", e->name);
+	}
+	v = 1;
+	get_uint(ld, g, "cost", 0, 1000000, &v);
+	e->cost = v;
+	m = config_setting_get_member(g, "limit_costs");
+	if (m && !config_setting_is_group(m)) {
+		add_err(ld, line_of(m), "endpoint '%s': 'limit_costs' must be a group", e->name);
+	} else if (m) {
+		n = config_setting_length(m);
+		e->cost_limits = xcalloc((size_t)n, sizeof(char *));
+		e->cost_values = xcalloc((size_t)n, sizeof(int64_t));
+		for (i = 0; i < n; i++) {
+			const config_setting_t *c = config_setting_get_elem(m, (unsigned)i);
+			const char *lname = config_setting_name(c);
+			struct cfg_tier one = {.limits = (char **)&lname, .nlimits = 1,
+					       .name = e->name, .line = line_of(c)};
+
+			v = 0;
+			get_uint(ld, m, lname, 0, 1000000, &v);
+			check_tier_refs(ld, &one);
+			e->cost_limits[e->ncosts] = xstrdup(lname);
+			e->cost_values[e->ncosts++] = v;
+		}
+	}
+	load_name_list(ld, g, "limits", e->name, &e->limits);
+	load_name_list(ld, g, "global_limits", e->name, &e->global);
+}
+
+static void load_endpoints(struct loader *ld, const config_setting_t *s)
+{
+	struct agent_config *cfg = ld->cfg;
+	int i, n;
+
+	if (!s)
+		return;
+	if (!config_setting_is_list(s) && !(config_setting_is_group(s) && !config_setting_length(s))) {
+		add_err(ld, line_of(s), "'endpoints' must be a list ( { ... }, { ... } )");
+		return;
+	}
+	n = config_setting_length(s);
+	cfg->endpoints = xcalloc((size_t)n, sizeof(*cfg->endpoints));
+	for (i = 0; i < n; i++) {
+		size_t j;
+
+		load_endpoint(ld, config_setting_get_elem(s, (unsigned)i),
+			      &cfg->endpoints[cfg->nendpoints]);
+		for (j = 0; j < cfg->nendpoints; j++)
+			if (strcmp(cfg->endpoints[j].name, cfg->endpoints[cfg->nendpoints].name) == 0)
+				add_err(ld, cfg->endpoints[cfg->nendpoints].line,
+					"endpoint '%s' defined twice", cfg->endpoints[j].name);
+		cfg->nendpoints++;
+	}
+}
+
+static void load_tier_lookup(struct loader *ld, const config_setting_t *root)
+{
+	static const char *const known[] = {"redis_hash", "cache_ttl", "cache_size", NULL};
+	struct agent_config *cfg = ld->cfg;
+	const config_setting_t *s = config_setting_get_member(root, "tier_lookup");
+	const config_setting_t *m;
+	char *str;
+
+	str = get_str(ld, root, "unknown_keys", "default_tier");
+	if (strcmp(str, "default_tier") == 0)
+		cfg->unknown_keys = UNKNOWN_DEFAULT_TIER;
+	else if (strcmp(str, "anonymous") == 0)
+		cfg->unknown_keys = UNKNOWN_ANONYMOUS;
+	else
+		add_err(ld, line_of(config_setting_get_member(root, "unknown_keys")),
+			"unknown_keys '%s': use \"default_tier\" or \"anonymous\"", str);
+	free(str);
+	cfg->tier_cache_ttl_ms = 30000;
+	cfg->tier_cache_size = 65536;
+	if (!s)
+		return;
+	if (!config_setting_is_group(s)) {
+		add_err(ld, line_of(s), "'tier_lookup' must be a group { redis_hash = \"...\"; }");
+		return;
+	}
+	check_known(ld, s, "tier_lookup", known);
+	cfg->tier_hash = get_str(ld, s, "redis_hash", NULL);
+	if (!cfg->tier_hash || !*cfg->tier_hash)
+		add_err(ld, line_of(s), "tier_lookup: 'redis_hash' is required");
+	if (cfg->store != STORE_KIND_REDIS)
+		add_err(ld, line_of(s), "tier_lookup needs store = \"redis\"");
+	m = config_setting_get_member(s, "cache_ttl");
+	if (m) {
+		uint64_t ms;
+
+		if (config_setting_type(m) != CONFIG_TYPE_STRING ||
+		    parse_duration_ms(config_setting_get_string(m), &ms) < 0 || ms > 86400000)
+			add_err(ld, line_of(m), "tier_lookup: 'cache_ttl' must be a duration up to 1d");
+		else
+			cfg->tier_cache_ttl_ms = (unsigned)ms;
+	}
+	get_uint(ld, s, "cache_size", 1, 1 << 24, &cfg->tier_cache_size);
+}
+
 static void load_listen(struct loader *ld, const config_setting_t *s)
 {
 	struct agent_config *cfg = ld->cfg;
@@ -317,7 +490,8 @@ static void load_root(struct loader *ld, config_t *lc)
 {
 	static const char *const known_root[] = {
 		"listen", "log_level", "store", "message", "max_frame_size", "max_inflight", "redis",
-		"limits", "tiers", "default_tier", "anonymous", "response", NULL};
+		"limits", "tiers", "default_tier", "anonymous", "response", "endpoints",
+		"unknown_keys", "tier_lookup", "reload", NULL};
 	static const char *const known_redis[] = {"address", "user", "password", "key_prefix",
 						  "connect_timeout_ms", "command_timeout_ms",
 						  "max_pending", NULL};
@@ -345,9 +519,11 @@ static void load_root(struct loader *ld, config_t *lc)
 		cfg->store = STORE_KIND_REDIS;
 	else if (strcmp(str, "allow") == 0)
 		cfg->store = STORE_KIND_ALLOW;
+	else if (strcmp(str, "memory") == 0)
+		cfg->store = STORE_KIND_MEMORY;
 	else
 		add_err(ld, line_of(config_setting_get_member(root, "store")),
-			"store '%s': use \"redis\" or \"allow\"", str);
+			"store '%s': use \"redis\", \"memory\" or \"allow\"", str);
 	free(str);
 
 	cfg->message = get_str(ld, root, "message", "rl-req");
@@ -433,6 +609,37 @@ static void load_root(struct loader *ld, config_t *lc)
 		}
 	}
 
+	load_endpoints(ld, config_setting_get_member(root, "endpoints"));
+	/* a principal's limits go to Redis in one script call: bound their number */
+	{
+		size_t e, t;
+
+		for (e = 0; e < cfg->nendpoints; e++) {
+			const struct cfg_endpoint *ep = &cfg->endpoints[e];
+
+			for (t = 0; t <= cfg->ntiers; t++) {
+				const struct cfg_tier *tier = t < cfg->ntiers ? &cfg->tiers[t] : &cfg->anon;
+
+				if (tier->nlimits + ep->limits.nlimits > STORE_MAX_LIMITS)
+					add_err(ld, ep->line,
+						"endpoint '%s' with tier '%s': more than %d limits",
+						ep->name, tier->name ? tier->name : "?",
+						STORE_MAX_LIMITS);
+			}
+		}
+	}
+	load_tier_lookup(ld, root);
+
+	s = config_setting_get_member(root, "reload");
+	if (s && !config_setting_is_group(s)) {
+		add_err(ld, line_of(s), "'reload' must be a group { watch = true; }");
+	} else if (s) {
+		static const char *const known_reload[] = {"watch", NULL};
+
+		check_known(ld, s, "reload", known_reload);
+		get_bool(ld, s, "watch", &cfg->watch);
+	}
+
 	s = config_setting_get_member(root, "response");
 	cfg->legacy_headers = true;
 	if (s && !config_setting_is_group(s))
@@ -499,6 +706,25 @@ void config_free(struct agent_config *cfg)
 		tier_release(&cfg->tiers[i]);
 	free(cfg->tiers);
 	tier_release(&cfg->anon);
+	for (i = 0; i < cfg->nendpoints; i++) {
+		struct cfg_endpoint *e = &cfg->endpoints[i];
+		size_t j;
+
+		free(e->name);
+		free(e->route);
+		free(e->path_prefix);
+		for (j = 0; j < e->nmethods; j++)
+			free(e->methods[j]);
+		free(e->methods);
+		for (j = 0; j < e->ncosts; j++)
+			free(e->cost_limits[j]);
+		free(e->cost_limits);
+		free(e->cost_values);
+		tier_release(&e->limits);
+		tier_release(&e->global);
+	}
+	free(cfg->endpoints);
+	free(cfg->tier_hash);
 	free(cfg->default_tier);
 	free(cfg->message);
 	free(cfg->redis.address);

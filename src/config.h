@@ -17,6 +17,7 @@
 enum store_kind {
 	STORE_KIND_REDIS = 0,   /* decide against Redis */
 	STORE_KIND_ALLOW = 1,   /* allow everything, touch nothing (benchmark baseline) */
+	STORE_KIND_MEMORY = 2,  /* in-process state: one gateway, or development */
 	STORE_KIND_COUNT        /* sentinel */
 };
 
@@ -35,6 +36,28 @@ struct cfg_tier {
 	int line;
 	char **limits;          /* owned: limit names */
 	size_t nlimits;
+};
+
+/* A heavy operation: matched by route id, or by method and path prefix. */
+struct cfg_endpoint {
+	char *name;             /* owned: also the key suffix of its limits */
+	int line;
+	char *route;            /* owned or NULL: matches the `route` argument */
+	char *path_prefix;      /* owned or NULL */
+	char **methods;         /* owned: empty = any method */
+	size_t nmethods;
+	int64_t cost;           /* tokens per request for every limit (default 1) */
+	char **cost_limits;     /* owned: limits with their own cost ... */
+	int64_t *cost_values;   /* owned: ... and that cost */
+	size_t ncosts;
+	struct cfg_tier limits; /* extra limits per (principal, endpoint) */
+	struct cfg_tier global; /* limits shared by every client of the endpoint */
+};
+
+enum unknown_key_policy {
+	UNKNOWN_DEFAULT_TIER = 0,       /* keys with no known tier get default_tier */
+	UNKNOWN_ANONYMOUS    = 1,       /* ... are limited like anonymous clients, per IP */
+	UNKNOWN_COUNT                   /* sentinel */
 };
 
 struct agent_config {
@@ -64,6 +87,13 @@ struct agent_config {
 	unsigned ipv4_prefix;           /* anonymous IPv4 grouping, bits (32) */
 	unsigned ipv6_prefix;           /* anonymous IPv6 grouping, bits (64) */
 	bool legacy_headers;            /* also return limit/remaining/reset */
+	struct cfg_endpoint *endpoints; /* owned array, in match order */
+	size_t nendpoints;
+	enum unknown_key_policy unknown_keys;
+	char *tier_hash;                /* owned or NULL: Redis hash digest -> tier */
+	unsigned tier_cache_ttl_ms;     /* how long a looked-up tier is trusted */
+	unsigned tier_cache_size;       /* slots of the tier cache */
+	bool watch;                     /* reload when the file changes */
 };
 
 /* Errors collected while loading, each "file:line: message". */

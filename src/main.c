@@ -34,6 +34,8 @@ struct app {
 	const char *file;
 	uint64_t gen;
 	ev_signal sighup, sigterm, sigint, sigusr1;
+	ev_stat watch;                  /* the config file, when reload.watch is set */
+	ev_timer settle;                /* reload once the file stopped changing */
 	ev_timer drain;
 	ev_tstamp drain_started;
 	bool stopping;
@@ -70,24 +72,52 @@ static struct ruleset *load(const char *file, uint64_t gen, bool to_log)
 	return ruleset_build(cfg, gen);
 }
 
-static void sighup_cb(struct ev_loop *loop, ev_signal *w, int revents)
+static void reload(struct app *app, const char *why)
 {
-	struct app *app = w->data;
 	struct ruleset *rs;
 
-	(void)loop;
-	(void)revents;
 	rs = load(app->file, app->gen + 1, true);
 	if (!rs) {
-		LOG(LOG_ERR, "reload failed, keeping configuration generation %llu",
+		LOG(LOG_ERR, "reload (%s) failed, keeping configuration generation %llu", why,
 		    (unsigned long long)app->gen);
 		return;
 	}
 	app->gen++;
 	log_set_level(rs->cfg->log_level);
 	agent_swap_rules(app->agent, rs);
-	LOG(LOG_NOTICE, "reload ok: generation %llu, %zu tiers, %zu limits",
-	    (unsigned long long)app->gen, rs->ntiers, rs->cfg->nlimits);
+	LOG(LOG_NOTICE, "reload (%s) ok: generation %llu, %zu tiers, %zu limits, %zu endpoints",
+	    why, (unsigned long long)app->gen, rs->ntiers, rs->cfg->nlimits, rs->nendpoints);
+}
+
+static void sighup_cb(struct ev_loop *loop, ev_signal *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	reload(w->data, "SIGHUP");
+}
+
+static void settle_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct app *app = t->data;
+
+	(void)loop;
+	(void)revents;
+	if (!agent_rules(app->agent)->cfg->watch)
+		return;
+	reload(app, "file changed");
+}
+
+/* The file changed: editors write in several steps, so wait until it settles. */
+static void watch_cb(struct ev_loop *loop, ev_stat *w, int revents)
+{
+	struct app *app = w->data;
+
+	(void)revents;
+	if (w->attr.st_nlink == 0)
+		return; /* removed (maybe being replaced): wait for the new file */
+	ev_timer_stop(loop, &app->settle);
+	ev_timer_set(&app->settle, 0.2, 0.);
+	ev_timer_start(loop, &app->settle);
 }
 
 static void sigusr1_cb(struct ev_loop *loop, ev_signal *w, int revents)
@@ -107,6 +137,8 @@ static void drain_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	if (agent_pending(app->agent) && ev_now(loop) - app->drain_started < DRAIN_MAX_S)
 		return;
 	ev_timer_stop(loop, t);
+	ev_stat_stop(loop, &app->watch);
+	ev_timer_stop(loop, &app->settle);
 	agent_log_stats(app->agent);
 	agent_free(app->agent);
 	app->agent = NULL;
@@ -191,6 +223,12 @@ int main(int argc, char **argv)
 	ev_signal_start(app.loop, &app.sigterm);
 	ev_signal_start(app.loop, &app.sigint);
 	ev_signal_start(app.loop, &app.sigusr1);
+	/* always watched; acted upon only while reload.watch is set (reloadable) */
+	ev_timer_init(&app.settle, settle_cb, 0.2, 0.);
+	app.settle.data = &app;
+	ev_stat_init(&app.watch, watch_cb, app.file, 0.5);
+	app.watch.data = &app;
+	ev_stat_start(app.loop, &app.watch);
 	LOG(LOG_NOTICE, "spoa-ratelimit %s started", VERSION);
 	ev_run(app.loop, 0);
 	LOG(LOG_NOTICE, "exiting");

@@ -66,6 +66,30 @@ struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen)
 			rs->default_tier = i;
 	}
 	tier_compile(rs, &cfg->anon, &rs->anon);
+	rs->nendpoints = cfg->nendpoints;
+	rs->endpoints = xcalloc(cfg->nendpoints, sizeof(*rs->endpoints));
+	for (i = 0; i < cfg->nendpoints; i++) {
+		const struct cfg_endpoint *ce = &cfg->endpoints[i];
+		struct rule_endpoint *e = &rs->endpoints[i];
+		size_t j, k;
+
+		e->name = ce->name;
+		e->route = ce->route;
+		e->path_prefix = ce->path_prefix;
+		e->prefix_len = ce->path_prefix ? strlen(ce->path_prefix) : 0;
+		e->methods = ce->methods;
+		e->nmethods = ce->nmethods;
+		e->cost = ce->cost;
+		e->limit_cost = xcalloc(cfg->nlimits, sizeof(int64_t));
+		for (j = 0; j < cfg->nlimits; j++) {
+			e->limit_cost[j] = -1;
+			for (k = 0; k < ce->ncosts; k++)
+				if (strcmp(ce->cost_limits[k], cfg->limits[j].name) == 0)
+					e->limit_cost[j] = ce->cost_values[k];
+		}
+		tier_compile(rs, &ce->limits, &e->extra);
+		tier_compile(rs, &ce->global, &e->global);
+	}
 	return rs;
 }
 
@@ -85,13 +109,19 @@ void ruleset_unref(struct ruleset *rs)
 		free(rs->tiers[i].policy);
 	free(rs->tiers);
 	free(rs->anon.policy);
+	for (i = 0; i < rs->nendpoints; i++) {
+		free(rs->endpoints[i].limit_cost);
+		free(rs->endpoints[i].extra.policy);
+		free(rs->endpoints[i].global.policy);
+	}
+	free(rs->endpoints);
 	free(rs->limits);
 	config_free(rs->cfg);
 	free(rs);
 }
 
-/* The tier called <name> (<len> bytes, untrusted), or the default tier. */
-const struct rule_tier *ruleset_tier(const struct ruleset *rs, const char *name, size_t len)
+/* The tier called <name> (<len> bytes, untrusted), or NULL. */
+const struct rule_tier *ruleset_tier_find(const struct ruleset *rs, const char *name, size_t len)
 {
 	size_t i;
 
@@ -100,5 +130,43 @@ const struct rule_tier *ruleset_tier(const struct ruleset *rs, const char *name,
 			if (strlen(rs->tiers[i].name) == len && memcmp(rs->tiers[i].name, name, len) == 0)
 				return &rs->tiers[i];
 	}
-	return &rs->tiers[rs->default_tier];
+	return NULL;
+}
+
+/* The tier called <name> (<len> bytes, untrusted), or the default tier. */
+const struct rule_tier *ruleset_tier(const struct ruleset *rs, const char *name, size_t len)
+{
+	const struct rule_tier *t = ruleset_tier_find(rs, name, len);
+
+	return t ? t : &rs->tiers[rs->default_tier];
+}
+
+/*
+ * The first endpoint (in configuration order) that the request matches: by
+ * its route id when both the request and the endpoint have one, otherwise by
+ * method and path prefix. All inputs are untrusted views. NULL if none.
+ */
+const struct rule_endpoint *ruleset_endpoint(const struct ruleset *rs, const char *route,
+					     size_t route_len, const char *method,
+					     size_t method_len, const char *path, size_t path_len)
+{
+	size_t i, j;
+
+	for (i = 0; i < rs->nendpoints; i++) {
+		const struct rule_endpoint *e = &rs->endpoints[i];
+
+		if (e->route && route_len && strlen(e->route) == route_len &&
+		    memcmp(e->route, route, route_len) == 0)
+			return e;
+		if (!e->path_prefix || path_len < e->prefix_len ||
+		    memcmp(path, e->path_prefix, e->prefix_len) != 0)
+			continue;
+		if (!e->nmethods)
+			return e;
+		for (j = 0; j < e->nmethods; j++)
+			if (strlen(e->methods[j]) == method_len &&
+			    memcmp(e->methods[j], method, method_len) == 0)
+				return e;
+	}
+	return NULL;
 }

@@ -30,6 +30,20 @@ struct rule_tier {
 	char *policy;                   /* owned: RateLimit-Policy value (enforcing limits) */
 };
 
+/* An endpoint: how to match it and what it adds to a decision. */
+struct rule_endpoint {
+	const char *name;               /* ref: cfg */
+	const char *route;              /* ref: cfg, or NULL */
+	const char *path_prefix;        /* ref: cfg, or NULL */
+	size_t prefix_len;
+	char *const *methods;           /* ref: cfg */
+	size_t nmethods;
+	int64_t cost;                   /* default cost for every limit */
+	int64_t *limit_cost;            /* owned: per limit index, -1 = use cost */
+	struct rule_tier extra;         /* limits per (principal, endpoint) */
+	struct rule_tier global;        /* limits shared by all clients */
+};
+
 struct ruleset {
 	unsigned refs;
 	uint64_t gen;                   /* generation, 1 for the first */
@@ -39,11 +53,17 @@ struct ruleset {
 	size_t ntiers;
 	size_t default_tier;            /* index into tiers */
 	struct rule_tier anon;          /* anonymous clients */
+	struct rule_endpoint *endpoints;/* owned, cfg->nendpoints entries */
+	size_t nendpoints;
 };
 
 struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen);
 struct ruleset *ruleset_ref(struct ruleset *rs);
 void ruleset_unref(struct ruleset *rs);
 const struct rule_tier *ruleset_tier(const struct ruleset *rs, const char *name, size_t len);
+const struct rule_tier *ruleset_tier_find(const struct ruleset *rs, const char *name, size_t len);
+const struct rule_endpoint *ruleset_endpoint(const struct ruleset *rs, const char *route,
+					     size_t route_len, const char *method,
+					     size_t method_len, const char *path, size_t path_len);
 
 #endif /* AGENT_RULES_H */

@@ -61,7 +61,8 @@ enum store_state {
 struct store_cmd {
 	struct list node;               /* in store.waiting until answered or expired */
 	struct store *s;                /* ref: owner */
-	store_done_fn cb;               /* NULL once the caller has been answered */
+	store_done_fn cb;               /* decisions: NULL once the caller was answered */
+	store_str_fn str_cb;            /* lookups: NULL once the caller was answered */
 	void *arg;                      /* ref: caller's */
 	double deadline;                /* mono_now() based */
 	bool retried;                   /* NOSCRIPT retry done */
@@ -133,18 +134,38 @@ static void store_log_trouble(struct store *s, const char *what, const char *det
 	s->log_last = now;
 }
 
-/* Answers <c>'s caller once; the command itself stays with hiredis. */
-static void cmd_answer(struct store_cmd *c, enum store_status st, const struct store_result *r)
+/* True while <c>'s caller has not been answered. */
+static bool cmd_live(const struct store_cmd *c)
+{
+	return c->cb || c->str_cb;
+}
+
+/*
+ * Answers <c>'s caller once (a decision with <r>, a lookup with <val>/<len>);
+ * the command itself stays with hiredis until its reply callback.
+ */
+static void cmd_answer_full(struct store_cmd *c, enum store_status st,
+			    const struct store_result *r, const char *val, size_t len)
 {
 	store_done_fn cb = c->cb;
+	store_str_fn str_cb = c->str_cb;
 
 	list_del(&c->node);
-	if (!cb)
+	if (!cmd_live(c))
 		return;
 	c->cb = NULL;
+	c->str_cb = NULL;
 	if (st != STORE_OK)
 		c->s->stats.failed[st]++;
-	cb(st, r, c->arg);
+	if (cb)
+		cb(st, r, c->arg);
+	else
+		str_cb(st, val, len, c->arg);
+}
+
+static void cmd_answer(struct store_cmd *c, enum store_status st, const struct store_result *r)
+{
+	cmd_answer_full(c, st, r, NULL, 0);
 }
 
 /*
@@ -236,7 +257,7 @@ static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	s->stats.pending--;
 	if (rep)
 		s->last_progress = mono_now();
-	if (!c->cb) {
+	if (!cmd_live(c)) {
 		/* the caller was answered already (deadline or shutdown) */
 		if (rep)
 			s->stats.late++;
@@ -246,6 +267,22 @@ static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	if (!rep) {
 		/* connection lost or context freed */
 		cmd_answer(c, s->freeing ? STORE_SHUTDOWN : STORE_DOWN, NULL);
+		free(c);
+		return;
+	}
+	if (c->str_cb) {
+		if (rep->type == REDIS_REPLY_STRING) {
+			s->stats.replies++;
+			cmd_answer_full(c, STORE_OK, NULL, rep->str, rep->len);
+		} else if (rep->type == REDIS_REPLY_NIL) {
+			s->stats.replies++;
+			cmd_answer_full(c, STORE_OK, NULL, NULL, 0);
+		} else {
+			store_log_trouble(s, "lookup", rep->type == REDIS_REPLY_ERROR ? rep->str
+										   : "bad reply");
+			cmd_answer(c, STORE_ERROR, NULL);
+		}
+		cmd_timer_arm(s);
 		free(c);
 		return;
 	}
@@ -352,6 +389,44 @@ int store_decide(struct store *s, const struct store_query *q, store_done_fn cb,
 	}
 	/* the timer follows the oldest waiting command: arm it when this one is
 	 * the only one (it may be armed for the stall check meanwhile) */
+	list_append(&s->waiting, &c->node);
+	if (s->waiting.next == &c->node)
+		cmd_timer_arm(s);
+	return 0;
+}
+
+/*
+ * Looks up <field> of the hash <key> (HGET). Same contract as store_decide():
+ * 0 and exactly one later call of <cb>, or a negative store_status at once.
+ */
+int store_hget(struct store *s, const char *key, const char *field, store_str_fn cb, void *arg)
+{
+	const char *argv[3] = {"HGET", key, field};
+	struct store_cmd *c;
+
+	if (s->state != ST_READY) {
+		s->stats.failed[STORE_DOWN]++;
+		return -STORE_DOWN;
+	}
+	if (s->stats.pending >= s->max_pending) {
+		s->stats.failed[STORE_BUSY]++;
+		return -STORE_BUSY;
+	}
+	c = xcalloc(1, sizeof(*c));
+	c->s = s;
+	c->str_cb = cb;
+	c->arg = arg;
+	c->deadline = mono_now() + s->command_timeout_ms / 1000.;
+	list_init(&c->node);
+	if (redisAsyncCommandArgv(s->ac, cmd_reply_cb, c, 3, argv, NULL) != REDIS_OK) {
+		free(c);
+		s->stats.failed[STORE_DOWN]++;
+		return -STORE_DOWN;
+	}
+	if (!s->stats.pending)
+		s->last_progress = mono_now();
+	s->stats.pending++;
+	s->stats.sent++;
 	list_append(&s->waiting, &c->node);
 	if (s->waiting.next == &c->node)
 		cmd_timer_arm(s);

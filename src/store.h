@@ -22,7 +22,7 @@ struct ev_loop;
 struct store;
 
 #define STORE_MAX_LIMITS 16     /* limits decided in one script call */
-#define STORE_KEY_MAX    192    /* longest Redis key we build */
+#define STORE_KEY_MAX    256    /* longest Redis key we build */
 
 enum store_status {
 	STORE_OK       = 0,
@@ -60,6 +60,8 @@ struct store_result {
 
 /* Called once per accepted query; <res> is valid only during the call. */
 typedef void (*store_done_fn)(enum store_status st, const struct store_result *res, void *arg);
+/* Called once per accepted lookup; <val> (NULL when absent) only during the call. */
+typedef void (*store_str_fn)(enum store_status st, const char *val, size_t len, void *arg);
 
 struct store_stats {
 	uint64_t sent;                  /* EVALSHA/EVAL commands sent */
@@ -75,6 +77,7 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 	      char *err, size_t errlen) MUSTCHECK;
 void store_free(struct store *s);
 int store_decide(struct store *s, const struct store_query *q, store_done_fn cb, void *arg);
+int store_hget(struct store *s, const char *key, const char *field, store_str_fn cb, void *arg);
 bool store_ready(const struct store *s);
 const struct store_stats *store_stats(const struct store *s);
 const char *store_status_str(int st);

@@ -1,6 +1,7 @@
 """End to end: client -> HAProxy (haproxy/haproxy.cfg) -> agent -> Redis, upstream
 haproxy/upstream.cfg. Limits: key_rpm 5/min + key_day 1000/day (free, the default tier),
 pro_rpm 10/min (pro), anon_rpm 3/min per IP."""
+import json
 
 from conftest import parse_sf_list
 
@@ -29,7 +30,10 @@ def check_denied(r, rule, q, w):
     ra = int(ra)
     # one token comes back every w/q seconds
     assert 1 <= ra <= w // q + 1, (ra, r)
-    assert r.h("Content-Type").startswith("application/json")
+    assert r.h("Content-Type").startswith("application/problem+json")
+    body = json.loads(r.body)
+    assert body["status"] == 429 and body["violated-policies"] == [rule], body
+    assert body["retry_after"] == ra
     policy = parse_sf_list(r.h("RateLimit-Policy"))
     assert (rule, {"q": q, "w": w}) in policy, policy
     rl = dict(parse_sf_list(r.h("RateLimit")))

@@ -76,9 +76,11 @@ def test_notify_content_and_deny(fake, haproxy):
     r = gw.request("/v1/items?x=1", api_key="k-pro", method="POST")
     assert r.status == 429, r
     assert r.h("Retry-After") == "7"
-    assert r.h("Content-Type").startswith("application/json")
+    assert r.h("Content-Type").startswith("application/problem+json")
     body = json.loads(r.body)
-    assert body == {"error": "rate_limited", "rule": "key_rpm", "retry_after": 7}
+    assert body == {"type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+                    "title": "Too Many Requests", "status": 429,
+                    "violated-policies": ["key_rpm"], "retry_after": 7}
     # structured fields survive HAProxy's log-format untouched
     assert r.h("RateLimit") == '"key_rpm";r=0;t=7'
     assert parse_sf_list(r.h("RateLimit-Policy")) == [
@@ -98,6 +100,8 @@ def test_notify_content_and_deny(fake, haproxy):
         "ip": (sc.D_IPV4, ipaddress.ip_address("127.0.0.1")),
         "method": (sc.D_STRING, "POST"),
         "path": (sc.D_STRING, "/v1/items"),
+        "route": (sc.D_NULL, None),     # txn.rl_route not set by the sample
+        "cost": (sc.D_NULL, None),      # txn.rl_cost not set by the sample
     }
 
 

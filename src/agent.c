@@ -51,6 +51,7 @@ struct agent {
 	struct spoa_server *srv;        /* owned */
 	struct store *store;            /* owned, NULL unless store "redis" */
 	struct memstore *mem;           /* owned, NULL unless store "memory" */
+	struct memstore *local;         /* owned: fallback state of on_failure "local" limits */
 	struct tier_slot *tcache;       /* owned: tier cache, tcache_size slots */
 	size_t tcache_size;
 	size_t pending;                 /* decisions waiting for the store */
@@ -59,6 +60,7 @@ struct agent {
 	uint64_t shadow_denied;         /* decisions a shadow limit would have denied */
 	uint64_t refunds;               /* charges taken back after a split denial */
 	uint64_t tier_hits, tier_misses;
+	uint64_t local_decisions;       /* failed parts decided by local fallback limits */
 };
 
 /* One limit applied to a request. */
@@ -75,6 +77,8 @@ struct part {
 	enum store_status st;
 	struct store_result res;
 	bool used;
+	bool fallback;                  /* res holds the failure ladder's verdicts */
+	bool has[STORE_MAX_LIMITS];     /* a verdict exists for this slot */
 };
 
 /* A decision in progress. */
@@ -92,6 +96,7 @@ struct decision {
 	uint8_t digest[16];
 	struct spop_data ip;
 	int64_t cost;                   /* from HAProxy, or -1 */
+	bool closed;                    /* a fail-closed limit denied */
 };
 
 /* What we read from the message. */
@@ -144,14 +149,62 @@ static void render_policy(const struct decision *d, char *buf, size_t len)
 	}
 }
 
-/* The verdict of applied limit <i>, or NULL if its part was not decided. */
+/* The verdict of applied limit <i>, or NULL if there is none (failed open). */
 static const struct limit_verdict *verdict_of(const struct decision *d, size_t i)
 {
 	const struct part *p = &d->parts[d->ap[i].part];
 
-	if (p->st != STORE_OK)
+	if (p->st != STORE_OK && !(p->fallback && p->has[d->ap[i].slot]))
 		return NULL;
 	return &p->res.v[d->ap[i].slot];
+}
+
+/*
+ * The failure ladder for a part Redis could not decide: each limit applies its
+ * on_failure policy. "open" gives no verdict (allowed), "closed" denies, "local"
+ * decides against this process's coarse copy of the limit. Fills pt->res.
+ */
+static void fallback(struct decision *d, struct part *pt)
+{
+	struct agent *a = d->a;
+	struct store_query lq;
+	struct store_result lr;
+	size_t i, map[STORE_MAX_LIMITS];
+
+	memset(&pt->res, 0, sizeof(pt->res));
+	pt->res.allowed = true;
+	pt->res.n = pt->q.n;
+	pt->fallback = true;
+	lq.n = 0;
+	for (i = 0; i < d->n; i++) {
+		const struct rule_limit *l = d->ap[i].l;
+		size_t slot = d->ap[i].slot;
+
+		if (&d->parts[d->ap[i].part] != pt)
+			continue;
+		if (l->on_failure == FAIL_CLOSED && !l->shadow) {
+			pt->has[slot] = true;
+			pt->res.v[slot].allowed = false;
+			pt->res.v[slot].retry_ms = 1000;
+			pt->res.allowed = false;
+			d->closed = true;
+		} else if (l->on_failure == FAIL_LOCAL) {
+			memcpy(lq.keys[lq.n], pt->q.keys[slot], sizeof(lq.keys[0]));
+			lq.params[lq.n] = l->local_lp;
+			lq.cost[lq.n] = pt->q.cost[slot];
+			map[lq.n++] = slot;
+		}
+	}
+	if (!lq.n)
+		return;
+	memstore_decide(a->local, &lq, now_us_real(), &lr);
+	for (i = 0; i < lq.n; i++) {
+		pt->has[map[i]] = true;
+		pt->res.v[map[i]] = lr.v[i];
+	}
+	if (!lr.allowed)
+		pt->res.allowed = false;
+	a->local_decisions++;
 }
 
 /*
@@ -178,7 +231,8 @@ static void respond(struct decision *d)
 		if (d->parts[p].st != STORE_OK) {
 			degraded = true;
 			a->degraded_by[d->parts[p].st < STORE_COUNT ? d->parts[p].st : STORE_ERROR]++;
-		} else {
+		}
+		if (d->parts[p].st == STORE_OK || d->parts[p].fallback) {
 			any = true;
 			if (!d->parts[p].res.allowed)
 				allowed = false;
@@ -209,6 +263,8 @@ static void respond(struct decision *d)
 	a->outcomes[!allowed ? OUT_DENIED : (degraded ? OUT_DEGRADED : OUT_ALLOWED)]++;
 	if (degraded)
 		set_int(req, "degraded", 1);
+	if (!allowed && d->closed)
+		set_int(req, "status", d->rs->cfg->deny_status);
 	if (d->ep)
 		set_str(req, "endpoint", d->ep->name);
 	render_policy(d, buf, sizeof(buf));
@@ -290,8 +346,17 @@ static void decision_finish(struct decision *d)
 	int p;
 
 	for (p = 0; p < 2; p++) {
-		if (!d->parts[p].used || d->parts[p].st != STORE_OK)
+		if (d->parts[p].used && d->parts[p].st != STORE_OK)
+			fallback(d, &d->parts[p]);
+	}
+	for (p = 0; p < 2; p++) {
+		if (!d->parts[p].used)
 			continue;
+		if (d->parts[p].st != STORE_OK) {
+			if (!d->parts[p].res.allowed)
+				denied = true;
+			continue;
+		}
 		if (d->parts[p].res.allowed)
 			charged = true;
 		else
@@ -639,6 +704,7 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, struct agent **out)
 	}
 	if (rs->cfg->store == STORE_KIND_MEMORY)
 		a->mem = memstore_new(1000000);
+	a->local = memstore_new(100000);
 	tier_cache_setup(a, rs);
 	if (rs->cfg->store == STORE_KIND_REDIS) {
 		struct store_opts so = {
@@ -648,6 +714,8 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, struct agent **out)
 			.connect_timeout_ms = rs->cfg->redis.connect_timeout_ms,
 			.command_timeout_ms = rs->cfg->redis.command_timeout_ms,
 			.max_pending = rs->cfg->redis.max_pending,
+			.breaker_failures = rs->cfg->breaker_failures,
+			.breaker_cooldown_ms = rs->cfg->breaker_cooldown_ms,
 		};
 
 		if (store_new(loop, &so, &a->store, err, sizeof(err)) < 0) {
@@ -660,6 +728,7 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, struct agent **out)
 fail:
 	spoa_server_free(a->srv);
 	memstore_free(a->mem);
+	memstore_free(a->local);
 	free(a->tcache);
 	free(a);
 	return -1;
@@ -738,6 +807,7 @@ void agent_free(struct agent *a)
 	store_free(a->store);
 	spoa_server_free(a->srv);
 	memstore_free(a->mem);
+	memstore_free(a->local);
 	free(a->tcache);
 	ruleset_unref(a->rs);
 	free(a);

@@ -166,7 +166,7 @@ static bool redis_address_ok(const char *addr)
 static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_limit *l)
 {
 	static const char *const known[] = {"algorithm", "rate", "period", "burst", "shadow",
-					    NULL};
+					    "on_failure", "local_rate", NULL};
 	const config_setting_t *m;
 	unsigned v;
 	char *alg;
@@ -190,6 +190,21 @@ static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_
 			l->name, alg);
 	free(alg);
 	get_bool(ld, s, "shadow", &l->shadow);
+	alg = get_str(ld, s, "on_failure", "open");
+	if (strcmp(alg, "open") == 0)
+		l->on_failure = FAIL_OPEN;
+	else if (strcmp(alg, "closed") == 0)
+		l->on_failure = FAIL_CLOSED;
+	else if (strcmp(alg, "local") == 0)
+		l->on_failure = FAIL_LOCAL;
+	else
+		add_err(ld, line_of(config_setting_get_member(s, "on_failure")),
+			"limit '%s': on_failure '%s': use \"open\", \"closed\" or \"local\"",
+			l->name, alg);
+	free(alg);
+	v = 0;
+	get_uint(ld, s, "local_rate", 1, 1000000000LL, &v);
+	l->local_rate = v;
 	m = config_setting_get_member(s, "rate");
 	if (!m) {
 		add_err(ld, l->line, "limit '%s': 'rate' is required", l->name);
@@ -491,10 +506,11 @@ static void load_root(struct loader *ld, config_t *lc)
 	static const char *const known_root[] = {
 		"listen", "log_level", "store", "message", "max_frame_size", "max_inflight", "redis",
 		"limits", "tiers", "default_tier", "anonymous", "response", "endpoints",
-		"unknown_keys", "tier_lookup", "reload", NULL};
+		"unknown_keys", "tier_lookup", "reload", "fallback", NULL};
 	static const char *const known_redis[] = {"address", "user", "password", "key_prefix",
 						  "connect_timeout_ms", "command_timeout_ms",
-						  "max_pending", NULL};
+						  "max_pending", "breaker_failures",
+						  "breaker_cooldown_ms", NULL};
 	static const char *const known_resp[] = {"legacy_headers", NULL};
 	struct agent_config *cfg = ld->cfg;
 	config_setting_t *root = config_root_setting(lc);
@@ -554,6 +570,10 @@ static void load_root(struct loader *ld, config_t *lc)
 	get_uint(ld, s, "connect_timeout_ms", 1, 60000, &cfg->redis.connect_timeout_ms);
 	get_uint(ld, s, "command_timeout_ms", 1, 60000, &cfg->redis.command_timeout_ms);
 	get_uint(ld, s, "max_pending", 1, 1000000, &cfg->redis.max_pending);
+	cfg->breaker_failures = 5;
+	cfg->breaker_cooldown_ms = 500;
+	get_uint(ld, s, "breaker_failures", 1, 1000000, &cfg->breaker_failures);
+	get_uint(ld, s, "breaker_cooldown_ms", 1, 600000, &cfg->breaker_cooldown_ms);
 
 	s = config_setting_get_member(root, "limits");
 	if (!s || !config_setting_is_group(s)) {
@@ -629,6 +649,19 @@ static void load_root(struct loader *ld, config_t *lc)
 		}
 	}
 	load_tier_lookup(ld, root);
+
+	s = config_setting_get_member(root, "fallback");
+	cfg->gateways = 1;
+	cfg->deny_status = 503;
+	if (s && !config_setting_is_group(s)) {
+		add_err(ld, line_of(s), "'fallback' must be a group { gateways = N; }");
+	} else if (s) {
+		static const char *const known_fb[] = {"gateways", "deny_status", NULL};
+
+		check_known(ld, s, "fallback", known_fb);
+		get_uint(ld, s, "gateways", 1, 100000, &cfg->gateways);
+		get_uint(ld, s, "deny_status", 400, 599, &cfg->deny_status);
+	}
 
 	s = config_setting_get_member(root, "reload");
 	if (s && !config_setting_is_group(s)) {

@@ -29,6 +29,8 @@ struct cfg_limit {
 	uint64_t burst;         /* bucket capacity in tokens (gcra) */
 	int alg;                /* enum limit_alg */
 	bool shadow;            /* evaluated and counted, never denies */
+	int on_failure;         /* enum fail_policy: when Redis cannot decide */
+	uint64_t local_rate;    /* FAIL_LOCAL: rate per period on this gateway (0: derived) */
 };
 
 struct cfg_tier {
@@ -52,6 +54,14 @@ struct cfg_endpoint {
 	size_t ncosts;
 	struct cfg_tier limits; /* extra limits per (principal, endpoint) */
 	struct cfg_tier global; /* limits shared by every client of the endpoint */
+};
+
+/* What a limit does when Redis cannot decide (the failure ladder). */
+enum fail_policy {
+	FAIL_OPEN   = 0,        /* allow, degraded */
+	FAIL_CLOSED = 1,        /* deny with fallback.deny_status */
+	FAIL_LOCAL  = 2,        /* a coarse limit kept in this process */
+	FAIL_COUNT              /* sentinel */
 };
 
 enum unknown_key_policy {
@@ -94,6 +104,10 @@ struct agent_config {
 	unsigned tier_cache_ttl_ms;     /* how long a looked-up tier is trusted */
 	unsigned tier_cache_size;       /* slots of the tier cache */
 	bool watch;                     /* reload when the file changes */
+	unsigned gateways;              /* expected gateway count: local limits = rate / gateways */
+	unsigned deny_status;           /* HTTP status of a fail-closed denial (503) */
+	unsigned breaker_failures;      /* consecutive Redis failures that open the breaker */
+	unsigned breaker_cooldown_ms;
 };
 
 /* Errors collected while loading, each "file:line: message". */

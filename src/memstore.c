@@ -2,50 +2,50 @@
 /*
  * DESIGN
  *
- * Table. Open addressing with linear probing over a power-of-two array of
- * slots, each holding the key's hash and a pointer to its heap entry (key
- * bytes, struct limit_state, expiry). There are no tombstones: a deletion
- * shifts the rest of its cluster back (Knuth's algorithm R), so probe
- * sequences never lengthen with churn. The slot array is sized once for a
- * load factor of at most 3/4 at max_keys entries and never grows; since
- * count <= max_keys < slots there is always an empty slot, which bounds every
+ * Index. Open addressing with linear probing over a power-of-two array of
+ * slots, each holding a key's hash and a pointer to its heap-allocated entry
+ * (key bytes, struct limit_state, position in the expiry heap). There are no
+ * tombstones: a deletion shifts the rest of its cluster back (Knuth's
+ * algorithm R), so probe sequences never lengthen with churn. The array is
+ * sized once for a load factor of at most 3/4 at max_keys entries and never
+ * grows; count <= max_keys < slots leaves an empty slot, which ends every
  * probe loop. Keys are hashed with SipHash-2-4 under a random per-table key:
- * the keys embed client data, and a guessable hash would let a client build
- * one long cluster and make every lookup scan the table.
+ * they embed client data, and a guessable hash would let a client build one
+ * long cluster and make every lookup scan the table.
  *
  * Expiry. When a decision charges a limit (cost > 0, 0 or a refund) its entry
  * expires at now + reset_ms (at least 1 ms), the verdict's "fully available
  * again" time: the TTL rule of lua/ (each script sets the key's PX to its
  * reset time, rounded up). From that instant the state is equivalent to a
  * zero state for every algorithm (GCRA: tat <= now; windows: the stored
- * window index is too old; sliding log: every timestamp has left the
- * window), so an expired entry is treated as absent and freed when a lookup
- * meets it, when the victim search meets it, or by the sweep: each decision
- * examines MEMSTORE_SWEEP_SLOTS slots from a rotating cursor, so without any
- * timer a table of S slots is swept every S / MEMSTORE_SWEEP_SLOTS decisions.
- * A limit that is evaluated but not charged keeps its expiry.
+ * window index is too old; sliding log: every timestamp has left the window),
+ * so an expired entry is treated as absent. A limit that is evaluated but not
+ * charged keeps its expiry. Expiry times live in a binary min-heap (array of
+ * max_keys nodes, each entry knows its node): an expired entry is freed when
+ * a lookup meets it, and each decision first pops at most
+ * MEMSTORE_SWEEP_MAX expired entries off the heap top, so memory comes back
+ * without a timer and no call pays for more than a few frees.
  *
- * Creation. As with Redis, a key that does not exist is created only when
- * its limit is charged; we also skip creation when the cost is <= 0, because
- * the state a report or a refund writes on a fresh key equals the zero state
- * (Redis creates a key that expires within 1 ms or holds a zero count).
+ * Creation. As with Redis, a missing key is created only when its limit is
+ * charged; we also skip creation when the cost is <= 0, because the state a
+ * report or a refund writes on a fresh key equals the zero state (Redis
+ * creates a key that expires within 1 ms or holds a zero count).
  *
- * Bound. Inserting into a full table first looks for an expired entry among
- * a sample of MEMSTORE_SAMPLE occupied slots taken from a second rotating
- * cursor; if there is none it evicts the sampled entry closest to expiry
- * (the one whose state carries the least information) and counts an
- * eviction. Entries used by the decision in progress are pinned (their pin
- * equals the table's decision sequence number) and evicted only if nothing
- * else exists, e.g. with max_keys below the number of keys of one query; all
- * existing entries are written back before any insertion, so even then no
- * pointer dangles. A decision never fails.
+ * Bound. Inserting into a full table frees the heap top: if it has expired
+ * that is a reclaim, otherwise an eviction (counted) of the entry closest to
+ * expiry, the one whose state carries the least information. Entries used by
+ * the decision in progress are pinned (pin == the table's decision sequence
+ * number); the victim is the unpinned entry closest to expiry, found by a
+ * best-first walk from the heap top that meets at most STORE_MAX_LIMITS
+ * pinned nodes. Only when every entry is pinned (max_keys below the keys of
+ * one query) is a pinned one evicted; all existing entries are written back
+ * before any insertion, so even then nothing dangles. A decision never fails.
  *
  * Ownership. The table owns its entries; an entry owns its key bytes and its
  * state's sliding-log array. During a decision each entry's state is moved
  * into a local array (the entry keeps a zero state), limit_decide() runs on
- * that array, and every local state is then either moved back into an
- * entry, moved into a new entry, or released: each log array has exactly one
- * owner at every step.
+ * that array, and every local state is then moved back into its entry, moved
+ * into a new entry, or released: each log array has one owner at every step.
  *
  * Duplicate keys in one query. Redis runs all checks before any commit, so
  * every occurrence of a key is checked against the same stored state; each
@@ -54,6 +54,10 @@
  * one), with its expiry. This is exact for GCRA and the two window counters;
  * for a sliding log Redis would add the entries of every charged occurrence,
  * we keep those of the last one only.
+ *
+ * Cost. A decision hashes its keys, probes, and does O(log max_keys) heap
+ * work per charged key and per freed entry. Memory is allocated up front for
+ * the slots and the heap (16 bytes each), then one entry per key.
  */
 #include "memstore.h"
 
@@ -69,16 +73,14 @@
 #include "store.h"
 #include "util.h"
 
-#define MEMSTORE_MIN_SLOTS   8  /* smallest slot array */
-#define MEMSTORE_SWEEP_SLOTS 16 /* slots examined by the sweep of each decision */
-#define MEMSTORE_SAMPLE      8  /* occupied slots compared when choosing a victim */
-#define MEMSTORE_SCAN        64 /* slots scanned to find that sample, unless none */
+#define MEMSTORE_MIN_SLOTS 8 /* smallest slot array */
+#define MEMSTORE_SWEEP_MAX 8 /* expired entries each decision frees at most */
 
 /* One key and the state of its limit. */
 struct memstore_entry {
 	uint64_t hash;                  /* SipHash of the key */
-	int64_t expire_us;              /* absent from this instant on */
 	uint64_t pin;                   /* sequence number of the last decision using it */
+	size_t node;                    /* its index in memstore.heap */
 	struct limit_state st;          /* owned: st.log */
 	size_t keylen;                  /* bytes in key, <= STORE_KEY_MAX */
 	char key[];                     /* keylen bytes and a NUL */
@@ -90,17 +92,22 @@ struct memstore_slot {
 	struct memstore_entry *e;       /* owned; NULL: empty */
 };
 
+/* One node of the expiry heap. */
+struct memstore_node {
+	int64_t expire_us;              /* the entry is absent from this instant on */
+	struct memstore_entry *e;       /* ref: owned by the slot array */
+};
+
 /* The table. */
 struct memstore {
 	struct memstore_slot *slots;    /* owned: mask + 1 slots */
+	struct memstore_node *heap;     /* owned: max_keys nodes, count used, min-heap */
 	size_t mask;                    /* slots - 1, slots a power of two */
 	size_t count;                   /* entries held, <= max_keys */
 	size_t max_keys;                /* bound on count, < mask + 1 */
-	size_t sweep_pos;               /* next slot examined by the sweep */
-	size_t evict_pos;               /* next slot examined by the victim search */
 	uint64_t seq;                   /* decisions so far; entries with pin == seq are in use */
 	uint64_t evictions;             /* live entries dropped for room */
-	uint64_t expired;               /* expired entries reclaimed */
+	uint64_t expired;               /* expired entries freed */
 	uint64_t k0, k1;                /* SipHash key */
 };
 
@@ -188,26 +195,108 @@ static void seed_hash(struct memstore *m)
 	m->k1 = siphash24(m->k0, (uint64_t)(uintptr_t)&k, ts, sizeof(ts));
 }
 
-/* ---- table primitives ------------------------------------------------------------------ */
+/* ---- expiry heap ----------------------------------------------------------------------- */
 
-static void entry_free(struct memstore_entry *e)
+static void node_set(struct memstore *m, size_t i, struct memstore_node nd)
 {
-	limit_state_release(&e->st);
-	free(e);
+	m->heap[i] = nd;
+	nd.e->node = i;
 }
 
-static bool entry_expired(const struct memstore_entry *e, int64_t now_us)
+static void heap_up(struct memstore *m, size_t i)
 {
-	return e->expire_us <= now_us;
+	struct memstore_node nd = m->heap[i];
+
+	while (i > 0 && m->heap[(i - 1) / 2].expire_us > nd.expire_us) {
+		node_set(m, i, m->heap[(i - 1) / 2]);
+		i = (i - 1) / 2;
+	}
+	node_set(m, i, nd);
 }
 
-/* Frees the entry in slot <i> and closes the hole (backward-shift deletion). */
-static void slot_delete(struct memstore *m, size_t i)
+/* The heap holds <len> nodes. */
+static void heap_down(struct memstore *m, size_t i, size_t len)
 {
+	struct memstore_node nd = m->heap[i];
+
+	for (;;) {
+		size_t c = 2 * i + 1;
+
+		if (c >= len)
+			break;
+		if (c + 1 < len && m->heap[c + 1].expire_us < m->heap[c].expire_us)
+			c++;
+		if (m->heap[c].expire_us >= nd.expire_us)
+			break;
+		node_set(m, i, m->heap[c]);
+		i = c;
+	}
+	node_set(m, i, nd);
+}
+
+/* Moves <e>'s expiry to <expire_us> and restores the heap order. */
+static void heap_update(struct memstore *m, struct memstore_entry *e, int64_t expire_us)
+{
+	size_t i = e->node;
+
+	m->heap[i].expire_us = expire_us;
+	heap_up(m, i);
+	heap_down(m, e->node, m->count);
+}
+
+/* Takes node <i> out of a heap of <len> nodes (len - 1 remain). */
+static void heap_remove(struct memstore *m, size_t i, size_t len)
+{
+	struct memstore_entry *moved = m->heap[len - 1].e;
+
+	if (i == len - 1)
+		return;
+	node_set(m, i, m->heap[len - 1]);
+	heap_up(m, i);
+	heap_down(m, moved->node, len - 1);
+}
+
+/* ---- index ----------------------------------------------------------------------------- */
+
+static int64_t entry_expiry(const struct memstore *m, const struct memstore_entry *e)
+{
+	return m->heap[e->node].expire_us;
+}
+
+/* The slot of key <key>/<len> with hash <h>, or SIZE_MAX. */
+static size_t slot_find(const struct memstore *m, uint64_t h, const char *key, size_t len)
+{
+	size_t i = h & m->mask;
+
+	for (; m->slots[i].e; i = (i + 1) & m->mask) {
+		const struct memstore_entry *e = m->slots[i].e;
+
+		if (m->slots[i].hash == h && e->keylen == len && memcmp(e->key, key, len) == 0)
+			return i;
+	}
+	return SIZE_MAX;
+}
+
+/* The slot of entry <e>, which is in the table. */
+static size_t slot_of(const struct memstore *m, const struct memstore_entry *e)
+{
+	size_t i = e->hash & m->mask;
+
+	while (m->slots[i].e != e) {
+		BUG_ON(!m->slots[i].e);
+		i = (i + 1) & m->mask;
+	}
+	return i;
+}
+
+/* Frees the entry in slot <i>: out of the heap, hole closed by backward shift. */
+static void entry_delete(struct memstore *m, size_t i)
+{
+	struct memstore_entry *e = m->slots[i].e;
 	size_t hole = i, j = i;
 
-	BUG_ON(!m->slots[i].e);
-	entry_free(m->slots[i].e);
+	BUG_ON(!e);
+	heap_remove(m, e->node, m->count);
 	for (;;) {
 		size_t home;
 
@@ -224,64 +313,55 @@ static void slot_delete(struct memstore *m, size_t i)
 	m->slots[hole].e = NULL;
 	m->slots[hole].hash = 0;
 	m->count--;
-}
-
-/* The slot holding key <key>/<len> with hash <h>, or SIZE_MAX. */
-static size_t slot_find(const struct memstore *m, uint64_t h, const char *key, size_t len)
-{
-	size_t i = h & m->mask;
-
-	for (; m->slots[i].e; i = (i + 1) & m->mask) {
-		const struct memstore_entry *e = m->slots[i].e;
-
-		if (m->slots[i].hash == h && e->keylen == len && memcmp(e->key, key, len) == 0)
-			return i;
-	}
-	return SIZE_MAX;
+	limit_state_release(&e->st);
+	free(e);
 }
 
 /*
- * Frees one entry of a full table: the first expired one met while sampling,
- * else the unpinned sampled entry closest to expiry (an eviction), else the
- * pinned one closest to expiry. The scan goes past MEMSTORE_SCAN slots only
- * while it has found no unpinned entry, and never past one full turn.
+ * The heap node of the unpinned entry closest to expiry, or the heap top if
+ * every entry is pinned. Best-first walk: a node's children expire no sooner
+ * than it, so after k pinned nodes the next candidate is the least of at most
+ * k + 1 frontier nodes; at most STORE_MAX_LIMITS entries are pinned.
  */
-static void make_room(struct memstore *m, int64_t now_us)
+static size_t victim_node(const struct memstore *m)
 {
-	size_t best = SIZE_MAX, best_pinned = SIZE_MAX, seen = 0, scanned = 0;
-	size_t nslots = m->mask + 1, i;
+	size_t frontier[STORE_MAX_LIMITS + 2], nf = 1, pops, k, best, i;
 
-	while (scanned < nslots &&
-	       ((seen < MEMSTORE_SAMPLE && scanned < MEMSTORE_SCAN) || best == SIZE_MAX)) {
-		const struct memstore_entry *e;
-
-		i = m->evict_pos;
-		m->evict_pos = (i + 1) & m->mask;
-		scanned++;
-		e = m->slots[i].e;
-		if (!e)
-			continue;
-		seen++;
-		if (entry_expired(e, now_us)) {
-			slot_delete(m, i);
-			m->expired++;
-			return;
-		}
-		if (e->pin == m->seq) {
-			if (best_pinned == SIZE_MAX || e->expire_us < m->slots[best_pinned].e->expire_us)
-				best_pinned = i;
-		} else if (best == SIZE_MAX || e->expire_us < m->slots[best].e->expire_us) {
-			best = i;
+	frontier[0] = 0;
+	for (pops = 0; pops <= STORE_MAX_LIMITS && nf > 0; pops++) {
+		best = 0;
+		for (k = 1; k < nf; k++)
+			if (m->heap[frontier[k]].expire_us < m->heap[frontier[best]].expire_us)
+				best = k;
+		i = frontier[best];
+		if (m->heap[i].e->pin != m->seq)
+			return i;
+		frontier[best] = frontier[--nf];
+		for (k = 2 * i + 1; k <= 2 * i + 2 && k < m->count; k++) {
+			BUG_ON(nf >= ARRAY_SIZE(frontier));
+			frontier[nf++] = k;
 		}
 	}
-	if (best == SIZE_MAX)
-		best = best_pinned;
-	BUG_ON(best == SIZE_MAX); /* the table is full, so not empty */
-	slot_delete(m, best);
-	m->evictions++;
+	return 0;
 }
 
-/* Adds a new entry for a key known to be absent; it takes ownership of <st>'s log. */
+/* Frees one entry of a full table: the expired heap top, else a victim. */
+static void make_room(struct memstore *m, int64_t now_us)
+{
+	size_t i;
+
+	BUG_ON(m->count == 0);
+	if (m->heap[0].expire_us <= now_us) {
+		m->expired++;
+		i = 0;
+	} else {
+		m->evictions++;
+		i = victim_node(m);
+	}
+	entry_delete(m, slot_of(m, m->heap[i].e));
+}
+
+/* Adds an entry for a key known to be absent; it takes ownership of <st>'s log. */
 static void entry_insert(struct memstore *m, uint64_t h, const char *key, size_t len,
 			 struct limit_state *st, int64_t expire_us, int64_t now_us)
 {
@@ -292,7 +372,6 @@ static void entry_insert(struct memstore *m, uint64_t h, const char *key, size_t
 		make_room(m, now_us);
 	e = xmalloc(sizeof(*e) + len + 1);
 	e->hash = h;
-	e->expire_us = expire_us;
 	e->pin = m->seq;
 	e->st = *st;
 	memset(st, 0, sizeof(*st));
@@ -303,7 +382,11 @@ static void entry_insert(struct memstore *m, uint64_t h, const char *key, size_t
 		;
 	m->slots[i].hash = h;
 	m->slots[i].e = e;
+	m->heap[m->count].expire_us = expire_us;
+	m->heap[m->count].e = e;
+	e->node = m->count;
 	m->count++;
+	heap_up(m, e->node);
 }
 
 /* ---- decisions ------------------------------------------------------------------------- */
@@ -336,11 +419,11 @@ static int64_t expiry_after(int64_t now_us, int64_t reset_ms)
 
 /*
  * Creates an empty table holding at most <max_keys> entries (clamped to
- * 1..MEMSTORE_MAX_KEYS). Its slot array is allocated at once: about 16 bytes
- * times 4/3 max_keys rounded up to a power of two, plus per entry ~80 bytes,
- * the key, and for a sliding log 8 bytes per logged token. Aborts on OOM;
- * never returns NULL. The caller owns the result and frees it with
- * memstore_free().
+ * 1..MEMSTORE_MAX_KEYS). The slot array (16 bytes times 4/3 max_keys rounded
+ * up to a power of two) and the heap (16 bytes times max_keys) are allocated
+ * at once; each key then costs about 80 bytes plus its length, and a sliding
+ * log 8 bytes per token in its window. Aborts on OOM, never returns NULL. The
+ * caller owns the result and frees it with memstore_free().
  */
 struct memstore *memstore_new(size_t max_keys)
 {
@@ -351,9 +434,10 @@ struct memstore *memstore_new(size_t max_keys)
 		max_keys = 1;
 	if (max_keys > MEMSTORE_MAX_KEYS)
 		max_keys = MEMSTORE_MAX_KEYS;
-	while (nslots / 4 * 3 < max_keys || nslots <= max_keys)
+	while (nslots / 4 * 3 < max_keys)
 		nslots *= 2;
 	m->slots = xcalloc(nslots, sizeof(*m->slots));
+	m->heap = xcalloc(max_keys, sizeof(*m->heap));
 	m->mask = nslots - 1;
 	m->max_keys = max_keys;
 	seed_hash(m);
@@ -367,37 +451,30 @@ void memstore_free(struct memstore *m)
 
 	if (!m)
 		return;
-	for (i = 0; i <= m->mask; i++)
-		if (m->slots[i].e)
-			entry_free(m->slots[i].e);
+	for (i = 0; i < m->count; i++) {
+		limit_state_release(&m->heap[i].e->st);
+		free(m->heap[i].e);
+	}
+	free(m->heap);
 	free(m->slots);
 	free(m);
 }
 
 /*
- * Reclaims the expired entries among the next <max_slots> slots of the sweep
- * cursor at <now_us>, and returns how many it freed. memstore_decide() calls
- * it with a small budget; a caller that wants memory back at once (or runs a
- * timer) may pass a larger one; 2 * the slot count always covers the table.
- * Never changes a verdict: an expired entry already behaves as absent.
+ * Frees at most <max> entries that have expired at <now_us>, earliest first,
+ * and returns how many. memstore_decide() calls it with a small budget; a
+ * caller that wants the memory back at once (or runs a timer) may pass
+ * SIZE_MAX. Never changes a verdict: an expired entry already behaves as
+ * absent.
  */
-size_t memstore_sweep(struct memstore *m, int64_t now_us, size_t max_slots)
+size_t memstore_sweep(struct memstore *m, int64_t now_us, size_t max)
 {
-	size_t freed = 0, nslots = m->mask + 1;
+	size_t freed = 0;
 
-	if (max_slots > 2 * nslots)
-		max_slots = 2 * nslots;
-	while (max_slots-- > 0 && m->count > 0) {
-		struct memstore_entry *e = m->slots[m->sweep_pos].e;
-
-		if (e && entry_expired(e, now_us)) {
-			/* the shift may bring another entry here: look again */
-			slot_delete(m, m->sweep_pos);
-			m->expired++;
-			freed++;
-			continue;
-		}
-		m->sweep_pos = (m->sweep_pos + 1) & m->mask;
+	while (freed < max && m->count > 0 && m->heap[0].expire_us <= now_us) {
+		entry_delete(m, slot_of(m, m->heap[0].e));
+		m->expired++;
+		freed++;
 	}
 	return freed;
 }
@@ -405,20 +482,20 @@ size_t memstore_sweep(struct memstore *m, int64_t now_us, size_t max_slots)
 /*
  * Decides query <q> at <now_us> and fills <res> (allowed, n, now_us, v[0..n)),
  * as lua/decide.lua would against a Redis holding this table's keys: each
- * q->keys[i] (read up to its NUL or STORE_KEY_MAX bytes) is looked up, an
- * expired or missing one counts as a zero state, limit_decide() decides, and
- * every charged limit's entry is written with its new expiry. A key that is
- * missing and not charged with a positive cost is not created. q->n above
- * STORE_MAX_LIMITS is treated as STORE_MAX_LIMITS. <now_us> is any clock the
- * caller uses consistently for this table. May evict entries (see
- * memstore_evictions()); never fails, invokes no callback, and keeps no
- * reference to <q> or <res>, both owned by the caller.
+ * q->keys[i] (read up to its NUL, at most STORE_KEY_MAX bytes) is looked up,
+ * an expired or missing one counts as a zero state, limit_decide() decides
+ * with the costs q->cost[i], and every charged limit's entry is written with
+ * its new expiry. A missing key that is not charged with a positive cost is
+ * not created. q->n above STORE_MAX_LIMITS counts as STORE_MAX_LIMITS.
+ * <now_us> is any clock the caller uses consistently with this table. May
+ * free expired entries and evict live ones (see memstore_evictions()); never
+ * fails, invokes no callback, keeps no reference to <q> or <res>.
  */
 void memstore_decide(struct memstore *m, const struct store_query *q, int64_t now_us,
 		     struct store_result *res)
 {
 	struct limit_state st[STORE_MAX_LIMITS];
-	struct memstore_entry *ent[STORE_MAX_LIMITS]; /* per first occurrence; ref */
+	struct memstore_entry *ent[STORE_MAX_LIMITS]; /* by first occurrence; ref */
 	uint64_t h[STORE_MAX_LIMITS];
 	size_t len[STORE_MAX_LIMITS], first[STORE_MAX_LIMITS], win[STORE_MAX_LIMITS];
 	size_t n = q->n < STORE_MAX_LIMITS ? q->n : STORE_MAX_LIMITS;
@@ -426,7 +503,7 @@ void memstore_decide(struct memstore *m, const struct store_query *q, int64_t no
 	int pass;
 
 	m->seq++;
-	memstore_sweep(m, now_us, MEMSTORE_SWEEP_SLOTS);
+	memstore_sweep(m, now_us, MEMSTORE_SWEEP_MAX);
 
 	for (i = 0; i < n; i++) {
 		len[i] = strnlen(q->keys[i], STORE_KEY_MAX);
@@ -448,8 +525,8 @@ void memstore_decide(struct memstore *m, const struct store_query *q, int64_t no
 		j = slot_find(m, h[i], q->keys[i], len[i]);
 		if (j == SIZE_MAX)
 			continue;
-		if (entry_expired(m->slots[j].e, now_us)) {
-			slot_delete(m, j);
+		if (entry_expiry(m, m->slots[j].e) <= now_us) {
+			entry_delete(m, j);
 			m->expired++;
 			continue;
 		}
@@ -485,7 +562,7 @@ void memstore_decide(struct memstore *m, const struct store_query *q, int64_t no
 			if (ent[i]) {
 				ent[i]->st = st[w];
 				if (charged)
-					ent[i]->expire_us = expiry_after(now_us, res->v[w].reset_ms);
+					heap_update(m, ent[i], expiry_after(now_us, res->v[w].reset_ms));
 			} else if (charged && q->cost[w] > 0) {
 				entry_insert(m, h[i], q->keys[i], len[i], &st[w],
 					     expiry_after(now_us, res->v[w].reset_ms), now_us);
@@ -496,7 +573,35 @@ void memstore_decide(struct memstore *m, const struct store_query *q, int64_t no
 	}
 }
 
-/* Entries held, expired ones not yet reclaimed included; never above the bound. */
+/*
+ * Whether every invariant of <m> holds: each entry is reachable from its
+ * home slot, knows its heap node, the heap is ordered, and the counts agree.
+ * O(slots); meant for tests and DEBUG builds, not for the request path.
+ */
+bool memstore_check(const struct memstore *m)
+{
+	size_t i, n = 0;
+
+	if (m->count > m->max_keys || m->max_keys > m->mask)
+		return false;
+	for (i = 0; i <= m->mask; i++) {
+		const struct memstore_entry *e = m->slots[i].e;
+
+		if (!e)
+			continue;
+		n++;
+		if (m->slots[i].hash != e->hash || e->keylen > STORE_KEY_MAX || e->key[e->keylen] ||
+		    slot_find(m, e->hash, e->key, e->keylen) != i || e->node >= m->count ||
+		    m->heap[e->node].e != e)
+			return false;
+	}
+	for (i = 1; i < m->count; i++)
+		if (m->heap[(i - 1) / 2].expire_us > m->heap[i].expire_us)
+			return false;
+	return n == m->count;
+}
+
+/* Entries held, expired ones not yet freed included; never above memstore_capacity(). */
 size_t memstore_size(const struct memstore *m)
 {
 	return m->count;
@@ -514,7 +619,7 @@ uint64_t memstore_evictions(const struct memstore *m)
 	return m->evictions;
 }
 
-/* Expired entries reclaimed (by lookups, the sweep or the victim search). */
+/* Expired entries freed (by lookups, sweeps or insertions into a full table). */
 uint64_t memstore_expired(const struct memstore *m)
 {
 	return m->expired;

@@ -13,6 +13,7 @@
 #ifndef AGENT_MEMSTORE_H
 #define AGENT_MEMSTORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,5 +36,6 @@ size_t memstore_size(const struct memstore *m);
 size_t memstore_capacity(const struct memstore *m);
 uint64_t memstore_evictions(const struct memstore *m);
 uint64_t memstore_expired(const struct memstore *m);
+bool memstore_check(const struct memstore *m);
 
 #endif /* AGENT_MEMSTORE_H */

@@ -57,6 +57,18 @@ struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen)
 		limit_params_init(&l->lp, cl->alg, cl->rate, cl->period_ms, cl->burst);
 		l->lp.shadow = cl->shadow;
 		l->shadow = cl->shadow;
+		l->on_failure = cl->on_failure;
+		{
+			/* a configured floor, or this gateway's share of the limit */
+			uint64_t lr = cl->local_rate ? cl->local_rate
+						     : (cl->rate + cfg->gateways - 1) / cfg->gateways;
+			uint64_t lb = cl->alg == ALG_GCRA
+					      ? (cl->burst * lr + cl->rate - 1) / cl->rate
+					      : 0;
+
+			limit_params_init(&l->local_lp, cl->alg, lr, cl->period_ms, lb ? lb : lr);
+			l->local_lp.shadow = cl->shadow;
+		}
 	}
 	rs->ntiers = cfg->ntiers;
 	rs->tiers = xcalloc(cfg->ntiers, sizeof(*rs->tiers));

@@ -21,6 +21,8 @@ struct rule_limit {
 	uint64_t period_s;              /* period in whole seconds, at least 1 (for headers) */
 	struct limit_params lp;         /* as sent to the script */
 	bool shadow;                    /* never denies */
+	int on_failure;                 /* enum fail_policy */
+	struct limit_params local_lp;   /* FAIL_LOCAL: the coarse per-gateway limit */
 };
 
 struct rule_tier {

@@ -90,12 +90,18 @@ struct store {
 	bool freeing;
 	double last_progress;           /* mono_now() of the last reply or first send */
 	double stall_s;                 /* no reply for this long with commands out: reconnect */
+	unsigned breaker_failures;      /* threshold */
+	double breaker_cooldown_s;
+	unsigned failures;              /* consecutive timeouts and errors */
+	double breaker_until;           /* open until (mono_now); then one probe */
+	bool probing;                   /* half-open: the probe is in flight */
 	uint64_t log_suppressed;        /* connection errors not logged */
 	ev_tstamp log_last;
 };
 
 static void store_connect(struct store *s);
 static void schedule_reconnect(struct store *s);
+static double mono_now(void);
 
 /* Seconds on the monotonic clock: deadlines must not move with the wall clock. */
 static double mono_now(void)
@@ -108,8 +114,8 @@ static double mono_now(void)
 
 const char *store_status_str(int st)
 {
-	static const char *const names[STORE_COUNT] = {"ok", "error", "timeout", "down", "busy",
-						       "shutdown"};
+	static const char *const names[STORE_COUNT] = {"ok",   "error",    "timeout", "down",
+						       "busy", "shutdown", "breaker"};
 
 	if (st < 0 || st >= STORE_COUNT)
 		return "?";
@@ -132,6 +138,48 @@ static void store_log_trouble(struct store *s, const char *what, const char *det
 		LOG(LOG_WARN, "redis %s: %s", what, detail);
 	s->log_suppressed = 0;
 	s->log_last = now;
+}
+
+/*
+ * Circuit breaker: <breaker_failures> consecutive timeouts or errors open it;
+ * while open, queries fail at once (STORE_BREAKER) instead of queueing behind
+ * a sick Redis. After the cool-down one query goes through as a probe: its
+ * success closes the breaker, its failure opens it again.
+ */
+static void breaker_record(struct store *s, enum store_status st)
+{
+	if (st == STORE_OK) {
+		if (s->stats.breaker_open)
+			LOG(LOG_NOTICE, "redis breaker closed");
+		s->failures = 0;
+		s->probing = false;
+		s->stats.breaker_open = false;
+		return;
+	}
+	if (st != STORE_TIMEOUT && st != STORE_ERROR && st != STORE_DOWN)
+		return;
+	s->failures++;
+	if (s->probing || (!s->stats.breaker_open && s->failures >= s->breaker_failures)) {
+		if (!s->stats.breaker_open) {
+			s->stats.breaker_opened++;
+			LOG(LOG_WARN, "redis breaker open after %u consecutive failures",
+			    s->failures);
+		}
+		s->stats.breaker_open = true;
+		s->probing = false;
+		s->breaker_until = mono_now() + s->breaker_cooldown_s;
+	}
+}
+
+/* May a query be sent now? Lets one probe through once the cool-down ended. */
+static bool breaker_allows(struct store *s)
+{
+	if (!s->stats.breaker_open)
+		return true;
+	if (s->probing || mono_now() < s->breaker_until)
+		return false;
+	s->probing = true;
+	return true;
 }
 
 /* True while <c>'s caller has not been answered. */
@@ -157,6 +205,7 @@ static void cmd_answer_full(struct store_cmd *c, enum store_status st,
 	c->str_cb = NULL;
 	if (st != STORE_OK)
 		c->s->stats.failed[st]++;
+	breaker_record(c->s, st);
 	if (cb)
 		cb(st, r, c->arg);
 	else
@@ -372,6 +421,10 @@ int store_decide(struct store *s, const struct store_query *q, store_done_fn cb,
 		s->stats.failed[STORE_BUSY]++;
 		return -STORE_BUSY;
 	}
+	if (!breaker_allows(s)) {
+		s->stats.failed[STORE_BREAKER]++;
+		return -STORE_BREAKER;
+	}
 	BUG_ON(q->n < 1 || q->n > STORE_MAX_LIMITS);
 	c = xcalloc(1, sizeof(*c));
 	c->s = s;
@@ -385,6 +438,7 @@ int store_decide(struct store *s, const struct store_query *q, store_done_fn cb,
 	if (cmd_send(s, c, false) < 0) {
 		free(c);
 		s->stats.failed[STORE_DOWN]++;
+		s->probing = false;
 		return -STORE_DOWN;
 	}
 	/* the timer follows the oldest waiting command: arm it when this one is
@@ -411,6 +465,10 @@ int store_hget(struct store *s, const char *key, const char *field, store_str_fn
 	if (s->stats.pending >= s->max_pending) {
 		s->stats.failed[STORE_BUSY]++;
 		return -STORE_BUSY;
+	}
+	if (!breaker_allows(s)) {
+		s->stats.failed[STORE_BREAKER]++;
+		return -STORE_BREAKER;
 	}
 	c = xcalloc(1, sizeof(*c));
 	c->s = s;
@@ -476,6 +534,8 @@ static void load_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	ev_timer_stop(s->loop, &s->conn_timer);
 	s->state = ST_READY;
 	s->last_progress = mono_now();
+	/* a new connection earns a probe at once rather than after the cool-down */
+	s->breaker_until = 0;
 	s->backoff_ms = BACKOFF_MIN_MS;
 	s->stats.connects++;
 	LOG(LOG_NOTICE, "redis connected, script %s", s->sha);
@@ -652,6 +712,8 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 	s->connect_timeout_ms = opts->connect_timeout_ms ? opts->connect_timeout_ms : 200;
 	s->command_timeout_ms = opts->command_timeout_ms ? opts->command_timeout_ms : 5;
 	s->max_pending = opts->max_pending ? opts->max_pending : 10000;
+	s->breaker_failures = opts->breaker_failures ? opts->breaker_failures : 5;
+	s->breaker_cooldown_s = (opts->breaker_cooldown_ms ? opts->breaker_cooldown_ms : 500) / 1000.;
 	/* a stall is 20 command timeouts, at least 1 s and at most 5 s */
 	s->stall_s = s->command_timeout_ms * 20 / 1000.;
 	if (s->stall_s < 1.)

@@ -31,6 +31,7 @@ enum store_status {
 	STORE_DOWN     = 3,     /* not connected */
 	STORE_BUSY     = 4,     /* too many commands in flight */
 	STORE_SHUTDOWN = 5,     /* the store is being freed */
+	STORE_BREAKER  = 6,     /* circuit breaker open: not even tried */
 	STORE_COUNT             /* sentinel */
 };
 
@@ -41,6 +42,8 @@ struct store_opts {
 	unsigned connect_timeout_ms;
 	unsigned command_timeout_ms;
 	unsigned max_pending;           /* commands in flight */
+	unsigned breaker_failures;      /* consecutive failures that open the breaker (5) */
+	unsigned breaker_cooldown_ms;   /* how long it stays open before a probe (500) */
 };
 
 /* One decision: n limits of one principal. */
@@ -71,6 +74,8 @@ struct store_stats {
 	uint64_t failed[STORE_COUNT];   /* outcomes other than OK, by status */
 	uint64_t connects;              /* successful connections */
 	uint64_t pending;               /* commands in flight now */
+	uint64_t breaker_opened;        /* times the breaker opened */
+	bool breaker_open;              /* open (or half-open, probing) now */
 };
 
 int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store **out,

@@ -121,3 +121,23 @@ def test_redis_restarted_empty_reloads_script(agent, redis):
         v = c.request(3, 1, [sc.rl_message(key="ns")])
         assert v.get("degraded") is None and v["allow"] == 1, v
         assert v["remaining"] == 98  # the second decision for this key
+
+
+def test_stick_table_safety_net_when_agent_is_down(agent, redis, haproxy, monkeypatch):
+    """The agent is gone: HAProxy passes requests (fail-open) but its per-instance stick
+    table bounds each key to RL_FALLBACK_RATE requests per second."""
+    monkeypatch.setenv("RL_FALLBACK_RATE", "3")
+    a = agent(redis=redis, **CFG)
+    gw = haproxy(a.address)
+    assert gw.request("/", api_key="st-key").status == 200
+    a.kill()
+    # wait until HAProxy's health check marked the agent DOWN: failures are then immediate
+    wait_until(lambda: gw.request("/", api_key="probe-key").h("X-RateLimit-Agent-Error")
+               not in (None, "1"), 15, 0.2, "agent marked down")
+    rs = [gw.request("/", api_key="st-key") for _ in range(10)]
+    statuses = [r.status for r in rs]
+    assert statuses.count(200) <= 4 and 429 in statuses, statuses
+    denied = [r for r in rs if r.status == 429][0]
+    assert denied.h("Retry-After") == "1" and denied.h("X-RateLimit-Agent-Error"), denied
+    # per key: another key still has its own small budget
+    assert gw.request("/", api_key="st-other").status == 200

@@ -55,14 +55,14 @@ LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lu
 
 BIN       = $(BUILD)/spoa-ratelimit
 LIBSPOA   = $(BUILD)/libspoa.a
-UNIT_BINS = $(BUILD)/test_spop $(BUILD)/test_limiter
+UNIT_BINS = $(BUILD)/test_spop $(BUILD)/test_limiter $(BUILD)/test_memstore
 MODEL     = $(BUILD)/limit_model
 REPLAY    = $(BUILD)/fuzz_replay
 
 .PHONY: all deps unit replay itest test demo bench fuzz fuzz-smoke check-config install \
         uninstall clean help
 
-all: $(BIN) $(LIBSPOA)
+all: $(BIN) $(LIBSPOA) $(BUILD)/spop-load
 
 help:
 	@sed -n '1,14p' Makefile
@@ -110,9 +110,18 @@ $(BUILD)/test_limiter: tests/unit/test_limiter.c $(BUILD)/src/limiter.o $(BUILD)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka -lm
 
+$(BUILD)/test_memstore: tests/unit/test_memstore.c $(BUILD)/src/memstore.o $(BUILD)/src/limiter.o \
+                        $(BUILD)/src/util.o
+	@echo "  LD      $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka -lm
+
 $(MODEL): tests/tools/limit_model.c $(BUILD)/src/limiter.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lm
+
+$(BUILD)/spop-load: tests/tools/spop_load.c $(LIBSPOA)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIBSPOA) -lev
 
 $(REPLAY): tests/fuzz/fuzz_spop_frame.c tests/fuzz/replay.c $(LIBSPOA)
 	@echo "  LD      $@"

@@ -562,7 +562,8 @@ void memstore_decide(struct memstore *m, const struct store_query *q, int64_t no
 			if (ent[i]) {
 				ent[i]->st = st[w];
 				if (charged)
-					heap_update(m, ent[i], expiry_after(now_us, res->v[w].reset_ms));
+					heap_update(m, ent[i],
+						    expiry_after(now_us, res->v[w].reset_ms));
 			} else if (charged && q->cost[w] > 0) {
 				entry_insert(m, h[i], q->keys[i], len[i], &st[w],
 					     expiry_after(now_us, res->v[w].reset_ms), now_us);

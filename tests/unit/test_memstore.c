@@ -151,16 +151,29 @@ static void check_against_model(const struct limit_params *params, size_t np, si
 		struct store_result res;
 		struct limit_state st[STORE_MAX_LIMITS];
 		struct limit_verdict v[STORE_MAX_LIMITS];
-		size_t idx[STORE_MAX_LIMITS], n = 1 + rnd_below(&seed, maxn);
+		size_t idx[STORE_MAX_LIMITS], n = 1 + rnd_below(&seed, maxn), forced;
 		bool allowed;
 
 		now += random_step(&seed, period_us);
+		forced = SIZE_MAX;
+		if (rnd_below(&seed, 10) == 0) {
+			/* land on a key's expiry instant, or just before it, and use that key */
+			size_t f = rnd_below(&seed, nkeys);
+			int64_t t = keys[f].expire_us - (int64_t)rnd_below(&seed, 2);
+
+			if (keys[f].exists && t > now) {
+				now = t;
+				forced = f;
+			}
+		}
 		query_reset(&q);
 		for (i = 0; i < n; i++) {
 			bool dup;
 
 			do { /* distinct keys */
 				idx[i] = rnd_below(&seed, nkeys);
+				if (i == 0 && forced != SIZE_MAX)
+					idx[i] = forced;
 				dup = false;
 				for (j = 0; j < i; j++)
 					dup |= idx[j] == idx[i];
@@ -195,6 +208,7 @@ static void check_against_model(const struct limit_params *params, size_t np, si
 		assert_int_equal(res.now_us, now);
 		assert_verdicts_equal(res.v, v, n);
 		assert_true(memstore_size(m) <= nkeys);
+		assert_true(memstore_check(m));
 
 		if (step % 997 == 0 || step == steps - 1) {
 			memstore_sweep(m, now, SIZE_MAX);
@@ -319,6 +333,7 @@ static void test_memstore_uncharged_keys_not_created(void **state)
 	int alg;
 
 	(void)state;
+	memset(p, 0, sizeof(p));
 	for (alg = ALG_GCRA; alg < ALG_COUNT; alg++) {
 		char key[32];
 
@@ -330,7 +345,6 @@ static void test_memstore_uncharged_keys_not_created(void **state)
 		assert_true(decide1(m, key, &p[alg], 0, now, &v));
 		assert_int_equal(v.remaining, 3);
 		assert_true(decide1(m, key, &p[alg], -2, now, &v));
-		assert_int_equal(v.remaining, 3);
 		assert_int_equal(memstore_size(m), 0);
 	}
 	/* an unknown algorithm admits and is charged: kept until its 1 ms expiry */
@@ -369,9 +383,13 @@ static void test_memstore_entries_expire(void **state)
 	assert_int_equal(v.remaining, 10);
 	assert_int_equal(memstore_size(m) < 500, true);
 
-	/* the per-decision sweep alone empties the table, without any timer */
-	for (i = 0; i < 4096 && memstore_size(m) > 0; i++)
+	/* the per-decision sweep alone empties the table, a few entries each time */
+	for (i = 0; i < 4096 && memstore_size(m) > 0; i++) {
+		size_t before = memstore_size(m);
+
 		assert_true(decide1(m, "other", &p, 0, now, &v));
+		assert_true(before - memstore_size(m) <= 8);
+	}
 	assert_int_equal(memstore_size(m), 0);
 	assert_int_equal(memstore_expired(m), 500);
 	assert_int_equal(memstore_evictions(m), 0);
@@ -387,11 +405,11 @@ static void test_memstore_entries_expire(void **state)
 	limit_params_init(&p, ALG_SLIDING_LOG, 5, 1000, 0);
 	assert_true(decide1(m, "sl", &p, 1, now, &v));
 	assert_int_equal(v.reset_ms, 1000);
-	assert_int_equal(memstore_sweep(m, now + 749 * MS, SIZE_MAX), 0);
+	assert_int_equal(memstore_sweep(m, now + 750 * MS - 1, SIZE_MAX), 0);
 	assert_int_equal(memstore_sweep(m, now + 750 * MS, SIZE_MAX), 1);
-	assert_int_equal(memstore_sweep(m, now + 999 * MS, SIZE_MAX), 0);
+	assert_int_equal(memstore_sweep(m, now + 1000 * MS - 1, SIZE_MAX), 0);
 	assert_int_equal(memstore_sweep(m, now + 1000 * MS, SIZE_MAX), 1);
-	assert_int_equal(memstore_sweep(m, now + 1749 * MS, SIZE_MAX), 0);
+	assert_int_equal(memstore_sweep(m, now + 1750 * MS - 1, SIZE_MAX), 0);
 	assert_int_equal(memstore_sweep(m, now + 1750 * MS, SIZE_MAX), 1);
 	assert_int_equal(memstore_size(m), 0);
 
@@ -400,7 +418,7 @@ static void test_memstore_entries_expire(void **state)
 	now = 3000 * SEC;
 	assert_true(decide1(m, "g", &p, 10, now, &v)); /* empty: full in 1 s */
 	assert_false(decide1(m, "g", &p, 1, now + 50 * MS, &v));
-	assert_int_equal(memstore_sweep(m, now + 999 * MS, SIZE_MAX), 0);
+	assert_int_equal(memstore_sweep(m, now + 400 * MS, SIZE_MAX), 0);
 	assert_true(decide1(m, "g", &p, -10, now + 500 * MS, &v)); /* refund: full now */
 	assert_int_equal(memstore_sweep(m, now + 501 * MS, SIZE_MAX), 1);
 	memstore_free(m);
@@ -425,8 +443,13 @@ static void test_memstore_bounded_with_evictions(void **state)
 	assert_int_equal(memstore_size(m), 100);
 	assert_int_equal(memstore_evictions(m), 900);
 	assert_int_equal(memstore_expired(m), 0);
-	/* the newest key survived: denied again */
-	assert_false(decide1(m, "ip:999", &p, 1, now + 1000, NULL));
+	/* the entries closest to expiry went: the last 100 keys are still charged */
+	for (i = 900; i < 1000; i++) {
+		snprintf(key, sizeof(key), "ip:%d", i);
+		assert_false(decide1(m, key, &p, 1, now + 1000, NULL));
+	}
+	assert_true(decide1(m, "ip:899", &p, 1, now + 1000, NULL));
+	assert_int_equal(memstore_evictions(m), 901);
 	memstore_free(m);
 
 	/* expired entries make room before anything live is evicted */
@@ -456,25 +479,52 @@ static void test_memstore_eviction_spares_keys_in_use(void **state)
 {
 	struct memstore *m = memstore_new(2);
 	struct limit_params slow, fast;
+	struct limit_verdict v;
 	struct store_query q;
 	struct store_result res;
 	int64_t now = T0;
+	int i;
 
 	(void)state;
 	limit_params_init(&slow, ALG_GCRA, 2, 3600000, 0); /* 2/h */
 	limit_params_init(&fast, ALG_GCRA, 1000, 1000, 0); /* a token back every ms */
-	assert_true(decide1(m, "a", &slow, 1, now, NULL));   /* expires in 30 min */
-	assert_true(decide1(m, "c", &fast, 100, now, NULL)); /* expires in 100 ms */
-	/* "a" is nearer to expiry than nothing else, but it is in use: "c" goes */
+	assert_true(decide1(m, "a", &fast, 100, now, NULL)); /* expires in 100 ms */
+	assert_true(decide1(m, "c", &slow, 1, now, NULL));   /* expires in 30 min */
+	/* "a" is the nearest to expiry, but it is in use: "c" goes */
 	query_reset(&q);
-	query_add(&q, "a", &slow, 0);
+	query_add(&q, "a", &fast, 0);
 	query_add(&q, "b", &slow, 1);
 	memstore_decide(m, &q, now + 1, &res);
 	assert_true(res.allowed);
+	assert_int_equal(res.v[0].remaining, 900);
 	assert_int_equal(memstore_size(m), 2);
 	assert_int_equal(memstore_evictions(m), 1);
-	assert_true(decide1(m, "a", &slow, 1, now + 2, NULL));
-	assert_false(decide1(m, "a", &slow, 1, now + 3, NULL)); /* "a" kept its charge */
+	assert_true(decide1(m, "a", &fast, 0, now + 2, &v));
+	assert_int_equal(v.remaining, 900); /* "a" kept its charge */
+	assert_false(decide1(m, "b", &slow, 2, now + 3, NULL)); /* "b" was kept */
+	assert_true(decide1(m, "c", &slow, 2, now + 3, NULL));  /* "c" was forgotten */
+	memstore_free(m);
+
+	/* a query whose every other key is nearer to expiry: the walk passes them all */
+	m = memstore_new(STORE_MAX_LIMITS);
+	assert_true(decide1(m, "far", &slow, 1, now, NULL));
+	query_reset(&q);
+	for (i = 0; i < STORE_MAX_LIMITS - 1; i++) {
+		char key[16];
+
+		snprintf(key, sizeof(key), "near:%d", i);
+		assert_true(decide1(m, key, &fast, 10, now, NULL)); /* expires in 10 ms */
+		query_add(&q, key, &fast, 0);
+	}
+	query_add(&q, "new", &slow, 1);
+	memstore_decide(m, &q, now + 1, &res);
+	assert_true(res.allowed);
+	assert_int_equal(memstore_evictions(m), 1);
+	for (i = 0; i < STORE_MAX_LIMITS - 1; i++) {
+		assert_true(decide1(m, q.keys[i], &fast, 0, now + 2, &v));
+		assert_int_equal(v.remaining, 990);
+	}
+	assert_true(decide1(m, "far", &slow, 2, now + 3, NULL)); /* forgotten */
 	memstore_free(m);
 
 	/* more new keys in one query than the table holds: still decided */
@@ -512,7 +562,7 @@ static void test_memstore_sliding_log_entries_freed(void **state)
 			assert_true(decide1(m, key, &p, 7, now + j, &v));
 		assert_true(decide1(m, key, &p, -3, now + 20, &v));
 		now += 10 * MS;
-		if (i % 50 == 49)
+		if (i % 100 == 99) /* everything expires */
 			now += 2 * SEC;
 	}
 	assert_true(memstore_evictions(m) > 0);
@@ -636,7 +686,10 @@ static void test_memstore_random_keys_100k(void **state)
 		memstore_decide(m, &q, now, &res);
 		assert_int_equal(res.n, n);
 		assert_true(memstore_size(m) <= 4096);
+		if (i % 1000 == 0)
+			assert_true(memstore_check(m));
 	}
+	assert_true(memstore_check(m));
 	assert_int_equal(memstore_size(m), 4096);
 	assert_true(memstore_evictions(m) > 0);
 	memstore_free(m);

@@ -1,0 +1,327 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * spop-load: a SPOP load generator. It speaks to an agent as HAProxy would
+ * (HELLO, then pipelined NOTIFYs carrying the rl-req message) over several
+ * connections, keeps a fixed number of NOTIFYs in flight on each, and reports
+ * decisions per second, latency percentiles and the verdicts.
+ *
+ *   spop-load -a 127.0.0.1:12345 [-c conns] [-p pipeline] [-d seconds]
+ *             [-k keys] [-K key-prefix] [-n max-requests]
+ *
+ * Loopback tool: bounded by -d and -n, it stops by itself.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ev.h>
+
+#include "spop.h"
+
+#define MAX_INFLIGHT 256
+#define LAT_SLOTS    100000     /* latency samples kept (reservoir) */
+
+struct lconn {
+	int fd;
+	ev_io rio, wio;
+	uint8_t rx[65536];
+	size_t rx_len;
+	uint8_t tx[1 << 16];
+	size_t tx_len;
+	bool ready;                     /* hello answered */
+	uint64_t next_sid;
+	double sent_at[MAX_INFLIGHT];   /* by sid % MAX_INFLIGHT */
+	unsigned inflight;
+};
+
+static struct {
+	const char *addr;
+	int conns, pipeline, keys;
+	double duration;
+	uint64_t max_requests;
+	const char *key_prefix;
+	uint64_t sent, acks, allowed, denied, degraded, errors;
+	double lat[LAT_SLOTS];
+	uint64_t nlat;
+	double start;
+	bool stopping;
+} g = {.addr = "127.0.0.1:12345", .conns = 4, .pipeline = 16, .keys = 1000, .duration = 5,
+       .key_prefix = "load-"};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void queue(struct lconn *c, const uint8_t *p, size_t n)
+{
+	if (c->tx_len + n > sizeof(c->tx)) {
+		fprintf(stderr, "tx overflow\n");
+		exit(2);
+	}
+	memcpy(c->tx + c->tx_len, p, n);
+	c->tx_len += n;
+}
+
+static void send_notify(struct ev_loop *loop, struct lconn *c)
+{
+	uint8_t buf[512];
+	char key[64];
+	struct spop_wbuf w;
+	struct spop_data d;
+	uint8_t ip[4] = {127, 0, 0, 1};
+	size_t start;
+	uint64_t sid = c->next_sid;
+	int n;
+
+	c->next_sid += 2;
+	snprintf(key, sizeof(key), "%s%d", g.key_prefix, rand() % g.keys);
+	spop_wbuf_init(&w, buf, sizeof(buf));
+	start = spop_frame_begin(&w, SPOP_FRM_NOTIFY, SPOP_FL_FIN, sid, 1);
+	spop_put_str(&w, "rl-req", 6);
+	spop_put_u8(&w, 4);
+	spop_put_str(&w, "key", 3);
+	d = spop_string(key, strlen(key));
+	spop_put_data(&w, &d);
+	spop_put_str(&w, "ip", 2);
+	d.type = SPOP_T_IPV4;
+	memcpy(d.v.ipv4, ip, 4);
+	spop_put_data(&w, &d);
+	spop_put_str(&w, "method", 6);
+	d = spop_string("GET", 3);
+	spop_put_data(&w, &d);
+	spop_put_str(&w, "path", 4);
+	d = spop_string("/", 1);
+	spop_put_data(&w, &d);
+	n = spop_frame_end(&w, start);
+	if (n < 0)
+		exit(2);
+	queue(c, buf, (size_t)n);
+	c->sent_at[sid / 2 % MAX_INFLIGHT] = now_s();
+	c->inflight++;
+	g.sent++;
+	ev_io_start(loop, &c->wio);
+}
+
+static void fill(struct ev_loop *loop, struct lconn *c)
+{
+	while (!g.stopping && c->ready && c->inflight < (unsigned)g.pipeline &&
+	       (!g.max_requests || g.sent < g.max_requests))
+		send_notify(loop, c);
+}
+
+static void on_ack(struct lconn *c, const struct spop_frame *f)
+{
+	struct spop_rd rd = {f->payload, f->payload + f->len};
+	double lat = now_s() - c->sent_at[f->sid / 2 % MAX_INFLIGHT];
+	bool allow = false, degraded = false;
+
+	while (rd.p < rd.end) {
+		struct spop_str name;
+		struct spop_data v;
+		uint8_t type, nargs;
+
+		if (rd.end - rd.p < 3)
+			break;
+		type = rd.p[0];
+		nargs = rd.p[1];
+		rd.p += 3;
+		if (spop_str_decode(&rd, &name) < 0)
+			break;
+		if (type != SPOP_ACT_SET_VAR || nargs != 3)
+			continue;
+		if (spop_data_decode(&rd, &v) < 0)
+			break;
+		if (spop_str_eq(&name, "allow"))
+			allow = v.v.i == 1;
+		else if (spop_str_eq(&name, "degraded"))
+			degraded = true;
+	}
+	g.acks++;
+	if (degraded)
+		g.degraded++;
+	else if (allow)
+		g.allowed++;
+	else
+		g.denied++;
+	if (g.nlat < LAT_SLOTS)
+		g.lat[g.nlat++] = lat;
+	else if ((uint64_t)rand() % g.acks < LAT_SLOTS)
+		g.lat[(uint64_t)rand() % LAT_SLOTS] = lat;
+	c->inflight--;
+}
+
+static void read_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct lconn *c = w->data;
+	size_t off = 0;
+	ssize_t n;
+
+	(void)revents;
+	n = recv(c->fd, c->rx + c->rx_len, sizeof(c->rx) - c->rx_len, 0);
+	if (n <= 0) {
+		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+			return;
+		fprintf(stderr, "connection closed by the agent\n");
+		g.errors++;
+		ev_io_stop(loop, &c->rio);
+		ev_io_stop(loop, &c->wio);
+		return;
+	}
+	c->rx_len += (size_t)n;
+	for (;;) {
+		struct spop_frame f;
+		uint32_t len;
+
+		if (spop_frame_len_peek(c->rx + off, c->rx_len - off, &len) == 0 ||
+		    c->rx_len - off - 4 < len)
+			break;
+		if (spop_frame_decode(c->rx + off + 4, len, &f) < 0) {
+			g.errors++;
+			break;
+		}
+		if (f.type == SPOP_FRM_AGENT_HELLO)
+			c->ready = true;
+		else if (f.type == SPOP_FRM_ACK)
+			on_ack(c, &f);
+		else if (f.type == SPOP_FRM_AGENT_DISCON)
+			g.errors++;
+		off += 4 + len;
+	}
+	memmove(c->rx, c->rx + off, c->rx_len - off);
+	c->rx_len -= off;
+	fill(loop, c);
+}
+
+static void write_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct lconn *c = w->data;
+	ssize_t n;
+
+	(void)revents;
+	n = send(c->fd, c->tx, c->tx_len, MSG_NOSIGNAL);
+	if (n < 0) {
+		if (errno != EAGAIN && errno != EINTR) {
+			g.errors++;
+			ev_io_stop(loop, w);
+		}
+		return;
+	}
+	memmove(c->tx, c->tx + n, c->tx_len - (size_t)n);
+	c->tx_len -= (size_t)n;
+	if (!c->tx_len)
+		ev_io_stop(loop, w);
+}
+
+static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)t;
+	(void)revents;
+	if (now_s() - g.start >= g.duration || (g.max_requests && g.acks >= g.max_requests))
+		ev_break(loop, EVBREAK_ALL);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv)
+{
+	struct ev_loop *loop = ev_default_loop(0);
+	struct sockaddr_in sin = {.sin_family = AF_INET};
+	struct lconn *conns;
+	ev_timer tick;
+	char host[64];
+	const char *colon;
+	double elapsed;
+	int opt, i;
+
+	while ((opt = getopt(argc, argv, "a:c:p:d:k:K:n:")) != -1) {
+		switch (opt) {
+		case 'a': g.addr = optarg; break;
+		case 'c': g.conns = atoi(optarg); break;
+		case 'p': g.pipeline = atoi(optarg); break;
+		case 'd': g.duration = atof(optarg); break;
+		case 'k': g.keys = atoi(optarg); break;
+		case 'K': g.key_prefix = optarg; break;
+		case 'n': g.max_requests = strtoull(optarg, NULL, 10); break;
+		default:
+			fprintf(stderr, "usage: spop-load -a ip:port [-c conns] [-p pipeline] "
+					"[-d seconds] [-k keys] [-K prefix] [-n requests]\n");
+			return 2;
+		}
+	}
+	if (g.conns < 1 || g.conns > 1024 || g.pipeline < 1 || g.pipeline > MAX_INFLIGHT ||
+	    g.keys < 1 || g.duration <= 0 || g.duration > 600)
+		return 2;
+	colon = strrchr(g.addr, ':');
+	if (!colon || (size_t)(colon - g.addr) >= sizeof(host))
+		return 2;
+	memcpy(host, g.addr, (size_t)(colon - g.addr));
+	host[colon - g.addr] = 0;
+	if (inet_pton(AF_INET, host, &sin.sin_addr) != 1)
+		return 2;
+	sin.sin_port = htons((uint16_t)atoi(colon + 1));
+	conns = calloc((size_t)g.conns, sizeof(*conns));
+	if (!conns)
+		return 2;
+	srand(42);
+	for (i = 0; i < g.conns; i++) {
+		struct lconn *c = &conns[i];
+		uint8_t buf[256];
+		struct spop_wbuf w;
+		struct spop_data d;
+		size_t start;
+		int one = 1, n;
+
+		c->fd = socket(AF_INET, SOCK_STREAM, 0);
+		if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sin, sizeof(sin)) < 0) {
+			perror("connect");
+			return 1;
+		}
+		setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		c->next_sid = 1;
+		spop_wbuf_init(&w, buf, sizeof(buf));
+		start = spop_frame_begin(&w, SPOP_FRM_HAPROXY_HELLO, SPOP_FL_FIN, 0, 0);
+		d = spop_string("2.0", 3);
+		spop_put_kv(&w, "supported-versions", &d);
+		d = spop_uint32(16380);
+		spop_put_kv(&w, "max-frame-size", &d);
+		d = spop_string("pipelining", 10);
+		spop_put_kv(&w, "capabilities", &d);
+		n = spop_frame_end(&w, start);
+		queue(c, buf, (size_t)n);
+		ev_io_init(&c->rio, read_cb, c->fd, EV_READ);
+		ev_io_init(&c->wio, write_cb, c->fd, EV_WRITE);
+		c->rio.data = c->wio.data = c;
+		ev_io_start(loop, &c->rio);
+		ev_io_start(loop, &c->wio);
+	}
+	g.start = now_s();
+	ev_timer_init(&tick, tick_cb, 0.01, 0.01);
+	ev_timer_start(loop, &tick);
+	ev_run(loop, 0);
+	elapsed = now_s() - g.start;
+	qsort(g.lat, g.nlat, sizeof(double), cmp_double);
+	printf("decisions=%llu seconds=%.2f rate=%.0f allowed=%llu denied=%llu degraded=%llu "
+	       "errors=%llu p50_ms=%.3f p90_ms=%.3f p99_ms=%.3f\n",
+	       (unsigned long long)g.acks, elapsed, g.acks / elapsed,
+	       (unsigned long long)g.allowed, (unsigned long long)g.denied,
+	       (unsigned long long)g.degraded, (unsigned long long)g.errors,
+	       g.nlat ? g.lat[g.nlat / 2] * 1e3 : 0, g.nlat ? g.lat[g.nlat * 9 / 10] * 1e3 : 0,
+	       g.nlat ? g.lat[g.nlat * 99 / 100] * 1e3 : 0);
+	return g.errors ? 1 : 0;
+}

@@ -13,7 +13,7 @@ ALG[2] = function(key, now, cost, win, limit)
 	local left = (idx + 1) * win - now
 	local r = {}
 	r.ok = (count + cost <= limit) and 1 or 0
-	r.rem_c = clamp0(limit - count - cost)
+	r.rem_c = clamp0(limit - clamp0(count + cost))
 	r.rem_u = clamp0(limit - count)
 	r.retry = (r.ok == 1) and 0 or left
 	r.reset_c = left

@@ -7,7 +7,7 @@ ALG[3] = function(key, now, cost, win, limit)
 	local count = redis.call('ZCARD', key)
 	local r = {}
 	r.ok = (count + cost <= limit) and 1 or 0
-	r.rem_c = clamp0(limit - count - cost)
+	r.rem_c = clamp0(limit - clamp0(count + cost))
 	r.rem_u = clamp0(limit - count)
 	if r.ok == 1 then
 		r.retry = 0

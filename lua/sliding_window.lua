@@ -23,7 +23,7 @@ ALG[4] = function(key, now, cost, win, limit)
 	local est = math.floor(prev * left / win) + cur
 	local r = {}
 	r.ok = (est + cost <= limit) and 1 or 0
-	r.rem_c = clamp0(limit - est - cost)
+	r.rem_c = clamp0(limit - clamp0(est + cost))
 	r.rem_u = clamp0(limit - est)
 	if r.ok == 1 then
 		r.retry = 0

@@ -104,7 +104,7 @@ static void check_fixed(const struct limit_params *p, const struct limit_state *
 	int64_t left = (idx + 1) * win - now;
 
 	c->ok = count + cost <= limit;
-	c->rem_c = clamp0(limit - count - cost);
+	c->rem_c = clamp0(limit - clamp0(count + cost));
 	c->rem_u = clamp0(limit - count);
 	c->retry = c->ok ? 0 : left;
 	c->reset_c = left;
@@ -133,7 +133,7 @@ static void check_log(const struct limit_params *p, struct limit_state *st, int6
 	log_expire(st, now, win); /* the script trims on every call too */
 	count = (int64_t)st->nlog;
 	c->ok = count + cost <= limit;
-	c->rem_c = clamp0(limit - count - cost);
+	c->rem_c = clamp0(limit - clamp0(count + cost));
 	c->rem_u = clamp0(limit - count);
 	if (c->ok)
 		c->retry = 0;
@@ -162,7 +162,7 @@ static void check_sliding(const struct limit_params *p, const struct limit_state
 	left = win - elapsed;
 	est = (int64_t)floor((double)prev * (double)left / (double)win) + cur;
 	c->ok = est + cost <= limit;
-	c->rem_c = clamp0(limit - est - cost);
+	c->rem_c = clamp0(limit - clamp0(est + cost));
 	c->rem_u = clamp0(limit - est);
 	if (c->ok) {
 		c->retry = 0;

@@ -329,8 +329,14 @@ def redis(procs, tmp):
 # ---------------------------------------------------------------------------------------
 # Agent
 
+class LcList(list):
+    """A libconfig *list* `( a, b )`, whose elements may be groups (e.g. `endpoints`).
+    to_libconfig renders a plain Python list or tuple as an array `[ a, b ]`."""
+
+
 def to_libconfig(value, indent=0):
-    """Render a Python dict as a libconfig file body (groups, lists, scalars)."""
+    """Render a Python dict as a libconfig file body: dict -> group `{ }`, LcList ->
+    list `( )`, other list/tuple -> array `[ ]`, and scalars."""
     pad = "  " * indent
 
     def scalar(v):
@@ -349,6 +355,8 @@ def to_libconfig(value, indent=0):
             inner = "".join("%s%s = %s;\n" % ("  " * (ind + 1), k, render(x, ind + 1))
                             for k, x in v.items())
             return "{\n%s%s}" % (inner, "  " * ind)
+        if isinstance(v, LcList):
+            return "( %s )" % ", ".join(render(x, ind) for x in v)
         if isinstance(v, (list, tuple)):
             return "[ %s ]" % ", ".join(render(x, ind) for x in v)
         return scalar(v)

@@ -26,6 +26,8 @@ import argparse
 import os
 import re
 import sys
+import pathlib
+import shutil
 import time
 
 sys.dont_write_bytecode = True
@@ -346,6 +348,47 @@ def machine():
     return ncpu, model, load
 
 
+def ceiling(h, args, agent_bin):
+    """Decisions per second of the agent against one Redis (driven over SPOP by spop-load,
+    no HAProxy), against redis-benchmark running the same script with the same arguments
+    on the same Redis: the Redis ceiling. Same run, same machine, as a ratio."""
+    load = pathlib.Path(agent_bin).parent / "spop-load"
+    bench = shutil.which("redis-benchmark")
+    if not load.exists() or not bench:
+        print("agent vs Redis ceiling: skipped (spop-load or redis-benchmark missing)")
+        return
+    print("[D] agent decisions/s against one Redis vs the Redis ceiling (redis-benchmark,"
+          " same script)")
+    red, rport = rh.start_redis(h, "redis-ceiling")
+    ag, aport, _ = rh.start_agent(h, agent_bin, agent_config("redis", rport), "agent-ceiling")
+    time.sleep(0.5)
+    dur = str(max(3, args.duration))
+    rc, out = h.run("spop-load", [str(load), "-a", "%s:%d" % (rh.LOCALHOST, aport), "-c", "4",
+                                  "-p", "32", "-d", dur, "-k", "1000"],
+                    timeout=int(dur) + 30)
+    vals = dict(kv.split("=") for kv in out.split() if "=" in kv)
+    agent_rate = float(vals.get("rate", 0))
+    sha = rh.redis_cmd(rport, "SCRIPT", "LOAD", (rh.REPO / "build" / "gen" /
+                                                 "ratelimit.lua").read_text())
+    n = str(max(20000, int(agent_rate * int(dur))))
+    # the same EVALSHA the agent sends: one key per API key, GCRA with the bench limit
+    params = ["1", "1", str(10 ** 15), "0", "1"]  # gcra, T 1 us, tau, flags, cost
+    rc2, out2 = h.run("redis-benchmark", [bench, "-p", str(rport), "-c", "128", "-n", n,
+                                          "-r", "1000", "-q", "EVALSHA", sha, "1",
+                                          "bench:{k:__rand_int__}:bench_second"] + params,
+                      timeout=120)
+    m = re.search(r"([0-9.]+) requests per second", out2.replace("\r", "\n"))
+    ceiling_rate = float(m.group(1)) if m else 0.0
+    print("    agent (spop-load -c4 -p32, %ss): %8.0f decisions/s  p50 %s ms  p99 %s ms"
+          "  degraded %s" % (dur, agent_rate, vals.get("p50_ms", "?"), vals.get("p99_ms", "?"),
+                             vals.get("degraded", "?")))
+    print("    redis-benchmark -c128 EVALSHA:    %8.0f calls/s" % ceiling_rate)
+    if ceiling_rate:
+        print("    agent / Redis ceiling: %.2f" % (agent_rate / ceiling_rate))
+    h.stop(ag)
+    h.stop(red)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--agent", default=str(rh.REPO / "build" / "spoa-ratelimit"),
@@ -357,6 +400,8 @@ def main():
                          " fail-open; production uses 10ms)")
     ap.add_argument("--setups", default="ABC", help="which setups to run (default ABC)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--no-ceiling", action="store_true",
+                    help="skip the agent vs redis-benchmark comparison")
     args = ap.parse_args()
     rh.setup_stdout()
     args.duration = max(1, min(args.duration, 60))
@@ -439,6 +484,9 @@ def run(h, args, agent_bin, setups):
             print("    %-11s req/s x%.2f, p50 %s ms, p99 %s ms" % (
                 label, c["rps"] / b["rps"], fmt_delta(c["p50"] - b["p50"]),
                 fmt_delta(c["p99"] - b["p99"])))
+    if "C" in setups and not args.no_ceiling:
+        print()
+        ceiling(h, args, agent_bin)
     nwarn = sum(len(r["warnings"]) for r in results.values())
     print()
     print("done in %.0f s%s" % (time.monotonic() - t_start,

@@ -682,14 +682,16 @@ static void tier_cache_setup(struct agent *a, const struct ruleset *rs)
 
 /*
  * Creates the agent for ruleset <rs> (takes the caller's reference): listeners
- * open, Redis connecting. Returns 0 or -1 (logged).
+ * open (with SO_REUSEPORT when <reuseport>, so worker processes share the
+ * port), Redis connecting. Returns 0 or -1 (logged).
  */
-int agent_new(struct ev_loop *loop, struct ruleset *rs, struct agent **out)
+int agent_new(struct ev_loop *loop, struct ruleset *rs, bool reuseport, struct agent **out)
 {
 	struct agent *a = xcalloc(1, sizeof(*a));
 	struct spoa_handler h = {.on_notify = on_notify, .log = lib_log, .arg = a};
 	struct spoa_opts o = {.max_frame_size = rs->cfg->max_frame_size,
-			      .max_inflight = rs->cfg->max_inflight};
+			      .max_inflight = rs->cfg->max_inflight,
+			      .reuseport = reuseport};
 	char err[256];
 	size_t i;
 

@@ -25,7 +25,8 @@ enum agent_outcome {
 	OUT_COUNT               /* sentinel */
 };
 
-int agent_new(struct ev_loop *loop, struct ruleset *rs, struct agent **out) MUSTCHECK;
+int agent_new(struct ev_loop *loop, struct ruleset *rs, bool reuseport,
+	      struct agent **out) MUSTCHECK;
 void agent_free(struct agent *a);
 void agent_swap_rules(struct agent *a, struct ruleset *rs);
 const struct ruleset *agent_rules(const struct agent *a);

@@ -108,6 +108,7 @@ struct agent_config {
 	unsigned deny_status;           /* HTTP status of a fail-closed denial (503) */
 	unsigned breaker_failures;      /* consecutive Redis failures that open the breaker */
 	unsigned breaker_cooldown_ms;
+	unsigned workers;               /* worker processes (restart-only) */
 };
 
 /* Errors collected while loading, each "file:line: message". */

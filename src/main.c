@@ -13,6 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <ev.h>
 
@@ -44,8 +48,9 @@ struct app {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: spoa-ratelimit [-f FILE] [-c] [-d] [-V] [-h]\n"
+		"usage: spoa-ratelimit [-f FILE] [-c] [-d] [-w N] [-V] [-h]\n"
 		"  -f FILE  configuration file (default /etc/spoa-ratelimit/spoa-ratelimit.conf)\n"
+		"  -w N     worker processes (overrides `workers`; 1 = no master process)\n"
 		"  -c       check the configuration and exit (errors as file:line: message)\n"
 		"  -d       log at debug level\n"
 		"  -V       print the version and exit\n"
@@ -161,56 +166,15 @@ static void sigterm_cb(struct ev_loop *loop, ev_signal *w, int revents)
 	ev_timer_again(loop, &app->drain);
 }
 
-int main(int argc, char **argv)
+/* Runs one agent (the only process, or a worker) until SIGTERM. */
+static int run_agent(const char *file, struct ruleset *rs, bool reuseport)
 {
-	const char *file = "/etc/spoa-ratelimit/spoa-ratelimit.conf";
-	bool check = false, debug = false;
-	struct ruleset *rs;
 	struct app app = {0};
-	int opt;
-
-	while ((opt = getopt(argc, argv, "f:cdVh")) != -1) {
-		switch (opt) {
-		case 'f':
-			file = optarg;
-			break;
-		case 'c':
-			check = true;
-			break;
-		case 'd':
-			debug = true;
-			break;
-		case 'V':
-			printf("spoa-ratelimit %s\n", VERSION);
-			return 0;
-		case 'h':
-			usage(stdout);
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
-		}
-	}
-	if (optind != argc) {
-		usage(stderr);
-		return 2;
-	}
-	rs = load(file, 1, false);
-	if (!rs)
-		return 1;
-	if (check) {
-		printf("%s: configuration is valid (%zu tiers, %zu limits)\n", file, rs->ntiers,
-		       rs->cfg->nlimits);
-		ruleset_unref(rs);
-		return 0;
-	}
-	log_set_level(debug ? LOG_DEBUG : rs->cfg->log_level);
-	signal(SIGPIPE, SIG_IGN);
 
 	app.loop = ev_default_loop(EVFLAG_AUTO);
 	app.file = file;
 	app.gen = 1;
-	if (agent_new(app.loop, rs, &app.agent) < 0) {
+	if (agent_new(app.loop, rs, reuseport, &app.agent) < 0) {
 		ruleset_unref(rs);
 		return 1;
 	}
@@ -234,4 +198,189 @@ int main(int argc, char **argv)
 	LOG(LOG_NOTICE, "exiting");
 	ev_loop_destroy(app.loop);
 	return 0;
+}
+
+static double mono(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The master's view of one worker. */
+struct worker {
+	pid_t pid;                      /* 0 when not running */
+	double started;                 /* mono() */
+	double restart_at;              /* mono() when to start it again, 0 = not due */
+	unsigned crashes;               /* consecutive quick deaths: backoff */
+};
+
+static pid_t spawn_worker(const char *file, struct ruleset *rs, const sigset_t *mask, int idx)
+{
+	pid_t pid = fork();
+
+	if (pid < 0) {
+		LOG(LOG_ERR, "fork: %s", strerror(errno));
+		return 0;
+	}
+	if (pid == 0) {
+		/* a worker dies with its master: no orphan keeps serving old rules */
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		if (getppid() == 1)
+			_exit(1);
+		sigprocmask(SIG_SETMASK, mask, NULL);
+		LOG(LOG_INFO, "worker %d started", idx);
+		_exit(run_agent(file, rs, true));
+	}
+	return pid;
+}
+
+/*
+ * The master of <n> worker processes sharing the listening ports with
+ * SO_REUSEPORT: it restarts a worker that dies (with a backoff when one keeps
+ * dying quickly), forwards SIGHUP (reload) and SIGUSR1 (stats) to every worker,
+ * and on SIGTERM/SIGINT forwards the stop and exits 0 once all have drained.
+ * Signals are taken synchronously with sigtimedwait(): no handler, no loop.
+ */
+static int run_master(const char *file, struct ruleset *rs, int n)
+{
+	struct worker w[64] = {{0}};
+	sigset_t set, old;
+	bool stopping = false;
+	int i, live;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGCHLD);
+	sigaddset(&set, SIGHUP);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGUSR1);
+	sigprocmask(SIG_BLOCK, &set, &old);
+	LOG(LOG_NOTICE, "spoa-ratelimit %s master: %d workers", VERSION, n);
+	for (i = 0; i < n; i++) {
+		w[i].pid = spawn_worker(file, rs, &old, i);
+		w[i].started = mono();
+	}
+	for (;;) {
+		struct timespec ts = {0, 100 * 1000 * 1000};
+		siginfo_t info;
+		pid_t pid;
+		int sig, status;
+
+		sig = sigtimedwait(&set, &info, &ts);
+		if (sig == SIGHUP || sig == SIGUSR1 || sig == SIGTERM || sig == SIGINT) {
+			if (sig == SIGTERM || sig == SIGINT) {
+				if (!stopping)
+					LOG(LOG_NOTICE, "master: stopping the workers");
+				stopping = true;
+				sig = SIGTERM;
+			}
+			for (i = 0; i < n; i++)
+				if (w[i].pid)
+					kill(w[i].pid, sig);
+		}
+		while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+			for (i = 0; i < n; i++) {
+				if (w[i].pid != pid)
+					continue;
+				w[i].pid = 0;
+				if (stopping)
+					break;
+				if (WIFSIGNALED(status))
+					LOG(LOG_ERR, "worker %d (pid %d) killed by signal %d", i,
+					    (int)pid, WTERMSIG(status));
+				else
+					LOG(LOG_ERR, "worker %d (pid %d) exited with status %d", i,
+					    (int)pid, WEXITSTATUS(status));
+				w[i].crashes = mono() - w[i].started < 10 ? w[i].crashes + 1 : 0;
+				w[i].restart_at = mono() + (w[i].crashes ? 0.1 * (1u << (w[i].crashes < 6 ? w[i].crashes : 6)) : 0.05);
+			}
+		}
+		live = 0;
+		for (i = 0; i < n; i++) {
+			if (!stopping && !w[i].pid && w[i].restart_at && mono() >= w[i].restart_at) {
+				w[i].restart_at = 0;
+				w[i].pid = spawn_worker(file, rs, &old, i);
+				w[i].started = mono();
+				LOG(LOG_NOTICE, "worker %d restarted (pid %d)", i, (int)w[i].pid);
+			}
+			if (w[i].pid)
+				live++;
+		}
+		if (stopping && !live) {
+			LOG(LOG_NOTICE, "master: all workers stopped, exiting");
+			ruleset_unref(rs);
+			return 0;
+		}
+	}
+}
+
+int main(int argc, char **argv)
+{
+	const char *file = "/etc/spoa-ratelimit/spoa-ratelimit.conf";
+	bool check = false, debug = false;
+	struct ruleset *rs;
+	int opt, workers = 0;
+
+	while ((opt = getopt(argc, argv, "f:cdw:Vh")) != -1) {
+		switch (opt) {
+		case 'f':
+			file = optarg;
+			break;
+		case 'c':
+			check = true;
+			break;
+		case 'd':
+			debug = true;
+			break;
+		case 'w':
+			workers = atoi(optarg);
+			if (workers < 1 || workers > 64) {
+				fprintf(stderr, "-w: between 1 and 64 workers\n");
+				return 2;
+			}
+			break;
+		case 'V':
+			printf("spoa-ratelimit %s\n", VERSION);
+			return 0;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+	rs = load(file, 1, false);
+	if (!rs)
+		return 1;
+	if (check) {
+		printf("%s: configuration is valid (%zu tiers, %zu limits, %zu endpoints)\n", file,
+		       rs->ntiers, rs->cfg->nlimits, rs->nendpoints);
+		ruleset_unref(rs);
+		return 0;
+	}
+	log_set_level(debug ? LOG_DEBUG : rs->cfg->log_level);
+	signal(SIGPIPE, SIG_IGN);
+	if (!workers)
+		workers = (int)rs->cfg->workers;
+	if (workers > 1) {
+		size_t i;
+
+		for (i = 0; i < rs->cfg->nlisten; i++) {
+			if (strncmp(rs->cfg->listen[i], "unix:", 5) == 0) {
+				fprintf(stderr, "%s: several workers need TCP listeners (SO_REUSEPORT), "
+						"not %s\n", file, rs->cfg->listen[i]);
+				ruleset_unref(rs);
+				return 1;
+			}
+		}
+		return run_master(file, rs, workers);
+	}
+	return run_agent(file, rs, false);
 }

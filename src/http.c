@@ -1,0 +1,834 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Minimal HTTP/1.x server for metrics and health checks.
+ *
+ * DESIGN
+ * A connection goes READ -> WRITE -> LINGER -> (freed).
+ *  - READ: bytes accumulate in a fixed HTTP_HEAD_MAX buffer until an empty
+ *    line ends the head. A full buffer without one is answered 431. The
+ *    request line is parsed strictly (method SP target SP HTTP/1.x); headers
+ *    are not interpreted and a body is never read.
+ *  - WRITE: the status line and headers (built in a small fixed buffer) and
+ *    the reply body leave with sendmsg(); EAGAIN waits for EV_WRITE.
+ *  - LINGER: once everything is sent we shut down our side and read and drop
+ *    what the client still sends until it closes (bounded in bytes and time):
+ *    closing with unread input would make the kernel send a RST, which can
+ *    destroy the reply before the client reads it (e.g. a 431 to a client
+ *    still sending its head).
+ * One ev_timer per connection enforces the HTTP_TIMEOUT_S deadline from
+ * accept to close; lingering is further capped at HTTP_LINGER_S.
+ *
+ * A connection is freed by the callback that decided so, which returns at
+ * once: no call path touches it afterwards, so no deferred free is needed.
+ * Above HTTP_CONNS_MAX connections, new ones are accepted and closed at once
+ * so the backlog never hides them; EMFILE is handled with a spare fd.
+ */
+#include "http.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+
+#include <ev.h>
+
+#include "list.h"
+#include "log.h"
+#include "util.h"
+
+#define HTTP_LINGER_S       1.0             /* longest wait for the client's close */
+#define HTTP_LINGER_BYTES   (64U << 10)     /* most input dropped while lingering */
+#define HTTP_ACCEPT_BURST   16              /* accepts per loop iteration */
+#define HTTP_WARN_EVERY_S   10.0            /* log refusals at most this often */
+#define HTTP_OUT_HEAD_MAX   512             /* status line and headers */
+
+enum http_conn_state {
+	HTTP_CS_READ   = 0,
+	HTTP_CS_WRITE  = 1,
+	HTTP_CS_LINGER = 2,
+	HTTP_CS_COUNT      /* sentinel */
+};
+
+struct http_conn {
+	struct list node;                  /* in http_server.conns */
+	struct http_server *srv;           /* ref: owner */
+	int fd;                            /* owned */
+	enum http_conn_state state;
+	ev_io io;                          /* EV_READ in READ/LINGER, EV_WRITE in WRITE */
+	ev_timer timer;                    /* deadline */
+	size_t in_len;                     /* bytes in in[] */
+	size_t scan;                       /* where the search for the head end resumes */
+	struct http_reply reply;           /* the reply being sent */
+	size_t out_len;                    /* bytes of out_head + body to send */
+	size_t out_off;                    /* bytes of them sent */
+	size_t out_head_len;               /* bytes in out_head */
+	size_t drained;                    /* bytes dropped while lingering */
+	char out_head[HTTP_OUT_HEAD_MAX];  /* status line and headers */
+	char in[HTTP_HEAD_MAX];            /* request head */
+};
+
+struct http_server {
+	struct ev_loop *loop;              /* ref: caller's loop */
+	http_handler_fn fn;                /* the application's handler */
+	void *arg;                         /* ref: handler argument */
+	int fd;                            /* owned: listening socket */
+	int spare_fd;                      /* owned: released on EMFILE, -1 if none */
+	ev_io io;                          /* accept watcher */
+	struct list conns;                 /* http_conn.node */
+	size_t nconns;                     /* length of conns */
+	double timeout;                    /* per-connection deadline, seconds */
+	int port;                          /* bound port */
+	struct http_stats stats;
+	uint64_t refused_unlogged;         /* refusals since the last warning */
+	double last_warn;                  /* ev_now() of the last warning, 0 = never */
+};
+
+/* ---------------------------------------------------------------- replies */
+
+/* Prepares <r> as an empty 200 text/plain reply. Nothing is allocated yet. */
+void http_reply_init(struct http_reply *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->status = 200;
+	snprintf(r->ctype, sizeof(r->ctype), "%s", HTTP_CTYPE_TEXT);
+}
+
+/* Frees the body of <r> and leaves it initialised (reusable). */
+void http_reply_release(struct http_reply *r)
+{
+	free(r->body);
+	http_reply_init(r);
+}
+
+/* Drops the body of <r> for good: the client will get a 500. */
+static void reply_break(struct http_reply *r)
+{
+	FREE_AND_NULL(r->body);
+	r->len = r->cap = 0;
+	r->broken = true;
+}
+
+/*
+ * Sets the status of <r> to <status> and, unless <content_type> is NULL, its
+ * Content-Type (copied). A status outside 200-599, 204 or 304 (which may not
+ * carry a body), or a content type that is too long or holds control
+ * characters (header injection) breaks the reply into a 500.
+ */
+void http_reply_status(struct http_reply *r, int status, const char *content_type)
+{
+	size_t i, n;
+
+	if (status < 200 || status > 599 || status == 204 || status == 304) {
+		reply_break(r);
+		return;
+	}
+	r->status = status;
+	if (!content_type)
+		return;
+	n = strlen(content_type);
+	if (n == 0 || n >= sizeof(r->ctype)) {
+		reply_break(r);
+		return;
+	}
+	for (i = 0; i < n; i++) {
+		unsigned char ch = (unsigned char)content_type[i];
+
+		if (ch < 0x20 || ch >= 0x7f) {
+			reply_break(r);
+			return;
+		}
+	}
+	memcpy(r->ctype, content_type, n + 1);
+}
+
+/*
+ * Makes room for <more> body bytes plus a NUL in <r>. Returns false (and
+ * breaks the reply) if the body would pass HTTP_REPLY_MAX.
+ */
+static bool reply_reserve(struct http_reply *r, size_t more)
+{
+	size_t need, cap;
+
+	if (r->broken)
+		return false;
+	if (more > HTTP_REPLY_MAX - r->len) {
+		LOG(LOG_WARN, "http: reply body over %u bytes, sending a 500", HTTP_REPLY_MAX);
+		reply_break(r);
+		return false;
+	}
+	need = r->len + more + 1;
+	if (need <= r->cap)
+		return true;
+	cap = r->cap ? r->cap : 4096;
+	while (cap < need)
+		cap *= 2;
+	if (cap > HTTP_REPLY_MAX + 1)
+		cap = HTTP_REPLY_MAX + 1;
+	r->body = xrealloc(r->body, cap);
+	r->cap = cap;
+	return true;
+}
+
+/* Appends the <len> bytes at <data> to the body of <r> (copied). */
+void http_reply_append(struct http_reply *r, const char *data, size_t len)
+{
+	if (!reply_reserve(r, len))
+		return;
+	memcpy(r->body + r->len, data, len);
+	r->len += len;
+	r->body[r->len] = 0;
+}
+
+/* Appends printf(<fmt>, ...) to the body of <r>. */
+void http_reply_printf(struct http_reply *r, const char *fmt, ...)
+{
+	va_list ap;
+	size_t room;
+	int n;
+
+	if (!reply_reserve(r, 0))
+		return;
+	room = r->cap - r->len;
+	va_start(ap, fmt);
+	n = vsnprintf(r->body + r->len, room, fmt, ap);
+	va_end(ap);
+	if (n < 0) {
+		reply_break(r);
+		return;
+	}
+	if ((size_t)n >= room) {
+		if (!reply_reserve(r, (size_t)n))
+			return;
+		va_start(ap, fmt);
+		n = vsnprintf(r->body + r->len, r->cap - r->len, fmt, ap);
+		va_end(ap);
+		BUG_ON(n < 0 || (size_t)n >= r->cap - r->len);
+	}
+	r->len += (size_t)n;
+}
+
+static const char *status_reason(int status)
+{
+	switch (status) {
+	case 200: return "OK";
+	case 400: return "Bad Request";
+	case 401: return "Unauthorized";
+	case 403: return "Forbidden";
+	case 404: return "Not Found";
+	case 405: return "Method Not Allowed";
+	case 429: return "Too Many Requests";
+	case 431: return "Request Header Fields Too Large";
+	case 500: return "Internal Server Error";
+	case 501: return "Not Implemented";
+	case 503: return "Service Unavailable";
+	case 505: return "HTTP Version Not Supported";
+	default: break;
+	}
+	if (status >= 500)
+		return "Server Error";
+	if (status >= 400)
+		return "Client Error";
+	return status >= 300 ? "Redirection" : "Success";
+}
+
+/* ---------------------------------------------------------------- connections */
+
+static void conn_close(struct http_conn *c)
+{
+	struct http_server *srv = c->srv;
+
+	ev_io_stop(srv->loop, &c->io);
+	ev_timer_stop(srv->loop, &c->timer);
+	close(c->fd);
+	list_del(&c->node);
+	srv->nconns--;
+	http_reply_release(&c->reply);
+	free(c);
+}
+
+/* Switches the io watcher of <c> to <events>. */
+static void conn_watch(struct http_conn *c, int events)
+{
+	struct ev_loop *loop = c->srv->loop;
+
+	ev_io_stop(loop, &c->io);
+	ev_io_set(&c->io, c->fd, events);
+	ev_io_start(loop, &c->io);
+}
+
+/* Formats the current time as an IMF-fixdate into <buf> (30 bytes). */
+static void http_date(char *buf, size_t len)
+{
+	static const char days[7][4] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+	static const char months[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+					   "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+	time_t now = time(NULL);
+	struct tm tm;
+
+	gmtime_r(&now, &tm);
+	snprintf(buf, len, "%s, %02d %s %04d %02d:%02d:%02d GMT", days[tm.tm_wday % 7],
+		 tm.tm_mday, months[tm.tm_mon % 12], tm.tm_year + 1900, tm.tm_hour, tm.tm_min,
+		 tm.tm_sec);
+}
+
+/* Enters LINGER: our side is done, drop input until the client closes. */
+static void conn_linger(struct http_conn *c)
+{
+	struct ev_loop *loop = c->srv->loop;
+
+	c->state = HTTP_CS_LINGER;
+	http_reply_release(&c->reply);
+	(void)shutdown(c->fd, SHUT_WR);
+	if (ev_timer_remaining(loop, &c->timer) > HTTP_LINGER_S) {
+		ev_timer_stop(loop, &c->timer);
+		ev_timer_set(&c->timer, HTTP_LINGER_S, 0.);
+		ev_timer_start(loop, &c->timer);
+	}
+	conn_watch(c, EV_READ);
+}
+
+/* Sends what the socket takes. Returns 0, or -1 if <c> was closed. */
+static int conn_flush(struct http_conn *c)
+{
+	while (c->out_off < c->out_len) {
+		struct iovec iov[2];
+		struct msghdr msg;
+		size_t body_len = c->out_len - c->out_head_len;
+		ssize_t n;
+		int niov = 0;
+
+		if (c->out_off < c->out_head_len) {
+			iov[niov].iov_base = c->out_head + c->out_off;
+			iov[niov].iov_len = c->out_head_len - c->out_off;
+			niov++;
+			if (body_len) {
+				iov[niov].iov_base = c->reply.body;
+				iov[niov].iov_len = body_len;
+				niov++;
+			}
+		} else {
+			iov[niov].iov_base = c->reply.body + (c->out_off - c->out_head_len);
+			iov[niov].iov_len = c->out_len - c->out_off;
+			niov++;
+		}
+		memset(&msg, 0, sizeof(msg));
+		msg.msg_iov = iov;
+		msg.msg_iovlen = (size_t)niov;
+		n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
+		if (n == -1) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK) {
+				conn_watch(c, EV_WRITE);
+				return 0;
+			}
+			LOG(LOG_DEBUG, "http: send: %s", strerror(errno));
+			conn_close(c);
+			return -1;
+		}
+		c->out_off += (size_t)n;
+	}
+	conn_linger(c);
+	return 0;
+}
+
+/*
+ * Sends the reply of <c>: <head_only> for HEAD, <allow> adds the Allow header
+ * of a 405. A broken reply is replaced by a 500 here.
+ */
+static void conn_respond(struct http_conn *c, bool head_only, bool allow)
+{
+	struct http_reply *r = &c->reply;
+	char date[40];
+	int n;
+
+	if (r->broken) {
+		http_reply_release(r);
+		http_reply_status(r, 500, NULL);
+		http_reply_printf(r, "500 %s\n", status_reason(500));
+	}
+	http_date(date, sizeof(date));
+	n = snprintf(c->out_head, sizeof(c->out_head),
+		     "HTTP/1.1 %d %s\r\n"
+		     "Content-Type: %s\r\n"
+		     "Content-Length: %zu\r\n"
+		     "Date: %s\r\n"
+		     "Cache-Control: no-store\r\n"
+		     "%s"
+		     "Connection: close\r\n"
+		     "\r\n",
+		     r->status, status_reason(r->status), r->ctype, r->len, date,
+		     allow ? "Allow: GET, HEAD\r\n" : "");
+	/* bounded: ctype < HTTP_CTYPE_MAX, everything else is short and fixed */
+	BUG_ON(n < 0 || (size_t)n >= sizeof(c->out_head));
+	c->out_head_len = (size_t)n;
+	c->out_len = c->out_head_len + (head_only ? 0 : r->len);
+	c->out_off = 0;
+	c->state = HTTP_CS_WRITE;
+	c->srv->stats.requests++;
+	(void)conn_flush(c);
+}
+
+/* Answers <status> with a short text body made by the server itself. */
+static void conn_error(struct http_conn *c, int status, bool head_only)
+{
+	http_reply_release(&c->reply);
+	http_reply_status(&c->reply, status, NULL);
+	http_reply_printf(&c->reply, "%d %s\n", status, status_reason(status));
+	c->srv->stats.bad_requests++;
+	conn_respond(c, head_only, status == 405);
+}
+
+/* True for the characters of an RFC 9110 token (methods). */
+static bool is_tchar(unsigned char ch)
+{
+	if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9'))
+		return true;
+	return ch != 0 && strchr("!#$%&'*+-.^_`|~", ch) != NULL;
+}
+
+/*
+ * Parses the request line of <len> bytes at <line> (no CR/LF), which lives in
+ * c->in and is modified in place, and answers. Every path ends in a reply.
+ */
+static void conn_on_request(struct http_conn *c, char *line, size_t len)
+{
+	char *method = line, *target, *version, *end = line + len;
+	const char *path;
+	size_t mlen, tlen, vlen, i;
+	bool head;
+
+	target = memchr(line, ' ', len);
+	if (!target || target == line) {
+		conn_error(c, 400, false);
+		return;
+	}
+	mlen = (size_t)(target - method);
+	target++;
+	version = memchr(target, ' ', (size_t)(end - target));
+	if (!version || version == target) {
+		conn_error(c, 400, false);
+		return;
+	}
+	tlen = (size_t)(version - target);
+	version++;
+	vlen = (size_t)(end - version);
+	for (i = 0; i < mlen; i++) {
+		if (!is_tchar((unsigned char)method[i])) {
+			conn_error(c, 400, false);
+			return;
+		}
+	}
+	for (i = 0; i < tlen; i++) {
+		unsigned char ch = (unsigned char)target[i];
+
+		if (ch <= 0x20 || ch >= 0x7f) {
+			conn_error(c, 400, false);
+			return;
+		}
+	}
+	head = mlen == 4 && memcmp(method, "HEAD", 4) == 0;
+	if (vlen != 8 || memcmp(version, "HTTP/1.", 7) != 0 ||
+	    (version[7] != '0' && version[7] != '1')) {
+		if (vlen == 8 && memcmp(version, "HTTP/", 5) == 0 && version[5] >= '0' &&
+		    version[5] <= '9' && version[6] == '.' && version[7] >= '0' && version[7] <= '9')
+			conn_error(c, 505, head);
+		else
+			conn_error(c, 400, head);
+		return;
+	}
+	if (!head && !(mlen == 3 && memcmp(method, "GET", 3) == 0)) {
+		conn_error(c, 405, false);
+		return;
+	}
+	target[tlen] = 0;
+	if (target[0] != '/') {
+		/* absolute-form (RFC 9112 3.2.2): keep the path of the URI */
+		if (strncasecmp(target, "http://", 7) == 0)
+			target += 7;
+		else if (strncasecmp(target, "https://", 8) == 0)
+			target += 8;
+		else {
+			conn_error(c, 400, head);
+			return;
+		}
+		target += strcspn(target, "/?#");
+	}
+	target[strcspn(target, "?#")] = 0;
+	path = target[0] == '/' ? target : "/";
+	http_reply_release(&c->reply);
+	c->srv->fn(path, &c->reply, c->srv->arg);
+	conn_respond(c, head, false);
+}
+
+/*
+ * Looks for the end of the head (an empty line, CRLF or bare LF) in c->in.
+ * Returns the length of the request line, or -1 if the head is incomplete.
+ * Leading empty lines are skipped (RFC 9112 2.2) by moving <*start>.
+ */
+static ssize_t head_complete(struct http_conn *c, size_t *start)
+{
+	size_t i, line_end = 0;
+	bool have_line = false;
+
+	*start = 0;
+	while (*start < c->in_len && (c->in[*start] == '\r' || c->in[*start] == '\n'))
+		(*start)++;
+	i = c->scan > *start ? c->scan : *start;
+	for (; i < c->in_len; i++) {
+		if (c->in[i] != '\n')
+			continue;
+		if (i + 1 < c->in_len && c->in[i + 1] == '\n')
+			break;
+		if (i + 2 < c->in_len && c->in[i + 1] == '\r' && c->in[i + 2] == '\n')
+			break;
+	}
+	if (i >= c->in_len) {
+		/* resume where a terminator could still begin */
+		c->scan = c->in_len > 2 ? c->in_len - 2 : 0;
+		return -1;
+	}
+	/* complete: the request line ends at the first LF after start */
+	for (i = *start; i < c->in_len; i++) {
+		if (c->in[i] == '\n') {
+			line_end = i;
+			have_line = true;
+			break;
+		}
+	}
+	BUG_ON(!have_line);
+	if (line_end > *start && c->in[line_end - 1] == '\r')
+		line_end--;
+	return (ssize_t)(line_end - *start);
+}
+
+static void conn_read_head(struct http_conn *c)
+{
+	size_t start;
+	ssize_t n;
+
+	for (;;) {
+		n = recv(c->fd, c->in + c->in_len, sizeof(c->in) - c->in_len, 0);
+		if (n == -1) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return;
+			LOG(LOG_DEBUG, "http: recv: %s", strerror(errno));
+			conn_close(c);
+			return;
+		}
+		if (n == 0) {
+			conn_close(c);
+			return;
+		}
+		c->in_len += (size_t)n;
+		n = head_complete(c, &start);
+		if (n >= 0) {
+			conn_on_request(c, c->in + start, (size_t)n);
+			return;
+		}
+		if (c->in_len == sizeof(c->in)) {
+			conn_error(c, 431, false);
+			return;
+		}
+	}
+}
+
+static void conn_drain(struct http_conn *c)
+{
+	char buf[4096];
+	ssize_t n;
+
+	for (;;) {
+		n = recv(c->fd, buf, sizeof(buf), 0);
+		if (n == -1) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return;
+			conn_close(c);
+			return;
+		}
+		c->drained += (size_t)n;
+		if (n == 0 || c->drained > HTTP_LINGER_BYTES) {
+			conn_close(c);
+			return;
+		}
+	}
+}
+
+static void conn_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct http_conn *c = container_of(w, struct http_conn, io);
+
+	(void)loop;
+	(void)revents;
+	switch (c->state) {
+	case HTTP_CS_READ:
+		conn_read_head(c);
+		break;
+	case HTTP_CS_WRITE:
+		(void)conn_flush(c);
+		break;
+	case HTTP_CS_LINGER:
+		conn_drain(c);
+		break;
+	default:
+		BUG_ON(1);
+	}
+}
+
+static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct http_conn *c = container_of(t, struct http_conn, timer);
+
+	(void)loop;
+	(void)revents;
+	if (c->state != HTTP_CS_LINGER) {
+		c->srv->stats.timeouts++;
+		LOG(LOG_DEBUG, "http: connection deadline passed in state %d", (int)c->state);
+	}
+	conn_close(c);
+}
+
+/* ---------------------------------------------------------------- server */
+
+/* Counts a refused connection and warns at most every HTTP_WARN_EVERY_S. */
+static void srv_refused(struct http_server *srv, const char *why)
+{
+	double now = ev_now(srv->loop);
+
+	srv->stats.refused++;
+	srv->refused_unlogged++;
+	if (srv->last_warn != 0. && now - srv->last_warn < HTTP_WARN_EVERY_S)
+		return;
+	LOG(LOG_WARN, "http: refused %llu connection(s) on port %d: %s",
+	    (unsigned long long)srv->refused_unlogged, srv->port, why);
+	srv->refused_unlogged = 0;
+	srv->last_warn = now;
+}
+
+static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct http_server *srv = container_of(w, struct http_server, io);
+	int i;
+
+	(void)revents;
+	for (i = 0; i < HTTP_ACCEPT_BURST; i++) {
+		struct http_conn *c;
+		int fd;
+
+		fd = accept4(srv->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd == -1) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			if ((errno == EMFILE || errno == ENFILE) && srv->spare_fd >= 0) {
+				/* free the spare, take the connection and drop it, get the
+				 * spare back: the client sees a close, we don't spin */
+				close(srv->spare_fd);
+				fd = accept(srv->fd, NULL, NULL);
+				if (fd >= 0)
+					close(fd);
+				srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+				srv_refused(srv, "out of file descriptors");
+				continue;
+			}
+			if (errno != EAGAIN && errno != EWOULDBLOCK)
+				LOG(LOG_WARN, "http: accept: %s", strerror(errno));
+			return;
+		}
+		if (srv->nconns >= HTTP_CONNS_MAX) {
+			close(fd);
+			srv_refused(srv, "connection limit reached");
+			continue;
+		}
+		c = xcalloc(1, sizeof(*c));
+		c->srv = srv;
+		c->fd = fd;
+		c->state = HTTP_CS_READ;
+		http_reply_init(&c->reply);
+		ev_io_init(&c->io, conn_io_cb, fd, EV_READ);
+		ev_io_start(loop, &c->io);
+		ev_timer_init(&c->timer, conn_timer_cb, srv->timeout, 0.);
+		ev_timer_start(loop, &c->timer);
+		list_append(&srv->conns, &c->node);
+		srv->nconns++;
+		srv->stats.accepted++;
+	}
+}
+
+/*
+ * Parses <addr>, "ip:port" or "[ipv6]:port" with a numeric address (never
+ * resolved) and a port 0-65535, into <ss>/<sl>. Returns 0, or -1 with a
+ * message in <err>.
+ */
+static int parse_addr(const char *addr, struct sockaddr_storage *ss, socklen_t *sl, char *err,
+		      size_t errlen)
+{
+	char host[INET6_ADDRSTRLEN + 1];
+	const char *colon;
+	char *end;
+	unsigned long port;
+	size_t hl;
+
+	memset(ss, 0, sizeof(*ss));
+	colon = strrchr(addr, ':');
+	if (!colon || colon == addr) {
+		snprintf(err, errlen, "'%s': expected ip:port or [ipv6]:port", addr);
+		return -1;
+	}
+	errno = 0;
+	port = strtoul(colon + 1, &end, 10);
+	if (errno || *end || end == colon + 1 || colon[1] == '-' || colon[1] == '+' ||
+	    port > 65535) {
+		snprintf(err, errlen, "'%s': bad port", addr);
+		return -1;
+	}
+	hl = (size_t)(colon - addr);
+	if (addr[0] == '[') {
+		if (hl < 3 || addr[hl - 1] != ']' || hl - 2 >= sizeof(host)) {
+			snprintf(err, errlen, "'%s': bad IPv6 address", addr);
+			return -1;
+		}
+		memcpy(host, addr + 1, hl - 2);
+		host[hl - 2] = 0;
+		if (inet_pton(AF_INET6, host, &((struct sockaddr_in6 *)ss)->sin6_addr) != 1) {
+			snprintf(err, errlen, "'%s': bad IPv6 address", addr);
+			return -1;
+		}
+		((struct sockaddr_in6 *)ss)->sin6_family = AF_INET6;
+		((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
+		*sl = sizeof(struct sockaddr_in6);
+		return 0;
+	}
+	if (hl >= sizeof(host)) {
+		snprintf(err, errlen, "'%s': bad address", addr);
+		return -1;
+	}
+	memcpy(host, addr, hl);
+	host[hl] = 0;
+	if (inet_pton(AF_INET, host, &((struct sockaddr_in *)ss)->sin_addr) != 1) {
+		snprintf(err, errlen, "'%s': not a numeric IPv4 address (names are not resolved)",
+			 addr);
+		return -1;
+	}
+	((struct sockaddr_in *)ss)->sin_family = AF_INET;
+	((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
+	*sl = sizeof(struct sockaddr_in);
+	return 0;
+}
+
+/*
+ * Listens on <addr> ("ip:port" or "[ipv6]:port", numeric; port 0 picks a free
+ * one, see http_server_port()) and serves requests on <loop>, calling <fn>
+ * with <arg> for each GET/HEAD. <reuseport> sets SO_REUSEPORT so several
+ * processes can share the port. Returns the server, owned by the caller
+ * (http_server_free()), or NULL with a message in <err> (<errlen> bytes).
+ * Never calls <fn> synchronously.
+ */
+struct http_server *http_server_new(struct ev_loop *loop, const char *addr, bool reuseport,
+				    http_handler_fn fn, void *arg, char *err, size_t errlen)
+{
+	struct sockaddr_storage ss;
+	struct http_server *srv;
+	socklen_t sl;
+	int fd, one = 1;
+
+	if (parse_addr(addr, &ss, &sl, err, errlen) < 0)
+		return NULL;
+	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd == -1) {
+		snprintf(err, errlen, "%s: socket: %s", addr, strerror(errno));
+		return NULL;
+	}
+	(void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) == -1) {
+		snprintf(err, errlen, "%s: SO_REUSEPORT: %s", addr, strerror(errno));
+		close(fd);
+		return NULL;
+	}
+	if (ss.ss_family == AF_INET6)
+		(void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+	if (bind(fd, (struct sockaddr *)&ss, sl) == -1 || listen(fd, 128) == -1) {
+		snprintf(err, errlen, "%s: %s", addr, strerror(errno));
+		close(fd);
+		return NULL;
+	}
+	sl = sizeof(ss);
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) == -1) {
+		snprintf(err, errlen, "%s: getsockname: %s", addr, strerror(errno));
+		close(fd);
+		return NULL;
+	}
+	srv = xcalloc(1, sizeof(*srv));
+	srv->loop = loop;
+	srv->fn = fn;
+	srv->arg = arg;
+	srv->fd = fd;
+	srv->timeout = HTTP_TIMEOUT_S;
+	srv->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+						   : ((struct sockaddr_in *)&ss)->sin_port);
+	srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	list_init(&srv->conns);
+	ev_io_init(&srv->io, accept_cb, fd, EV_READ);
+	ev_io_start(loop, &srv->io);
+	LOG(LOG_NOTICE, "http: listening on %s (port %d)", addr, srv->port);
+	return srv;
+}
+
+/*
+ * Stops listening, closes every connection at once (replies in progress are
+ * cut) and frees <s>. NULL is a no-op. Must not be called from the handler.
+ */
+void http_server_free(struct http_server *s)
+{
+	struct list *n, *tmp;
+
+	if (!s)
+		return;
+	ev_io_stop(s->loop, &s->io);
+	close(s->fd);
+	list_for_each_safe(n, tmp, &s->conns)
+		conn_close(LIST_ELEM(n, struct http_conn, node));
+	if (s->spare_fd >= 0)
+		close(s->spare_fd);
+	free(s);
+}
+
+/*
+ * Sets the per-connection deadline of <s> to <seconds> (> 0) for connections
+ * accepted from now on. Meant for tests; the default is HTTP_TIMEOUT_S.
+ */
+void http_server_set_timeout(struct http_server *s, double seconds)
+{
+	if (seconds > 0.)
+		s->timeout = seconds;
+}
+
+/* Returns the port <s> listens on (the chosen one when asked for port 0). */
+int http_server_port(const struct http_server *s)
+{
+	return s->port;
+}
+
+/* Returns the number of open connections of <s>. */
+size_t http_server_conns(const struct http_server *s)
+{
+	return s->nconns;
+}
+
+/* Returns the counters of <s>, valid as long as <s>. */
+const struct http_stats *http_server_stats(const struct http_server *s)
+{
+	return &s->stats;
+}

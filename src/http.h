@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A minimal HTTP/1.x server on a libev loop, for /metrics and /health.
+ *
+ * One request per connection: GET and HEAD only (405 otherwise), request head
+ * at most HTTP_HEAD_MAX bytes (431 beyond), at most HTTP_CONNS_MAX open
+ * connections (more are closed at once), a HTTP_TIMEOUT_S deadline per
+ * connection, and a reply sent with Content-Length and "Connection: close".
+ * Nothing ever blocks: the application's handler is called synchronously from
+ * the loop and must build its reply from memory.
+ *
+ * Not for: request bodies, keep-alive, chunked encoding, TLS, name resolution,
+ * or exposure beyond a trusted network (there is no authentication).
+ */
+#ifndef AGENT_HTTP_H
+#define AGENT_HTTP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "compiler.h"
+
+struct ev_loop;
+
+#define HTTP_HEAD_MAX      8192            /* request head bound, 431 beyond */
+#define HTTP_CONNS_MAX     64              /* open connections per server */
+#define HTTP_TIMEOUT_S     5.0             /* whole-connection deadline (seconds) */
+#define HTTP_REPLY_MAX     (8U << 20)      /* reply body bound, 500 beyond */
+#define HTTP_CTYPE_MAX     128             /* longest Content-Type accepted */
+
+#define HTTP_CTYPE_TEXT    "text/plain; charset=utf-8"
+
+/*
+ * A reply under construction, handed to the handler. The body grows on
+ * demand up to HTTP_REPLY_MAX; past that, or with an invalid status or
+ * content type, the reply is marked broken and the client gets a 500.
+ */
+struct http_reply {
+	int status;                        /* 200 unless set */
+	char ctype[HTTP_CTYPE_MAX];        /* Content-Type, HTTP_CTYPE_TEXT unless set */
+	char *body;                        /* owned: NUL-terminated when not NULL */
+	size_t len;                        /* body bytes */
+	size_t cap;                        /* allocated bytes of body */
+	bool broken;                       /* sent as a 500, body dropped */
+};
+
+/*
+ * Called once per valid GET/HEAD request with the request <path> (without
+ * query string or fragment, not percent-decoded, NUL-terminated, valid only
+ * during the call) and a reply <r> preset to 200 text/plain with an empty
+ * body. For HEAD, the body built here is measured but not sent. The handler
+ * must not block, run the loop, or free the server.
+ */
+typedef void (*http_handler_fn)(const char *path, struct http_reply *r, void *arg);
+
+/* Counters of one server, for its own metrics. */
+struct http_stats {
+	uint64_t accepted;                 /* connections taken in charge */
+	uint64_t refused;                  /* closed at once: limit or no fd left */
+	uint64_t requests;                 /* replies sent (any status) */
+	uint64_t bad_requests;             /* replies >= 400 made by the server itself */
+	uint64_t timeouts;                 /* connections closed by the deadline */
+};
+
+struct http_server;
+
+void http_reply_init(struct http_reply *r);
+void http_reply_release(struct http_reply *r);
+void http_reply_status(struct http_reply *r, int status, const char *content_type);
+void http_reply_append(struct http_reply *r, const char *data, size_t len);
+void http_reply_printf(struct http_reply *r, const char *fmt, ...) PRINTF(2, 3);
+
+struct http_server *http_server_new(struct ev_loop *loop, const char *addr, bool reuseport,
+				    http_handler_fn fn, void *arg, char *err,
+				    size_t errlen) MUSTCHECK;
+void http_server_free(struct http_server *s);
+void http_server_set_timeout(struct http_server *s, double seconds);
+
+int http_server_port(const struct http_server *s);
+size_t http_server_conns(const struct http_server *s);
+const struct http_stats *http_server_stats(const struct http_server *s);
+
+#endif /* AGENT_HTTP_H */

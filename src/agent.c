@@ -522,12 +522,15 @@ static void tier_lookup_cb(enum store_status st, const char *val, size_t len, vo
 
 	a->pending--;
 	if (st == STORE_OK) {
-		struct tier_slot *slot = tier_slot(a, d->digest);
+		/* a reload may have dropped (or resized) the cache meanwhile */
+		if (a->tcache) {
+			struct tier_slot *slot = tier_slot(a, d->digest);
 
-		memcpy(slot->digest, d->digest, sizeof(slot->digest));
-		snprintf(slot->tier, sizeof(slot->tier), "%.*s", (int)(len < 64 ? len : 64),
-			 val ? val : "");
-		slot->expires = ev_now(a->loop) + d->rs->cfg->tier_cache_ttl_ms / 1000.;
+			memcpy(slot->digest, d->digest, sizeof(slot->digest));
+			snprintf(slot->tier, sizeof(slot->tier), "%.*s",
+				 (int)(len < 64 ? len : 64), val ? val : "");
+			slot->expires = ev_now(a->loop) + d->rs->cfg->tier_cache_ttl_ms / 1000.;
+		}
 		tier = ruleset_tier_find(d->rs, val, val ? len : 0);
 	}
 	/* a failed lookup is not cached: the next request asks again */

@@ -25,15 +25,23 @@ ALG[4] = function(key, now, cost, win, limit)
 	r.ok = (est + cost <= limit) and 1 or 0
 	r.rem_c = clamp0(limit - clamp0(est + cost))
 	r.rem_u = clamp0(limit - est)
+	-- retry: the first instant the estimate admits <cost>. With the previous
+	-- window weighing p and L tokens of room, floor(p * (win - e) / win) <= L
+	-- holds from e = floor(win - (L + 1) * win / p) + 1 on.
 	if r.ok == 1 then
 		r.retry = 0
-	elseif cur + cost <= limit and prev > 0 then
-		-- the previous window's weight must fall to (limit - cur - cost) / prev
-		local need = math.ceil(win - (limit - cur - cost) * win / prev)
-		r.retry = clamp0(need - elapsed)
-		if r.retry < 1 then r.retry = 1 end
-	else
+	elseif cost > limit then
 		r.retry = left + win
+	elseif cur + cost <= limit then
+		local e = math.floor(win - (limit - cur - cost + 1) * win / prev) + 1
+		r.retry = clamp0(e - elapsed)
+		if r.retry < 1 then r.retry = 1 end
+	elseif cur <= limit - cost then
+		r.retry = left
+	else
+		-- in the next window this one's count becomes the previous weight
+		local e = math.floor(win - (limit - cost + 1) * win / cur) + 1
+		r.retry = left + clamp0(e)
 	end
 	r.reset_c = left + win
 	r.reset_u = (cur > 0) and (left + win) or ((prev > 0) and left or 0)

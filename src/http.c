@@ -66,6 +66,7 @@ struct http_conn {
 	ev_io io;                          /* EV_READ in READ/LINGER, EV_WRITE in WRITE */
 	ev_timer timer;                    /* deadline */
 	size_t in_len;                     /* bytes in in[] */
+	size_t start;                      /* first byte after leading empty lines */
 	size_t scan;                       /* where the search for the head end resumes */
 	struct http_reply reply;           /* the reply being sent */
 	size_t out_len;                    /* bytes of out_head + body to send */
@@ -472,18 +473,19 @@ static void conn_on_request(struct http_conn *c, char *line, size_t len)
 
 /*
  * Looks for the end of the head (an empty line, CRLF or bare LF) in c->in.
- * Returns the length of the request line, or -1 if the head is incomplete.
- * Leading empty lines are skipped (RFC 9112 2.2) by moving <*start>.
+ * Returns the length of the request line, which starts at c->start, or -1 if
+ * the head is incomplete. Leading empty lines are skipped (RFC 9112 2.2).
+ * Resumes where the previous call stopped, so a head sent byte by byte costs
+ * linear time.
  */
-static ssize_t head_complete(struct http_conn *c, size_t *start)
+static ssize_t head_complete(struct http_conn *c)
 {
 	size_t i, line_end = 0;
 	bool have_line = false;
 
-	*start = 0;
-	while (*start < c->in_len && (c->in[*start] == '\r' || c->in[*start] == '\n'))
-		(*start)++;
-	i = c->scan > *start ? c->scan : *start;
+	while (c->start < c->in_len && (c->in[c->start] == '\r' || c->in[c->start] == '\n'))
+		c->start++;
+	i = c->scan > c->start ? c->scan : c->start;
 	for (; i < c->in_len; i++) {
 		if (c->in[i] != '\n')
 			continue;
@@ -498,7 +500,7 @@ static ssize_t head_complete(struct http_conn *c, size_t *start)
 		return -1;
 	}
 	/* complete: the request line ends at the first LF after start */
-	for (i = *start; i < c->in_len; i++) {
+	for (i = c->start; i < c->in_len; i++) {
 		if (c->in[i] == '\n') {
 			line_end = i;
 			have_line = true;
@@ -506,18 +508,16 @@ static ssize_t head_complete(struct http_conn *c, size_t *start)
 		}
 	}
 	BUG_ON(!have_line);
-	if (line_end > *start && c->in[line_end - 1] == '\r')
+	if (line_end > c->start && c->in[line_end - 1] == '\r')
 		line_end--;
-	return (ssize_t)(line_end - *start);
+	return (ssize_t)(line_end - c->start);
 }
 
 static void conn_read_head(struct http_conn *c)
 {
-	size_t start;
-	ssize_t n;
-
 	for (;;) {
-		n = recv(c->fd, c->in + c->in_len, sizeof(c->in) - c->in_len, 0);
+		ssize_t n = recv(c->fd, c->in + c->in_len, sizeof(c->in) - c->in_len, 0);
+
 		if (n == -1) {
 			if (errno == EINTR)
 				continue;
@@ -532,9 +532,9 @@ static void conn_read_head(struct http_conn *c)
 			return;
 		}
 		c->in_len += (size_t)n;
-		n = head_complete(c, &start);
+		n = head_complete(c);
 		if (n >= 0) {
-			conn_on_request(c, c->in + start, (size_t)n);
+			conn_on_request(c, c->in + c->start, (size_t)n);
 			return;
 		}
 		if (c->in_len == sizeof(c->in)) {
@@ -547,10 +547,10 @@ static void conn_read_head(struct http_conn *c)
 static void conn_drain(struct http_conn *c)
 {
 	char buf[4096];
-	ssize_t n;
 
 	for (;;) {
-		n = recv(c->fd, buf, sizeof(buf), 0);
+		ssize_t n = recv(c->fd, buf, sizeof(buf), 0);
+
 		if (n == -1) {
 			if (errno == EINTR)
 				continue;

@@ -164,17 +164,27 @@ static void check_sliding(const struct limit_params *p, const struct limit_state
 	c->ok = est + cost <= limit;
 	c->rem_c = clamp0(limit - clamp0(est + cost));
 	c->rem_u = clamp0(limit - est);
+	/* retry: the first instant the estimate admits <cost> (see the script) */
 	if (c->ok) {
 		c->retry = 0;
-	} else if (cur + cost <= limit && prev > 0) {
-		int64_t need = (int64_t)ceil((double)win - (double)(limit - cur - cost) *
-								   (double)win / (double)prev);
+	} else if (cost > limit) {
+		c->retry = left + win;
+	} else if (cur + cost <= limit) {
+		int64_t e = (int64_t)floor((double)win - (double)(limit - cur - cost + 1) *
+								 (double)win / (double)prev) +
+			    1;
 
-		c->retry = clamp0(need - elapsed);
+		c->retry = clamp0(e - elapsed);
 		if (c->retry < 1)
 			c->retry = 1;
+	} else if (cur <= limit - cost) {
+		c->retry = left;
 	} else {
-		c->retry = left + win;
+		int64_t e = (int64_t)floor((double)win - (double)(limit - cost + 1) * (double)win /
+								 (double)cur) +
+			    1;
+
+		c->retry = left + clamp0(e);
 	}
 	c->reset_c = left + win;
 	c->reset_u = cur > 0 ? left + win : (prev > 0 ? left : 0);

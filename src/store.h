@@ -1,8 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The Redis store: one non-blocking hiredis connection on the agent's libev
- * loop, the rate-limit script loaded with SCRIPT LOAD and run with EVALSHA,
- * our own connect and per-command deadlines, reconnection with capped backoff.
+ * The Redis store: non-blocking hiredis connections on the agent's libev loop,
+ * the rate-limit script loaded with SCRIPT LOAD and run with EVALSHA, our own
+ * connect and per-command deadlines, reconnection with capped backoff.
+ *
+ * One configured address, a single Redis or any node of a Redis Cluster: the
+ * store finds out which with CLUSTER SLOTS and, for a cluster, keeps one
+ * connection per master, routes each query by the hash slot of its first key,
+ * follows MOVED/ASK and refreshes the topology by itself.
  *
  * Every query either fails at once (store_decide() returns a negative status
  * and no callback ever comes) or gets exactly one completion callback later.
@@ -36,13 +41,14 @@ enum store_status {
 };
 
 struct store_opts {
-	const char *address;            /* "ip:port", "[ip6]:port" or "unix:/path" */
+	const char *address;            /* "ip:port", "[ip6]:port" or "unix:/path"; a single
+					 * Redis or any node of a cluster */
 	const char *user;               /* ACL user or NULL */
 	const char *password;           /* AUTH password or NULL */
 	unsigned connect_timeout_ms;
 	unsigned command_timeout_ms;
-	unsigned max_pending;           /* commands in flight */
-	unsigned breaker_failures;      /* consecutive failures that open the breaker (5) */
+	unsigned max_pending;           /* commands in flight, all nodes together */
+	unsigned breaker_failures;      /* consecutive failures that open a node's breaker (5) */
 	unsigned breaker_cooldown_ms;   /* how long it stays open before a probe (500) */
 };
 
@@ -67,15 +73,22 @@ typedef void (*store_done_fn)(enum store_status st, const struct store_result *r
 typedef void (*store_str_fn)(enum store_status st, const char *val, size_t len, void *arg);
 
 struct store_stats {
-	uint64_t sent;                  /* EVALSHA/EVAL commands sent */
+	uint64_t sent;                  /* EVALSHA/EVAL/HGET commands sent (re-sends too) */
 	uint64_t replies;               /* replies received in time */
 	uint64_t late;                  /* replies after their deadline */
 	uint64_t noscript;              /* NOSCRIPT retries */
 	uint64_t failed[STORE_COUNT];   /* outcomes other than OK, by status */
 	uint64_t connects;              /* successful connections */
 	uint64_t pending;               /* commands in flight now */
-	uint64_t breaker_opened;        /* times the breaker opened */
-	bool breaker_open;              /* open (or half-open, probing) now */
+	uint64_t breaker_opened;        /* times a node's breaker opened */
+	bool breaker_open;              /* some node's breaker open (or probing) now */
+	uint64_t moved;                 /* MOVED redirections followed */
+	uint64_t ask;                   /* ASK redirections followed */
+	uint64_t refreshes;             /* CLUSTER SLOTS sent */
+	uint64_t topology_changes;      /* refreshes that changed the slot map */
+	unsigned nodes;                 /* Redis nodes we keep a connection to */
+	unsigned slots_covered;         /* slots with a known owner (16384 when single) */
+	bool cluster;                   /* Redis Cluster detected */
 };
 
 int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store **out,

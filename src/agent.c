@@ -20,6 +20,7 @@
  */
 #include "agent.h"
 
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -28,8 +29,11 @@
 
 #include "config.h"
 #include "digest.h"
+#include "http.h"
+#include "list.h"
 #include "log.h"
 #include "memstore.h"
+#include "metrics.h"
 #include "rules.h"
 #include "spoa.h"
 #include "store.h"
@@ -61,6 +65,15 @@ struct agent {
 	uint64_t refunds;               /* charges taken back after a split denial */
 	uint64_t tier_hits, tier_misses;
 	uint64_t local_decisions;       /* failed parts decided by local fallback limits */
+	struct metrics *metrics;        /* ref: shared region (owned by main) */
+	struct met_slot *ms;            /* ref: this process's slot */
+	struct http_server *http;       /* owned or NULL */
+	ev_timer publish;               /* copies gauges and top-K snapshots into ms */
+	size_t ntopk;
+	struct {
+		char rule[MET_NAME];
+		struct topk *t;         /* owned */
+	} topk[MET_TOP_RULES];
 };
 
 /* One limit applied to a request. */
@@ -78,6 +91,7 @@ struct part {
 	struct store_result res;
 	bool used;
 	bool fallback;                  /* res holds the failure ladder's verdicts */
+	double t_sent;                  /* mono() when the query left */
 	bool has[STORE_MAX_LIMITS];     /* a verdict exists for this slot */
 };
 
@@ -97,6 +111,9 @@ struct decision {
 	struct spop_data ip;
 	int64_t cost;                   /* from HAProxy, or -1 */
 	bool closed;                    /* a fail-closed limit denied */
+	const char *tier_name;          /* ref: rs, for metrics */
+	char client[64];                /* fingerprint for top offenders */
+	double t0;                      /* when the NOTIFY arrived (mono) */
 };
 
 /* What we read from the message. */
@@ -107,6 +124,40 @@ struct req_args {
 	struct spop_data ip;            /* NULL type when absent */
 	int64_t cost;                   /* -1 when not sent */
 };
+
+static double mono(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Counts a denial of <client> by <rule> for the top offenders. */
+static void note_denied(struct agent *a, const char *rule, const char *client)
+{
+	struct met_top *mt;
+	size_t i;
+
+	if (!a->ms || !rule || !*client)
+		return;
+	mt = metrics_top(a->ms, rule);
+	if (!mt)
+		return;
+	mt->denied++;
+	hll_add(&mt->hll, client, strlen(client));
+	for (i = 0; i < a->ntopk; i++)
+		if (strcmp(a->topk[i].rule, rule) == 0)
+			break;
+	if (i == a->ntopk) {
+		if (a->ntopk == MET_TOP_RULES)
+			return;
+		snprintf(a->topk[i].rule, MET_NAME, "%s", rule);
+		a->topk[i].t = topk_new(64); /* K tracked; MET_TOP_K exported */
+		a->ntopk++;
+	}
+	topk_add(a->topk[i].t, client, strlen(client), 1);
+}
 
 static void lib_log(int level, const char *msg, void *arg)
 {
@@ -261,6 +312,23 @@ static void respond(struct decision *d)
 	}
 	set_int(req, "allow", allowed ? 1 : 0);
 	a->outcomes[!allowed ? OUT_DENIED : (degraded ? OUT_DEGRADED : OUT_ALLOWED)]++;
+	if (a->ms) {
+		const char *rule = l ? l->name : "-";
+
+		if (shadow)
+			metrics_decision(a->ms, d->tier_name, shadow->name, MR_SHADOW_DENIED);
+		if (!allowed) {
+			metrics_decision(a->ms, d->tier_name, rule, MR_DENIED);
+			note_denied(a, rule, d->client);
+		} else {
+			metrics_decision(a->ms, d->tier_name, rule,
+					 degraded ? MR_DEGRADED : MR_ALLOWED);
+		}
+		for (p = 0; p < 2; p++)
+			if (d->parts[p].used && d->parts[p].st != STORE_OK)
+				a->ms->degraded[d->parts[p].st < STORE_COUNT ? d->parts[p].st
+									 : STORE_ERROR]++;
+	}
 	if (degraded)
 		set_int(req, "degraded", 1);
 	if (!allowed && d->closed)
@@ -366,6 +434,8 @@ static void decision_finish(struct decision *d)
 		refund(d);
 	respond(d);
 	spoa_req_done(d->req);
+	if (d->a->ms)
+		prom_hist_observe(&d->a->ms->decision_lat, mono() - d->t0);
 	decision_free(d);
 }
 
@@ -375,6 +445,8 @@ static void part_done_cb(enum store_status st, const struct store_result *res, v
 	struct decision *d = pt->d;
 
 	pt->st = st;
+	if (st == STORE_OK && d->a->ms)
+		prom_hist_observe(&d->a->ms->redis_lat, mono() - pt->t_sent);
 	if (st == STORE_OK && res->n == pt->q.n)
 		pt->res = *res;
 	else if (st == STORE_OK)
@@ -454,6 +526,38 @@ static void principal_ip(const struct ruleset *rs, const struct spop_data *ip, c
 	snprintf(out, outlen, "ip%u:%s/%u", len == 4 ? 4 : 6, hex, bits);
 }
 
+/* The printable address prefix of an anonymous client, for top offenders. */
+static void client_ip(const struct ruleset *rs, const struct spop_data *ip, char *out,
+		      size_t outlen)
+{
+	char host[INET6_ADDRSTRLEN];
+	uint8_t addr[16] = {0};
+	unsigned bits, i, len;
+	int af;
+
+	if (ip->type == SPOP_T_IPV4) {
+		af = AF_INET;
+		len = 4;
+		bits = rs->cfg->ipv4_prefix;
+		memcpy(addr, ip->v.ipv4, 4);
+	} else if (ip->type == SPOP_T_IPV6) {
+		af = AF_INET6;
+		len = 16;
+		bits = rs->cfg->ipv6_prefix;
+		memcpy(addr, ip->v.ipv6, 16);
+	} else {
+		snprintf(out, outlen, "none");
+		return;
+	}
+	for (i = 0; i < len; i++) {
+		unsigned keep = bits >= 8 * (i + 1) ? 8 : (bits > 8 * i ? bits - 8 * i : 0);
+
+		addr[i] &= (uint8_t)(0xff00 >> keep);
+	}
+	inet_ntop(af, addr, host, sizeof(host));
+	snprintf(out, outlen, "%s/%u", host, bits);
+}
+
 /*
  * Builds and sends the store queries of <d> for tier <tier> (NULL: anonymous),
  * then answers at once if nothing is left to wait for.
@@ -468,10 +572,14 @@ static void decision_run(struct decision *d, const struct rule_tier *tier)
 
 	if (tier) {
 		snprintf(principal, sizeof(principal), "%s", d->principal);
+		/* a short fingerprint: 32 bits of the digest, never the key */
+		snprintf(d->client, sizeof(d->client), "%.10s", d->principal);
 	} else {
 		tier = &rs->anon;
 		principal_ip(rs, &d->ip, principal, sizeof(principal));
+		client_ip(rs, &d->ip, d->client, sizeof(d->client));
 	}
+	d->tier_name = tier->name;
 	add_limits(d, 0, tier, principal, "");
 	if (d->ep) {
 		char global[80];
@@ -495,6 +603,7 @@ static void decision_run(struct decision *d, const struct rule_tier *tier)
 		}
 		d->waiting++;
 		a->pending++;
+		pt->t_sent = mono();
 		ret = store_decide(a->store, &pt->q, part_done_cb, pt);
 		if (ret < 0) {
 			pt->st = (enum store_status)-ret;
@@ -622,6 +731,7 @@ static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 		return;
 	}
 	d = xcalloc(1, sizeof(*d));
+	d->t0 = mono();
 	d->a = a;
 	d->req = req;
 	d->rs = ruleset_ref(rs);
@@ -683,24 +793,142 @@ static void tier_cache_setup(struct agent *a, const struct ruleset *rs)
 	a->tcache = xcalloc(a->tcache_size, sizeof(*a->tcache));
 }
 
+/* Copies this process's gauges and counters into its metrics slot. */
+static void publish(struct agent *a)
+{
+	struct met_slot *ms = a->ms;
+	const struct spoa_stats *ss;
+	size_t i;
+
+	if (!ms)
+		return;
+	ss = spoa_server_stats(a->srv);
+	ms->c[MC_CONNS] = ss->conns_active;
+	ms->c[MC_ACCEPTED] = ss->conns_accepted;
+	ms->c[MC_HELLOS] = ss->hellos;
+	ms->c[MC_HEALTHCHECKS] = ss->healthchecks;
+	ms->c[MC_NOTIFY] = ss->notify;
+	ms->c[MC_ACKS] = ss->acks;
+	ms->c[MC_HAPROXY_DISCONNECTS] = ss->haproxy_disconnects;
+	ms->c[MC_ORPHANS] = ss->orphans;
+	for (i = 0; i <= SPOP_ST_RES; i++)
+		ms->spop_errors[i] = ss->errors[i];
+	ms->c[MC_REFUNDS] = a->refunds;
+	ms->c[MC_LOCAL_DECISIONS] = a->local_decisions;
+	ms->c[MC_TIER_HITS] = a->tier_hits;
+	ms->c[MC_TIER_MISSES] = a->tier_misses;
+	if (a->store) {
+		const struct store_stats *st = store_stats(a->store);
+
+		ms->c[MC_REDIS_SENT] = st->sent;
+		ms->c[MC_REDIS_LATE] = st->late;
+		ms->c[MC_REDIS_PENDING] = st->pending;
+		ms->c[MC_BREAKER_OPEN] = st->breaker_open ? 1 : 0;
+		ms->c[MC_BREAKER_OPENED] = st->breaker_opened;
+	}
+	ms->c[MC_MEMORY_KEYS] = a->mem ? memstore_size(a->mem) : 0;
+	ms->c[MC_LOCAL_KEYS] = a->local ? memstore_size(a->local) : 0;
+	for (i = 0; i < a->ntopk; i++) {
+		struct met_top *mt = metrics_top(ms, a->topk[i].rule);
+
+		if (mt)
+			mt->n = topk_list(a->topk[i].t, mt->top, MET_TOP_SNAP);
+	}
+}
+
+static void publish_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)loop;
+	(void)revents;
+	publish(container_of(t, struct agent, publish));
+}
+
+/* Ready to decide: rules loaded, and Redis reachable or a fallback configured. */
+static bool agent_ready(const struct agent *a)
+{
+	const struct ruleset *rs = a->rs;
+	size_t i;
+
+	if (!a->store || store_ready(a->store))
+		return true;
+	for (i = 0; i < rs->cfg->nlimits; i++)
+		if (rs->cfg->limits[i].on_failure != FAIL_OPEN)
+			return true;
+	return false;
+}
+
+static void http_cb(const char *path, struct http_reply *r, void *arg)
+{
+	struct agent *a = arg;
+
+	if (strcmp(path, "/metrics") == 0) {
+		publish(a);
+		http_reply_status(r, 200, PROM_CONTENT_TYPE);
+		metrics_render(a->metrics, r);
+	} else if (strcmp(path, "/top") == 0) {
+		publish(a);
+		http_reply_status(r, 200, "application/json");
+		metrics_render_top(a->metrics, r);
+	} else if (strcmp(path, "/healthz") == 0) {
+		http_reply_status(r, 200, "text/plain");
+		http_reply_printf(r, "ok\n");
+	} else if (strcmp(path, "/ready") == 0) {
+		bool ok = agent_ready(a);
+
+		http_reply_status(r, ok ? 200 : 503, "text/plain");
+		http_reply_printf(r, "%s\n", ok ? "ready" : "not ready: redis unreachable and no "
+							  "fallback configured");
+	} else {
+		http_reply_status(r, 404, "text/plain");
+		http_reply_printf(r, "not found\n");
+	}
+}
+
+/* Counts a reload for the metrics. */
+void agent_note_reload(struct agent *a, bool ok, uint64_t generation)
+{
+	if (!a->ms)
+		return;
+	a->ms->c[ok ? MC_RELOADS_OK : MC_RELOADS_FAILED]++;
+	if (ok)
+		a->ms->c[MC_GENERATION] = generation;
+}
+
 /*
  * Creates the agent for ruleset <rs> (takes the caller's reference): listeners
  * open (with SO_REUSEPORT when <reuseport>, so worker processes share the
  * port), Redis connecting. Returns 0 or -1 (logged).
  */
-int agent_new(struct ev_loop *loop, struct ruleset *rs, bool reuseport, struct agent **out)
+int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts *opts,
+	      struct agent **out)
 {
 	struct agent *a = xcalloc(1, sizeof(*a));
 	struct spoa_handler h = {.on_notify = on_notify, .log = lib_log, .arg = a};
 	struct spoa_opts o = {.max_frame_size = rs->cfg->max_frame_size,
 			      .max_inflight = rs->cfg->max_inflight,
-			      .reuseport = reuseport};
+			      .reuseport = opts->reuseport};
 	char err[256];
 	size_t i;
 
 	a->loop = loop;
 	a->rs = rs;
 	a->srv = spoa_server_new(loop, &o, &h);
+	a->metrics = opts->metrics;
+	if (a->metrics) {
+		a->ms = metrics_attach(a->metrics, opts->worker);
+		a->ms->c[MC_GENERATION] = rs->gen;
+	}
+	ev_timer_init(&a->publish, publish_cb, 0.25, 0.25);
+	ev_timer_start(loop, &a->publish);
+	if (rs->cfg->metrics_listen && a->metrics) {
+		a->http = http_server_new(loop, rs->cfg->metrics_listen, opts->reuseport, http_cb, a,
+					  err, sizeof(err));
+		if (!a->http) {
+			LOG(LOG_ERR, "metrics listener: %s", err);
+			goto fail;
+		}
+		LOG(LOG_NOTICE, "metrics on http://%s/metrics", rs->cfg->metrics_listen);
+	}
 	for (i = 0; i < rs->cfg->nlisten; i++) {
 		if (spoa_server_listen(a->srv, rs->cfg->listen[i], err, sizeof(err)) < 0) {
 			LOG(LOG_ERR, "listen: %s", err);
@@ -731,6 +959,8 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, bool reuseport, struct a
 	*out = a;
 	return 0;
 fail:
+	ev_timer_stop(loop, &a->publish);
+	http_server_free(a->http);
 	spoa_server_free(a->srv);
 	memstore_free(a->mem);
 	memstore_free(a->local);
@@ -809,6 +1039,10 @@ void agent_free(struct agent *a)
 	if (!a)
 		return;
 	spoa_server_disconnect_all(a->srv, SPOP_ST_NORMAL, "agent shutting down");
+	ev_timer_stop(a->loop, &a->publish);
+	http_server_free(a->http);
+	for (size_t i = 0; i < a->ntopk; i++)
+		topk_free(a->topk[i].t);
 	store_free(a->store);
 	spoa_server_free(a->srv);
 	memstore_free(a->mem);

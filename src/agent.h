@@ -15,6 +15,14 @@
 struct ev_loop;
 struct ruleset;
 struct agent;
+struct metrics;
+
+/* How the agent runs. */
+struct agent_opts {
+	bool reuseport;                 /* share listening ports with other workers */
+	struct metrics *metrics;        /* ref: shared metrics region, or NULL */
+	unsigned worker;                /* this process's slot in it */
+};
 
 /* Decision outcomes, counted. */
 enum agent_outcome {
@@ -25,8 +33,9 @@ enum agent_outcome {
 	OUT_COUNT               /* sentinel */
 };
 
-int agent_new(struct ev_loop *loop, struct ruleset *rs, bool reuseport,
+int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts *opts,
 	      struct agent **out) MUSTCHECK;
+void agent_note_reload(struct agent *a, bool ok, uint64_t generation);
 void agent_free(struct agent *a);
 void agent_swap_rules(struct agent *a, struct ruleset *rs);
 const struct ruleset *agent_rules(const struct agent *a);

@@ -506,7 +506,7 @@ static void load_root(struct loader *ld, config_t *lc)
 	static const char *const known_root[] = {
 		"listen", "log_level", "store", "message", "max_frame_size", "max_inflight", "redis",
 		"limits", "tiers", "default_tier", "anonymous", "response", "endpoints",
-		"unknown_keys", "tier_lookup", "reload", "fallback", "workers", NULL};
+		"unknown_keys", "tier_lookup", "reload", "fallback", "workers", "metrics", NULL};
 	static const char *const known_redis[] = {"address", "user", "password", "key_prefix",
 						  "connect_timeout_ms", "command_timeout_ms",
 						  "max_pending", "breaker_failures",
@@ -665,6 +665,18 @@ static void load_root(struct loader *ld, config_t *lc)
 		get_uint(ld, s, "deny_status", 400, 599, &cfg->deny_status);
 	}
 
+	s = config_setting_get_member(root, "metrics");
+	if (s && !config_setting_is_group(s)) {
+		add_err(ld, line_of(s), "'metrics' must be a group { listen = \"127.0.0.1:9100\"; }");
+	} else if (s) {
+		static const char *const known_m[] = {"listen", NULL};
+
+		check_known(ld, s, "metrics", known_m);
+		cfg->metrics_listen = get_str(ld, s, "listen", NULL);
+		if (cfg->metrics_listen && strncmp(cfg->metrics_listen, "unix:", 5) == 0)
+			add_err(ld, line_of(s), "metrics: 'listen' must be ip:port");
+	}
+
 	s = config_setting_get_member(root, "reload");
 	if (s && !config_setting_is_group(s)) {
 		add_err(ld, line_of(s), "'reload' must be a group { watch = true; }");
@@ -760,6 +772,7 @@ void config_free(struct agent_config *cfg)
 	}
 	free(cfg->endpoints);
 	free(cfg->tier_hash);
+	free(cfg->metrics_listen);
 	free(cfg->default_tier);
 	free(cfg->message);
 	free(cfg->redis.address);

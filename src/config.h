@@ -109,6 +109,7 @@ struct agent_config {
 	unsigned breaker_failures;      /* consecutive Redis failures that open the breaker */
 	unsigned breaker_cooldown_ms;
 	unsigned workers;               /* worker processes (restart-only) */
+	char *metrics_listen;           /* owned or NULL: /metrics, /top, /healthz, /ready */
 };
 
 /* Errors collected while loading, each "file:line: message". */

@@ -32,9 +32,6 @@
 #define HLL_K0 0x9ae16a3b2f90404fULL
 #define HLL_K1 0xc3a5c85c97cb3127ULL
 
-struct hll {
-	uint8_t reg[HLL_REGISTERS];     /* largest rank per index, 0 = never hit */
-};
 
 /* ---------------------------------------------------------------- SipHash */
 

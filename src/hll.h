@@ -23,6 +23,11 @@
 #define HLL_PRECISION  12                      /* index bits */
 #define HLL_REGISTERS  (1U << HLL_PRECISION)   /* 4096 */
 
+/* Public so that it can be embedded (e.g. in memory shared by worker processes). */
+struct hll {
+	uint8_t reg[HLL_REGISTERS];     /* largest rank per index, 0 = never hit */
+};
+
 struct hll;
 
 struct hll *hll_new(void);

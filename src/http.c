@@ -25,6 +25,7 @@
  */
 #include "http.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -438,13 +439,14 @@ static void conn_on_request(struct http_conn *c, char *line, size_t len)
 		}
 	}
 	head = mlen == 4 && memcmp(method, "HEAD", 4) == 0;
-	if (vlen != 8 || memcmp(version, "HTTP/1.", 7) != 0 ||
-	    (version[7] != '0' && version[7] != '1')) {
-		if (vlen == 8 && memcmp(version, "HTTP/", 5) == 0 && version[5] >= '0' &&
-		    version[5] <= '9' && version[6] == '.' && version[7] >= '0' && version[7] <= '9')
-			conn_error(c, 505, head);
-		else
-			conn_error(c, 400, head);
+	/* HTTP/<digit>.<digit>; any 1.x is served as 1.1 (RFC 9110 2.5) */
+	if (vlen != 8 || memcmp(version, "HTTP/", 5) != 0 || !isdigit((unsigned char)version[5]) ||
+	    version[6] != '.' || !isdigit((unsigned char)version[7])) {
+		conn_error(c, 400, head);
+		return;
+	}
+	if (version[5] != '1') {
+		conn_error(c, 505, head);
 		return;
 	}
 	if (!head && !(mlen == 3 && memcmp(method, "GET", 3) == 0)) {
@@ -788,7 +790,8 @@ struct http_server *http_server_new(struct ev_loop *loop, const char *addr, bool
 
 /*
  * Stops listening, closes every connection at once (replies in progress are
- * cut) and frees <s>. NULL is a no-op. Must not be called from the handler.
+ * cut) and frees <s>. NULL is a no-op. Must not be called from the handler,
+ * and must be called before the loop is destroyed (it stops watchers on it).
  */
 void http_server_free(struct http_server *s)
 {

@@ -23,6 +23,7 @@
 #include "agent.h"
 #include "config.h"
 #include "log.h"
+#include "metrics.h"
 #include "rules.h"
 #include "util.h"
 
@@ -85,9 +86,11 @@ static void reload(struct app *app, const char *why)
 	if (!rs) {
 		LOG(LOG_ERR, "reload (%s) failed, keeping configuration generation %llu", why,
 		    (unsigned long long)app->gen);
+		agent_note_reload(app->agent, false, app->gen);
 		return;
 	}
 	app->gen++;
+	agent_note_reload(app->agent, true, app->gen);
 	log_set_level(rs->cfg->log_level);
 	agent_swap_rules(app->agent, rs);
 	LOG(LOG_NOTICE, "reload (%s) ok: generation %llu, %zu tiers, %zu limits, %zu endpoints",
@@ -167,14 +170,14 @@ static void sigterm_cb(struct ev_loop *loop, ev_signal *w, int revents)
 }
 
 /* Runs one agent (the only process, or a worker) until SIGTERM. */
-static int run_agent(const char *file, struct ruleset *rs, bool reuseport)
+static int run_agent(const char *file, struct ruleset *rs, const struct agent_opts *opts)
 {
 	struct app app = {0};
 
 	app.loop = ev_default_loop(EVFLAG_AUTO);
 	app.file = file;
 	app.gen = 1;
-	if (agent_new(app.loop, rs, reuseport, &app.agent) < 0) {
+	if (agent_new(app.loop, rs, opts, &app.agent) < 0) {
 		ruleset_unref(rs);
 		return 1;
 	}
@@ -216,7 +219,8 @@ struct worker {
 	unsigned crashes;               /* consecutive quick deaths: backoff */
 };
 
-static pid_t spawn_worker(const char *file, struct ruleset *rs, const sigset_t *mask, int idx)
+static pid_t spawn_worker(const char *file, struct ruleset *rs, const sigset_t *mask, int idx,
+			  struct metrics *m)
 {
 	pid_t pid = fork();
 
@@ -230,8 +234,10 @@ static pid_t spawn_worker(const char *file, struct ruleset *rs, const sigset_t *
 		if (getppid() == 1)
 			_exit(1);
 		sigprocmask(SIG_SETMASK, mask, NULL);
+		struct agent_opts o = {.reuseport = true, .metrics = m, .worker = (unsigned)idx};
+
 		LOG(LOG_INFO, "worker %d started", idx);
-		_exit(run_agent(file, rs, true));
+		_exit(run_agent(file, rs, &o));
 	}
 	return pid;
 }
@@ -243,7 +249,7 @@ static pid_t spawn_worker(const char *file, struct ruleset *rs, const sigset_t *
  * and on SIGTERM/SIGINT forwards the stop and exits 0 once all have drained.
  * Signals are taken synchronously with sigtimedwait(): no handler, no loop.
  */
-static int run_master(const char *file, struct ruleset *rs, int n)
+static int run_master(const char *file, struct ruleset *rs, int n, struct metrics *m)
 {
 	struct worker w[64] = {{0}};
 	sigset_t set, old;
@@ -259,7 +265,7 @@ static int run_master(const char *file, struct ruleset *rs, int n)
 	sigprocmask(SIG_BLOCK, &set, &old);
 	LOG(LOG_NOTICE, "spoa-ratelimit %s master: %d workers", VERSION, n);
 	for (i = 0; i < n; i++) {
-		w[i].pid = spawn_worker(file, rs, &old, i);
+		w[i].pid = spawn_worker(file, rs, &old, i, m);
 		w[i].started = mono();
 	}
 	for (;;) {
@@ -301,7 +307,7 @@ static int run_master(const char *file, struct ruleset *rs, int n)
 		for (i = 0; i < n; i++) {
 			if (!stopping && !w[i].pid && w[i].restart_at && mono() >= w[i].restart_at) {
 				w[i].restart_at = 0;
-				w[i].pid = spawn_worker(file, rs, &old, i);
+				w[i].pid = spawn_worker(file, rs, &old, i, m);
 				w[i].started = mono();
 				LOG(LOG_NOTICE, "worker %d restarted (pid %d)", i, (int)w[i].pid);
 			}
@@ -380,7 +386,11 @@ int main(int argc, char **argv)
 				return 1;
 			}
 		}
-		return run_master(file, rs, workers);
+		return run_master(file, rs, workers, metrics_new((unsigned)workers));
 	}
-	return run_agent(file, rs, false);
+	{
+		struct agent_opts o = {.reuseport = false, .metrics = metrics_new(1), .worker = 0};
+
+		return run_agent(file, rs, &o);
+	}
 }

@@ -1,0 +1,451 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Metrics in shared memory, rendered as Prometheus text and as /top JSON.
+ *
+ * DESIGN
+ * One region (mmap MAP_SHARED|MAP_ANONYMOUS) holds a header and one slot per
+ * worker. A worker is the only writer of its slot; readers (the worker that
+ * answers a scrape) see values that are at most one update old, which is what
+ * Prometheus counters tolerate. New rows are filled before the row count that
+ * publishes them is raised (release store), so a reader never sees a half
+ * written name. A slot whose worker died keeps its values until the restarted
+ * worker attaches to it: counters may then go back, which Prometheus treats as
+ * a counter reset.
+ */
+#include "metrics.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "util.h"
+
+struct metrics {
+	unsigned nslots;
+	size_t size;                    /* bytes mapped */
+	struct met_slot slots[];
+};
+
+/*
+ * Maps the shared region for <workers> slots (call before forking). Returns
+ * NULL only if the mapping fails.
+ */
+struct metrics *metrics_new(unsigned workers)
+{
+	size_t size;
+	struct metrics *m;
+
+	if (workers < 1)
+		workers = 1;
+	if (workers > MET_WORKERS_MAX)
+		workers = MET_WORKERS_MAX;
+	size = sizeof(*m) + workers * sizeof(struct met_slot);
+	m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED)
+		return NULL;
+	m->nslots = workers;
+	m->size = size;
+	return m;
+}
+
+void metrics_free(struct metrics *m)
+{
+	if (m)
+		munmap(m, m->size);
+}
+
+/* Claims slot <worker> for the calling process, starting from zero. */
+struct met_slot *metrics_attach(struct metrics *m, unsigned worker)
+{
+	struct met_slot *s = &m->slots[worker < m->nslots ? worker : 0];
+
+	memset(s, 0, sizeof(*s));
+	prom_hist_init_latency(&s->decision_lat);
+	prom_hist_init_latency(&s->redis_lat);
+	__atomic_store_n(&s->pid, getpid(), __ATOMIC_RELEASE);
+	return s;
+}
+
+static void copy_name(char *dst, const char *src)
+{
+	snprintf(dst, MET_NAME, "%s", src ? src : "");
+}
+
+/* Counts one decision of tier <tier> decided by <rule> with <result>. */
+void metrics_decision(struct met_slot *s, const char *tier, const char *rule, int result)
+{
+	struct met_row *row = NULL;
+	size_t i;
+
+	tier = tier ? tier : "";
+	rule = rule ? rule : "";
+	for (i = 0; i < s->nrows; i++) {
+		if (strncmp(s->rows[i].tier, tier, MET_NAME - 1) == 0 &&
+		    strncmp(s->rows[i].rule, rule, MET_NAME - 1) == 0) {
+			row = &s->rows[i];
+			break;
+		}
+	}
+	if (!row) {
+		if (s->nrows == MET_ROWS) {
+			s->c[MC_ROWS_OVERFLOW]++;
+			return;
+		}
+		row = &s->rows[s->nrows];
+		memset(row, 0, sizeof(*row));
+		copy_name(row->tier, tier);
+		copy_name(row->rule, rule);
+		__atomic_store_n(&s->nrows, s->nrows + 1, __ATOMIC_RELEASE);
+	}
+	switch (result) {
+	case MR_ALLOWED:
+		row->allowed++;
+		break;
+	case MR_DENIED:
+		row->denied++;
+		break;
+	case MR_SHADOW_DENIED:
+		row->shadow_denied++;
+		break;
+	default:
+		row->degraded++;
+		break;
+	}
+}
+
+/* The top-offender record of <rule> in slot <s> (created), or NULL when full. */
+struct met_top *metrics_top(struct met_slot *s, const char *rule)
+{
+	struct met_top *t;
+	size_t i;
+
+	for (i = 0; i < s->ntop; i++)
+		if (strncmp(s->top[i].rule, rule, MET_NAME - 1) == 0)
+			return &s->top[i];
+	if (s->ntop == MET_TOP_RULES)
+		return NULL;
+	t = &s->top[s->ntop];
+	memset(t, 0, sizeof(*t));
+	copy_name(t->rule, rule);
+	__atomic_store_n(&s->ntop, s->ntop + 1, __ATOMIC_RELEASE);
+	return t;
+}
+
+static bool slot_live(const struct met_slot *s)
+{
+	return __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* ---------------------------------------------------------------- merging */
+
+struct merged_top {
+	char rule[MET_NAME];
+	uint64_t denied;
+	struct hll hll;
+	size_t n;
+	struct topk_entry e[MET_TOP_SNAP * MET_WORKERS_MAX];
+};
+
+static int cmp_entry(const void *a, const void *b)
+{
+	const struct topk_entry *x = a, *y = b;
+
+	if (x->count != y->count)
+		return x->count < y->count ? 1 : -1;
+	return strcmp(x->item, y->item);
+}
+
+/* Merges the top-offender snapshots of every live slot, per rule. */
+static size_t merge_tops(const struct metrics *m, struct merged_top **out)
+{
+	struct merged_top *mt = xcalloc(MET_TOP_RULES, sizeof(*mt));
+	size_t n = 0, w, i, j, k;
+
+	for (w = 0; w < m->nslots; w++) {
+		const struct met_slot *s = &m->slots[w];
+		size_t ntop;
+
+		if (!slot_live(s))
+			continue;
+		ntop = __atomic_load_n(&s->ntop, __ATOMIC_ACQUIRE);
+		for (i = 0; i < ntop; i++) {
+			const struct met_top *t = &s->top[i];
+			struct merged_top *d = NULL;
+
+			for (j = 0; j < n; j++)
+				if (strcmp(mt[j].rule, t->rule) == 0)
+					d = &mt[j];
+			if (!d) {
+				if (n == MET_TOP_RULES)
+					continue;
+				d = &mt[n++];
+				memcpy(d->rule, t->rule, MET_NAME);
+			}
+			d->denied += t->denied;
+			hll_merge(&d->hll, &t->hll);
+			for (j = 0; j < t->n && j < MET_TOP_SNAP; j++) {
+				for (k = 0; k < d->n; k++) {
+					if (strcmp(d->e[k].item, t->top[j].item) == 0) {
+						d->e[k].count += t->top[j].count;
+						d->e[k].error += t->top[j].error;
+						break;
+					}
+				}
+				if (k == d->n && d->n < ARRAY_SIZE(d->e))
+					d->e[d->n++] = t->top[j];
+			}
+		}
+	}
+	for (j = 0; j < n; j++) {
+		qsort(mt[j].e, mt[j].n, sizeof(mt[j].e[0]), cmp_entry);
+		if (mt[j].n > MET_TOP_K)
+			mt[j].n = MET_TOP_K;
+	}
+	*out = mt;
+	return n;
+}
+
+/* ---------------------------------------------------------------- rendering */
+
+static void sum_counter(const struct metrics *m, enum met_counter c, uint64_t *out)
+{
+	unsigned w;
+
+	*out = 0;
+	for (w = 0; w < m->nslots; w++)
+		if (slot_live(&m->slots[w]))
+			*out += m->slots[w].c[c];
+}
+
+static void family_u64(struct http_reply *r, const struct metrics *m, const char *name,
+		       enum prom_type type, const char *help, enum met_counter c)
+{
+	uint64_t v;
+
+	sum_counter(m, c, &v);
+	prom_family(r, name, type, help);
+	prom_sample_u64(r, name, NULL, 0, v);
+}
+
+/*
+ * Renders every metric, summed over the live workers, in the Prometheus text
+ * exposition format.
+ */
+void metrics_render(const struct metrics *m, struct http_reply *r)
+{
+	static const char *const results[MR_COUNT] = {"allowed", "denied", "shadow_denied",
+						      "degraded"};
+	struct met_row *rows = xcalloc(MET_ROWS * MET_WORKERS_MAX, sizeof(*rows));
+	struct prom_hist dl, rl;
+	struct merged_top *mt;
+	size_t nrows = 0, i, j, ntop;
+	uint64_t deg[STORE_COUNT] = {0}, errs[SPOP_ST_RES + 1] = {0};
+	unsigned w, live = 0;
+
+	prom_hist_init_latency(&dl);
+	prom_hist_init_latency(&rl);
+	for (w = 0; w < m->nslots; w++) {
+		const struct met_slot *s = &m->slots[w];
+		size_t n;
+
+		if (!slot_live(s))
+			continue;
+		live++;
+		prom_hist_merge(&dl, &s->decision_lat);
+		prom_hist_merge(&rl, &s->redis_lat);
+		for (i = 0; i < STORE_COUNT; i++)
+			deg[i] += s->degraded[i];
+		for (i = 0; i <= SPOP_ST_RES; i++)
+			errs[i] += s->spop_errors[i];
+		n = __atomic_load_n(&s->nrows, __ATOMIC_ACQUIRE);
+		for (i = 0; i < n; i++) {
+			const struct met_row *src = &s->rows[i];
+
+			for (j = 0; j < nrows; j++)
+				if (strcmp(rows[j].tier, src->tier) == 0 &&
+				    strcmp(rows[j].rule, src->rule) == 0)
+					break;
+			if (j == nrows)
+				rows[nrows++] = (struct met_row){0};
+			memcpy(rows[j].tier, src->tier, MET_NAME);
+			memcpy(rows[j].rule, src->rule, MET_NAME);
+			rows[j].allowed += src->allowed;
+			rows[j].denied += src->denied;
+			rows[j].shadow_denied += src->shadow_denied;
+			rows[j].degraded += src->degraded;
+		}
+	}
+
+	prom_family(r, "spoa_ratelimit_decisions_total", PROM_COUNTER,
+		    "Decisions by tier, deciding rule and result.");
+	for (j = 0; j < nrows; j++) {
+		uint64_t v[MR_COUNT] = {rows[j].allowed, rows[j].denied, rows[j].shadow_denied,
+					rows[j].degraded};
+		int k;
+
+		for (k = 0; k < MR_COUNT; k++) {
+			struct prom_label l[3] = {{"tier", rows[j].tier},
+						  {"rule", rows[j].rule},
+						  {"result", results[k]}};
+
+			if (v[k])
+				prom_sample_u64(r, "spoa_ratelimit_decisions_total", l, 3, v[k]);
+		}
+	}
+	prom_family(r, "spoa_ratelimit_degraded_total", PROM_COUNTER,
+		    "Decisions Redis could not make, by reason (answered by the failure ladder).");
+	for (i = 0; i < STORE_COUNT; i++) {
+		struct prom_label l = {"reason", store_status_str((int)i)};
+
+		if (i != STORE_OK)
+			prom_sample_u64(r, "spoa_ratelimit_degraded_total", &l, 1, deg[i]);
+	}
+	prom_family(r, "spoa_ratelimit_decision_seconds", PROM_HISTOGRAM,
+		    "Time from NOTIFY to ACK inside the agent.");
+	prom_hist_render(r, "spoa_ratelimit_decision_seconds", NULL, 0, &dl);
+	prom_family(r, "spoa_ratelimit_redis_seconds", PROM_HISTOGRAM,
+		    "Round trip of one script call to Redis.");
+	prom_hist_render(r, "spoa_ratelimit_redis_seconds", NULL, 0, &rl);
+
+	family_u64(r, m, "spoa_ratelimit_spop_connections", PROM_GAUGE,
+		   "SPOP connections from HAProxy open now.", MC_CONNS);
+	family_u64(r, m, "spoa_ratelimit_spop_connections_total", PROM_COUNTER,
+		   "SPOP connections accepted.", MC_ACCEPTED);
+	prom_family(r, "spoa_ratelimit_spop_frames_total", PROM_COUNTER, "SPOP frames by type.");
+	{
+		static const struct {
+			const char *type;
+			enum met_counter c;
+		} frames[] = {{"hello", MC_HELLOS},
+			      {"healthcheck", MC_HEALTHCHECKS},
+			      {"notify", MC_NOTIFY},
+			      {"ack", MC_ACKS},
+			      {"haproxy_disconnect", MC_HAPROXY_DISCONNECTS}};
+
+		for (i = 0; i < ARRAY_SIZE(frames); i++) {
+			struct prom_label l = {"type", frames[i].type};
+			uint64_t v;
+
+			sum_counter(m, frames[i].c, &v);
+			prom_sample_u64(r, "spoa_ratelimit_spop_frames_total", &l, 1, v);
+		}
+	}
+	prom_family(r, "spoa_ratelimit_spop_errors_total", PROM_COUNTER,
+		    "AGENT-DISCONNECT frames sent, by SPOP status.");
+	for (i = 0; i <= SPOP_ST_RES; i++) {
+		char st[24];
+		struct prom_label l = {"status", st};
+
+		snprintf(st, sizeof(st), "%zu", i);
+		if (errs[i] || i == SPOP_ST_NORMAL || i == SPOP_ST_TOO_BIG || i == SPOP_ST_INVALID)
+			prom_sample_u64(r, "spoa_ratelimit_spop_errors_total", &l, 1, errs[i]);
+	}
+	family_u64(r, m, "spoa_ratelimit_orphans_total", PROM_COUNTER,
+		   "Decisions completed after HAProxy closed their connection.", MC_ORPHANS);
+	family_u64(r, m, "spoa_ratelimit_refunds_total", PROM_COUNTER,
+		   "Charges taken back after a decision split over two calls was denied.",
+		   MC_REFUNDS);
+	family_u64(r, m, "spoa_ratelimit_local_decisions_total", PROM_COUNTER,
+		   "Decisions made by local fallback limits while Redis failed.",
+		   MC_LOCAL_DECISIONS);
+	family_u64(r, m, "spoa_ratelimit_tier_cache_hits_total", PROM_COUNTER,
+		   "Tier lookups answered by the local cache.", MC_TIER_HITS);
+	family_u64(r, m, "spoa_ratelimit_tier_cache_misses_total", PROM_COUNTER,
+		   "Tier lookups sent to Redis.", MC_TIER_MISSES);
+	family_u64(r, m, "spoa_ratelimit_redis_commands_total", PROM_COUNTER,
+		   "Commands sent to Redis.", MC_REDIS_SENT);
+	family_u64(r, m, "spoa_ratelimit_redis_late_replies_total", PROM_COUNTER,
+		   "Replies that arrived after their deadline (discarded).", MC_REDIS_LATE);
+	family_u64(r, m, "spoa_ratelimit_redis_pending", PROM_GAUGE,
+		   "Commands in flight to Redis.", MC_REDIS_PENDING);
+	family_u64(r, m, "spoa_ratelimit_redis_breaker_open", PROM_GAUGE,
+		   "Workers whose Redis circuit breaker is open.", MC_BREAKER_OPEN);
+	family_u64(r, m, "spoa_ratelimit_redis_breaker_opened_total", PROM_COUNTER,
+		   "Times a circuit breaker opened.", MC_BREAKER_OPENED);
+	prom_family(r, "spoa_ratelimit_local_keys", PROM_GAUGE,
+		    "Entries kept in process memory, by store.");
+	{
+		struct prom_label l1 = {"store", "memory"}, l2 = {"store", "fallback"};
+		uint64_t v;
+
+		sum_counter(m, MC_MEMORY_KEYS, &v);
+		prom_sample_u64(r, "spoa_ratelimit_local_keys", &l1, 1, v);
+		sum_counter(m, MC_LOCAL_KEYS, &v);
+		prom_sample_u64(r, "spoa_ratelimit_local_keys", &l2, 1, v);
+	}
+	prom_family(r, "spoa_ratelimit_config_generation", PROM_GAUGE,
+		    "Generation of the configuration in force (highest among workers).");
+	{
+		uint64_t g = 0;
+
+		for (w = 0; w < m->nslots; w++)
+			if (slot_live(&m->slots[w]) && m->slots[w].c[MC_GENERATION] > g)
+				g = m->slots[w].c[MC_GENERATION];
+		prom_sample_u64(r, "spoa_ratelimit_config_generation", NULL, 0, g);
+	}
+	prom_family(r, "spoa_ratelimit_reloads_total", PROM_COUNTER, "Reloads by result.");
+	{
+		struct prom_label ok = {"result", "ok"}, ko = {"result", "failed"};
+		uint64_t v;
+
+		sum_counter(m, MC_RELOADS_OK, &v);
+		prom_sample_u64(r, "spoa_ratelimit_reloads_total", &ok, 1, v);
+		sum_counter(m, MC_RELOADS_FAILED, &v);
+		prom_sample_u64(r, "spoa_ratelimit_reloads_total", &ko, 1, v);
+	}
+	family_u64(r, m, "spoa_ratelimit_metric_rows_overflow_total", PROM_COUNTER,
+		   "Decisions not counted by tier and rule because the row table was full.",
+		   MC_ROWS_OVERFLOW);
+	prom_family(r, "spoa_ratelimit_workers", PROM_GAUGE, "Worker processes reporting.");
+	prom_sample_u64(r, "spoa_ratelimit_workers", NULL, 0, live);
+
+	ntop = merge_tops(m, &mt);
+	prom_family(r, "spoa_ratelimit_denied_clients", PROM_GAUGE,
+		    "Distinct clients denied by a rule (HyperLogLog estimate).");
+	for (j = 0; j < ntop; j++) {
+		struct prom_label l = {"rule", mt[j].rule};
+
+		prom_sample_u64(r, "spoa_ratelimit_denied_clients", &l, 1, hll_count(&mt[j].hll));
+	}
+	prom_family(r, "spoa_ratelimit_top_denied", PROM_GAUGE,
+		    "Denials of the heaviest denied clients per rule (space-saving top-K; the "
+		    "client is a key fingerprint or an address prefix).");
+	for (j = 0; j < ntop; j++) {
+		for (i = 0; i < mt[j].n; i++) {
+			char rank[24];
+			struct prom_label l[3] = {{"rule", mt[j].rule},
+						  {"rank", rank},
+						  {"client", mt[j].e[i].item}};
+
+			snprintf(rank, sizeof(rank), "%zu", i + 1);
+			prom_sample_u64(r, "spoa_ratelimit_top_denied", l, 3, mt[j].e[i].count);
+		}
+	}
+	free(mt);
+	free(rows);
+}
+
+/* Renders the merged top offenders as JSON (the /top view). */
+void metrics_render_top(const struct metrics *m, struct http_reply *r)
+{
+	struct merged_top *mt;
+	size_t ntop = merge_tops(m, &mt), i, j;
+
+	http_reply_printf(r, "{\"rules\":[");
+	for (j = 0; j < ntop; j++) {
+		http_reply_printf(r, "%s{\"rule\":\"%s\",\"denied\":%llu,\"distinct_clients\":%llu,"
+				     "\"top\":[",
+				  j ? "," : "", mt[j].rule, (unsigned long long)mt[j].denied,
+				  (unsigned long long)hll_count(&mt[j].hll));
+		for (i = 0; i < mt[j].n; i++)
+			http_reply_printf(r, "%s{\"client\":\"%s\",\"count\":%llu,\"error\":%llu}",
+					  i ? "," : "", mt[j].e[i].item,
+					  (unsigned long long)mt[j].e[i].count,
+					  (unsigned long long)mt[j].e[i].error);
+		http_reply_printf(r, "]}");
+	}
+	http_reply_printf(r, "]}\n");
+	free(mt);
+}

@@ -1,0 +1,111 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Metrics shared by the worker processes: each worker writes only its own slot
+ * of a shared memory region (created before the workers are forked), and
+ * whichever worker answers a scrape renders the sum of all slots. With one
+ * process the region is simply private memory.
+ *
+ * Everything is fixed-size: label sets are bounded by the configuration (tiers
+ * x rules), top offenders by K per rule, distinct denied clients by a
+ * HyperLogLog per rule. A row that does not fit is counted in "_overflow".
+ */
+#ifndef AGENT_METRICS_H
+#define AGENT_METRICS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "hll.h"
+#include "http.h"
+#include "prom.h"
+#include "spop.h"
+#include "store.h"
+#include "topk.h"
+
+#define MET_WORKERS_MAX 64
+#define MET_ROWS        256     /* (tier, rule) rows per worker */
+#define MET_TOP_RULES   64      /* rules with top offenders tracked */
+#define MET_TOP_K       10      /* offenders exported per rule */
+#define MET_TOP_SNAP    32      /* offenders each worker publishes per rule (merging
+				 * per-worker lists undercounts clients missing from some) */
+#define MET_NAME        72
+
+/* Counters a worker publishes (cumulative since it started). */
+enum met_counter {
+	MC_CONNS = 0,           /* gauge: SPOP connections open */
+	MC_ACCEPTED,            /* SPOP connections accepted */
+	MC_HELLOS,
+	MC_HEALTHCHECKS,
+	MC_NOTIFY,
+	MC_ACKS,
+	MC_HAPROXY_DISCONNECTS,
+	MC_ORPHANS,
+	MC_REFUNDS,
+	MC_LOCAL_DECISIONS,
+	MC_TIER_HITS,
+	MC_TIER_MISSES,
+	MC_REDIS_SENT,
+	MC_REDIS_LATE,
+	MC_REDIS_PENDING,       /* gauge */
+	MC_BREAKER_OPEN,        /* gauge 0/1 */
+	MC_BREAKER_OPENED,
+	MC_MEMORY_KEYS,         /* gauge: memory store entries */
+	MC_LOCAL_KEYS,          /* gauge: local fallback entries */
+	MC_GENERATION,          /* gauge: configuration generation */
+	MC_RELOADS_OK,
+	MC_RELOADS_FAILED,
+	MC_ROWS_OVERFLOW,
+	MC_COUNT                /* sentinel */
+};
+
+/* Decisions for one (tier, rule) pair. */
+struct met_row {
+	char tier[MET_NAME];
+	char rule[MET_NAME];
+	uint64_t allowed, denied, shadow_denied, degraded;
+};
+
+/* Denied clients of one rule: a snapshot of the worker's top-K and its HLL. */
+struct met_top {
+	char rule[MET_NAME];
+	uint64_t denied;
+	size_t n;
+	struct topk_entry top[MET_TOP_SNAP];
+	struct hll hll;
+};
+
+struct met_slot {
+	pid_t pid;                      /* 0: unused */
+	uint64_t c[MC_COUNT];
+	uint64_t degraded[STORE_COUNT]; /* degraded answers by reason */
+	uint64_t spop_errors[SPOP_ST_RES + 1];
+	size_t nrows;
+	struct met_row rows[MET_ROWS];
+	struct prom_hist decision_lat;  /* NOTIFY received -> ACK queued, seconds */
+	struct prom_hist redis_lat;     /* script call round trip, seconds */
+	size_t ntop;
+	struct met_top top[MET_TOP_RULES];
+};
+
+struct metrics;
+
+struct metrics *metrics_new(unsigned workers);
+void metrics_free(struct metrics *m);
+struct met_slot *metrics_attach(struct metrics *m, unsigned worker);
+void metrics_decision(struct met_slot *s, const char *tier, const char *rule, int result);
+struct met_top *metrics_top(struct met_slot *s, const char *rule);
+void metrics_render(const struct metrics *m, struct http_reply *r);
+void metrics_render_top(const struct metrics *m, struct http_reply *r);
+
+/* Results for metrics_decision(). */
+enum met_result {
+	MR_ALLOWED = 0,
+	MR_DENIED,
+	MR_SHADOW_DENIED,
+	MR_DEGRADED,
+	MR_COUNT                /* sentinel */
+};
+
+#endif /* AGENT_METRICS_H */

@@ -22,6 +22,7 @@
 
 #include "agent.h"
 #include "config.h"
+#include "digest.h"
 #include "log.h"
 #include "metrics.h"
 #include "rules.h"
@@ -41,6 +42,8 @@ struct app {
 	ev_signal sighup, sigterm, sigint, sigusr1;
 	ev_stat watch;                  /* the config file, when reload.watch is set */
 	ev_timer settle;                /* reload once the file stopped changing */
+	ev_timer poll;                  /* content check: stat times have 1 s resolution */
+	uint8_t digest[SHA256_LEN];     /* of the file content last loaded (or tried) */
 	ev_timer drain;
 	ev_tstamp drain_started;
 	bool stopping;
@@ -78,9 +81,34 @@ static struct ruleset *load(const char *file, uint64_t gen, bool to_log)
 	return ruleset_build(cfg, gen);
 }
 
+/*
+ * Hashes the content of <file> into <out>. A config file is small and local:
+ * reading it is as (briefly) blocking as loading it. Returns 0 or -1.
+ */
+static int file_digest(const char *file, uint8_t out[SHA256_LEN])
+{
+	struct sha256 sh;
+	char buf[8192];
+	size_t n, total = 0;
+	FILE *f = fopen(file, "rb");
+
+	if (!f)
+		return -1;
+	sha256_init(&sh);
+	while ((n = fread(buf, 1, sizeof(buf), f)) > 0 && total < (64u << 20)) {
+		sha256_update(&sh, buf, n);
+		total += n;
+	}
+	fclose(f);
+	sha256_final(&sh, out);
+	return 0;
+}
+
 static void reload(struct app *app, const char *why)
 {
 	struct ruleset *rs;
+
+	(void)file_digest(app->file, app->digest);
 
 	rs = load(app->file, app->gen + 1, true);
 	if (!rs) {
@@ -107,12 +135,35 @@ static void sighup_cb(struct ev_loop *loop, ev_signal *w, int revents)
 static void settle_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	struct app *app = t->data;
+	uint8_t d[SHA256_LEN];
 
 	(void)loop;
 	(void)revents;
 	if (!agent_rules(app->agent)->cfg->watch)
 		return;
+	/* unchanged content (touched, or rewritten identically): nothing to do */
+	if (file_digest(app->file, d) == 0 && memcmp(d, app->digest, sizeof(d)) == 0)
+		return;
 	reload(app, "file changed");
+}
+
+/*
+ * With reload.watch, the content is compared every second too: ev_stat sees
+ * times with a one-second resolution, so a same-size edit within the second
+ * of the previous one would go unnoticed.
+ */
+static void poll_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct app *app = t->data;
+	uint8_t d[SHA256_LEN];
+
+	(void)revents;
+	if (!agent_rules(app->agent)->cfg->watch || ev_is_active(&app->settle))
+		return;
+	if (file_digest(app->file, d) == 0 && memcmp(d, app->digest, sizeof(d)) != 0) {
+		ev_timer_set(&app->settle, 0.2, 0.);
+		ev_timer_start(loop, &app->settle);
+	}
 }
 
 /* The file changed: editors write in several steps, so wait until it settles. */
@@ -147,6 +198,7 @@ static void drain_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	ev_timer_stop(loop, t);
 	ev_stat_stop(loop, &app->watch);
 	ev_timer_stop(loop, &app->settle);
+	ev_timer_stop(loop, &app->poll);
 	agent_log_stats(app->agent);
 	agent_free(app->agent);
 	app->agent = NULL;
@@ -196,6 +248,10 @@ static int run_agent(const char *file, struct ruleset *rs, const struct agent_op
 	ev_stat_init(&app.watch, watch_cb, app.file, 0.5);
 	app.watch.data = &app;
 	ev_stat_start(app.loop, &app.watch);
+	(void)file_digest(app.file, app.digest);
+	ev_timer_init(&app.poll, poll_cb, 1., 1.);
+	app.poll.data = &app;
+	ev_timer_start(app.loop, &app.poll);
 	LOG(LOG_NOTICE, "spoa-ratelimit %s started", VERSION);
 	ev_run(app.loop, 0);
 	LOG(LOG_NOTICE, "exiting");

@@ -42,6 +42,16 @@
 #define COST_MAX 1000000
 #define MAX_APPLIED (2 * STORE_MAX_LIMITS)
 
+#define BLOCKED_SLOTS 4096
+
+/* The blocked-key cache: a query Redis denied, denied locally until it could pass. */
+struct blocked_slot {
+	uint64_t h;                     /* hash of the query (keys, limits, costs) */
+	double at;                      /* mono() of the denial */
+	double until;                   /* mono() until which the same query is denied */
+	struct store_result res;        /* the verdicts to repeat (times adjusted) */
+};
+
 /* Slots of the tier cache: API key digest -> tier name, with an expiry. */
 struct tier_slot {
 	uint8_t digest[16];             /* first 16 bytes of SHA-256(key) */
@@ -68,6 +78,8 @@ struct agent {
 	struct metrics *metrics;        /* ref: shared region (owned by main) */
 	struct met_slot *ms;            /* ref: this process's slot */
 	struct http_server *http;       /* owned or NULL */
+	struct blocked_slot *blocked;   /* owned: BLOCKED_SLOTS, or NULL when disabled */
+	uint64_t blocked_hits;
 	ev_timer publish;               /* copies gauges and top-K snapshots into ms */
 	size_t ntopk;
 	struct {
@@ -91,6 +103,7 @@ struct part {
 	struct store_result res;
 	bool used;
 	bool fallback;                  /* res holds the failure ladder's verdicts */
+	uint64_t h;                     /* hash of q, for the blocked-key cache */
 	double t_sent;                  /* mono() when the query left */
 	bool has[STORE_MAX_LIMITS];     /* a verdict exists for this slot */
 };
@@ -439,6 +452,69 @@ static void decision_finish(struct decision *d)
 	decision_free(d);
 }
 
+static uint64_t query_hash(const struct store_query *q)
+{
+	uint64_t h = 0x9e3779b97f4a7c15ULL;
+	size_t i;
+
+	for (i = 0; i < q->n; i++) {
+		uint64_t v[5] = {h, (uint64_t)q->params[i].alg, (uint64_t)q->params[i].a,
+				 (uint64_t)q->params[i].b, (uint64_t)q->cost[i]};
+
+		h = hll_hash(v, sizeof(v)) ^ hll_hash(q->keys[i], strlen(q->keys[i]));
+	}
+	return h;
+}
+
+/*
+ * Remembers a denial: until the slowest denying limit would admit the same
+ * query again, the answer cannot change (charges only make it worse; a
+ * refund or a reload could make it pass a little earlier).
+ */
+static void blocked_put(struct agent *a, const struct part *pt)
+{
+	struct blocked_slot *b;
+	int64_t wait = 0;
+	size_t i;
+
+	if (!a->blocked || pt->res.allowed)
+		return;
+	for (i = 0; i < pt->res.n; i++)
+		if (!pt->res.v[i].allowed && !pt->q.params[i].shadow && pt->res.v[i].retry_ms > wait)
+			wait = pt->res.v[i].retry_ms;
+	if (wait < 1)
+		return;
+	b = &a->blocked[pt->h % BLOCKED_SLOTS];
+	b->h = pt->h;
+	b->at = mono();
+	b->until = b->at + wait / 1000.;
+	b->res = pt->res;
+}
+
+/* A cached denial for <pt>'s query, with its times brought up to date. */
+static bool blocked_get(struct agent *a, struct part *pt)
+{
+	struct blocked_slot *b;
+	int64_t elapsed;
+	size_t i;
+
+	if (!a->blocked)
+		return false;
+	b = &a->blocked[pt->h % BLOCKED_SLOTS];
+	if (b->h != pt->h || b->until <= mono() || b->res.n != pt->q.n)
+		return false;
+	pt->res = b->res;
+	elapsed = (int64_t)((mono() - b->at) * 1000);
+	for (i = 0; i < pt->res.n; i++) {
+		struct limit_verdict *v = &pt->res.v[i];
+
+		v->retry_ms = v->retry_ms > elapsed ? v->retry_ms - elapsed : (v->retry_ms ? 1 : 0);
+		v->reset_ms = v->reset_ms > elapsed ? v->reset_ms - elapsed : 0;
+	}
+	a->blocked_hits++;
+	return true;
+}
+
 static void part_done_cb(enum store_status st, const struct store_result *res, void *arg)
 {
 	struct part *pt = arg;
@@ -447,10 +523,12 @@ static void part_done_cb(enum store_status st, const struct store_result *res, v
 	pt->st = st;
 	if (st == STORE_OK && d->a->ms)
 		prom_hist_observe(&d->a->ms->redis_lat, mono() - pt->t_sent);
-	if (st == STORE_OK && res->n == pt->q.n)
+	if (st == STORE_OK && res->n == pt->q.n) {
 		pt->res = *res;
-	else if (st == STORE_OK)
+		blocked_put(d->a, pt);
+	} else if (st == STORE_OK) {
 		pt->st = STORE_ERROR;
+	}
 	d->a->pending--;
 	if (--d->waiting == 0)
 		decision_finish(d);
@@ -596,9 +674,15 @@ static void decision_run(struct decision *d, const struct rule_tier *tier)
 		if (!pt->used)
 			continue;
 		pt->d = d;
+		pt->h = query_hash(&pt->q);
+		if (blocked_get(a, pt)) {
+			pt->st = STORE_OK;
+			continue;
+		}
 		if (a->mem) {
 			memstore_decide(a->mem, &pt->q, now_us_real(), &pt->res);
 			pt->st = STORE_OK;
+			blocked_put(a, pt);
 			continue;
 		}
 		d->waiting++;
@@ -814,6 +898,7 @@ static void publish(struct agent *a)
 	for (i = 0; i <= SPOP_ST_RES; i++)
 		ms->spop_errors[i] = ss->errors[i];
 	ms->c[MC_REFUNDS] = a->refunds;
+	ms->c[MC_BLOCKED_HITS] = a->blocked_hits;
 	ms->c[MC_LOCAL_DECISIONS] = a->local_decisions;
 	ms->c[MC_TIER_HITS] = a->tier_hits;
 	ms->c[MC_TIER_MISSES] = a->tier_misses;
@@ -938,6 +1023,8 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 	if (rs->cfg->store == STORE_KIND_MEMORY)
 		a->mem = memstore_new(1000000);
 	a->local = memstore_new(100000);
+	if (rs->cfg->blocked_cache)
+		a->blocked = xcalloc(BLOCKED_SLOTS, sizeof(*a->blocked));
 	tier_cache_setup(a, rs);
 	if (rs->cfg->store == STORE_KIND_REDIS) {
 		struct store_opts so = {
@@ -965,6 +1052,7 @@ fail:
 	memstore_free(a->mem);
 	memstore_free(a->local);
 	free(a->tcache);
+	free(a->blocked);
 	free(a);
 	return -1;
 }
@@ -992,6 +1080,13 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 	if (rs->cfg->tier_hash && rs->cfg->store != STORE_KIND_REDIS)
 		FREE_AND_NULL(rs->cfg->tier_hash);
 	tier_cache_setup(a, rs);
+	/* cached denials were decided by the old limits */
+	if (!rs->cfg->blocked_cache)
+		FREE_AND_NULL(a->blocked);
+	else if (!a->blocked)
+		a->blocked = xcalloc(BLOCKED_SLOTS, sizeof(*a->blocked));
+	else
+		memset(a->blocked, 0, BLOCKED_SLOTS * sizeof(*a->blocked));
 	ruleset_unref(a->rs);
 	a->rs = rs;
 }
@@ -1048,6 +1143,7 @@ void agent_free(struct agent *a)
 	memstore_free(a->mem);
 	memstore_free(a->local);
 	free(a->tcache);
+	free(a->blocked);
 	ruleset_unref(a->rs);
 	free(a);
 }

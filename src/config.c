@@ -506,7 +506,7 @@ static void load_root(struct loader *ld, config_t *lc)
 	static const char *const known_root[] = {
 		"listen", "log_level", "store", "message", "max_frame_size", "max_inflight", "redis",
 		"limits", "tiers", "default_tier", "anonymous", "response", "endpoints",
-		"unknown_keys", "tier_lookup", "reload", "fallback", "workers", "metrics", NULL};
+		"unknown_keys", "tier_lookup", "reload", "fallback", "workers", "metrics", "blocked_cache", NULL};
 	static const char *const known_redis[] = {"address", "user", "password", "key_prefix",
 						  "connect_timeout_ms", "command_timeout_ms",
 						  "max_pending", "breaker_failures",
@@ -545,6 +545,8 @@ static void load_root(struct loader *ld, config_t *lc)
 	cfg->message = get_str(ld, root, "message", "rl-req");
 	cfg->max_frame_size = 65532;
 	get_uint(ld, root, "max_frame_size", 16380, 1 << 24, &cfg->max_frame_size);
+	cfg->blocked_cache = true;
+	get_bool(ld, root, "blocked_cache", &cfg->blocked_cache);
 	cfg->workers = 1;
 	get_uint(ld, root, "workers", 1, 64, &cfg->workers);
 	cfg->max_inflight = 256;

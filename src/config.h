@@ -110,6 +110,7 @@ struct agent_config {
 	unsigned breaker_cooldown_ms;
 	unsigned workers;               /* worker processes (restart-only) */
 	char *metrics_listen;           /* owned or NULL: /metrics, /top, /healthz, /ready */
+	bool blocked_cache;             /* deny locally until a denial's Retry-After */
 };
 
 /* Errors collected while loading, each "file:line: message". */

@@ -350,6 +350,9 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 	family_u64(r, m, "spoa_ratelimit_local_decisions_total", PROM_COUNTER,
 		   "Decisions made by local fallback limits while Redis failed.",
 		   MC_LOCAL_DECISIONS);
+	family_u64(r, m, "spoa_ratelimit_blocked_cache_hits_total", PROM_COUNTER,
+		   "Denials answered locally, without Redis, until their Retry-After.",
+		   MC_BLOCKED_HITS);
 	family_u64(r, m, "spoa_ratelimit_tier_cache_hits_total", PROM_COUNTER,
 		   "Tier lookups answered by the local cache.", MC_TIER_HITS);
 	family_u64(r, m, "spoa_ratelimit_tier_cache_misses_total", PROM_COUNTER,

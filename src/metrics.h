@@ -57,6 +57,7 @@ enum met_counter {
 	MC_RELOADS_OK,
 	MC_RELOADS_FAILED,
 	MC_ROWS_OVERFLOW,
+	MC_BLOCKED_HITS,        /* decisions answered by the blocked-key cache */
 	MC_COUNT                /* sentinel */
 };
 

@@ -444,14 +444,15 @@ def wait_addr(addr, timeout=10.0, proc=None):
 
 
 class Agent:
-    def __init__(self, procs, tmp, cfg, name="agent", wait_redis=True):
+    def __init__(self, procs, tmp, cfg, name="agent", wait_redis=True, args=()):
+        """<args>: extra command-line arguments, e.g. ("-w", 2)."""
         self.procs = procs
         self.cfg = cfg
         self.addr = parse_listen(cfg["listen"])
         self.wait_redis = wait_redis and cfg.get("store") == "redis"
         self.conf_path = tmp / ("%s-%d.conf" % (name, len(procs.procs)))
         self.conf_path.write_text(to_libconfig(cfg))
-        self.proc = procs.spawn(name, [SPOA_BIN, "-f", self.conf_path],
+        self.proc = procs.spawn(name, [SPOA_BIN, "-f", self.conf_path] + list(args),
                                 env=agent_env())
         self._ready()
 
@@ -488,6 +489,25 @@ class Agent:
 
     def alive(self):
         return self.proc.alive()
+
+    @property
+    def metrics_addr(self):
+        """(host, port) of the metrics HTTP listener (config `metrics.listen`), or None."""
+        listen = (self.cfg.get("metrics") or {}).get("listen")
+        return parse_listen(listen) if listen else None
+
+    def http(self, path, timeout=5.0):
+        """GET <path> on the metrics listener: (status, body text)."""
+        r = http_request(self.metrics_addr, path, timeout=timeout)
+        return r.status, r.body.decode(errors="replace")
+
+    def worker_pids(self):
+        """Pids of the worker processes (children of the master; [] with one process)."""
+        try:
+            text = Path("/proc/%d/task/%d/children" % (self.proc.pid, self.proc.pid)).read_text()
+        except OSError:
+            return []
+        return [int(x) for x in text.split()]
 
     def reload(self, text=None, **over):
         """Rewrite the config file (raw <text>, or the current dict with top-level
@@ -536,13 +556,18 @@ def agent_bin():
 
 @pytest.fixture
 def agent(procs, tmp, agent_bin):
-    """Factory: agent(redis=Redis|None, redis_cfg={...}, **config overrides) -> Agent
-    (started, listening). redis_cfg entries are merged into the `redis` group."""
-    def start(redis=None, name="agent", redis_cfg=None, wait_redis=True, **over):
+    """Factory: agent(redis=Redis|None, redis_cfg={...}, args=(...), metrics=False,
+    **config overrides) -> Agent (started, listening). redis_cfg entries are merged into
+    the `redis` group; args are extra command-line arguments (e.g. ("-w", 2)); metrics=True
+    sets `metrics.listen` to a free loopback port (Agent.metrics_addr, Agent.http())."""
+    def start(redis=None, name="agent", redis_cfg=None, wait_redis=True, args=(),
+              metrics=False, **over):
         listen = over.pop("listen", None) or "127.0.0.1:%d" % free_port()
+        if metrics:
+            over["metrics"] = {"listen": "127.0.0.1:%d" % free_port()}
         cfg = agent_config(listen, redis.address if redis else None, **over)
         cfg["redis"].update(redis_cfg or {})
-        return Agent(procs, tmp, cfg, name=name, wait_redis=wait_redis)
+        return Agent(procs, tmp, cfg, name=name, wait_redis=wait_redis, args=args)
     return start
 
 

@@ -167,9 +167,11 @@ const struct rule_endpoint *ruleset_endpoint(const struct ruleset *rs, const cha
 	for (i = 0; i < rs->nendpoints; i++) {
 		const struct rule_endpoint *e = &rs->endpoints[i];
 
-		if (e->route && route_len && strlen(e->route) == route_len &&
-		    memcmp(e->route, route, route_len) == 0)
-			return e;
+		if (e->route && route_len) {
+			if (strlen(e->route) == route_len && memcmp(e->route, route, route_len) == 0)
+				return e;
+			continue; /* both have a route id: it alone decides */
+		}
 		if (!e->path_prefix || path_len < e->prefix_len ||
 		    memcmp(path, e->path_prefix, e->prefix_len) != 0)
 			continue;

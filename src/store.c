@@ -673,17 +673,21 @@ static void node_free(struct store_node *n)
 static void node_schedule_reconnect(struct store_node *n)
 {
 	struct store *s = n->s;
+	unsigned cap = BACKOFF_MAX_MS;
 
 	n->state = ND_DISCONNECTED;
 	n->ac = NULL;
 	ev_timer_stop(s->loop, &n->conn_timer);
 	if (s->freeing || n->retired)
 		return;
+	/* a seed that is no master of the cluster is only a way back in: no hurry */
+	if (n->seed && !n->nslots && s->mode == MODE_CLUSTER)
+		cap = (unsigned)(REFRESH_EVERY_S * 1000);
 	ev_timer_set(&n->conn_timer, n->backoff_ms / 1000., 0.);
 	ev_timer_start(s->loop, &n->conn_timer);
 	n->backoff_ms *= 2;
-	if (n->backoff_ms > BACKOFF_MAX_MS)
-		n->backoff_ms = BACKOFF_MAX_MS;
+	if (n->backoff_ms > cap)
+		n->backoff_ms = cap;
 }
 
 /*

@@ -209,8 +209,10 @@ install: $(BIN)
 	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/spoa-ratelimit
 	install -m 0644 haproxy/haproxy.cfg haproxy/spoe-ratelimit.conf haproxy/tiers.map \
 	  $(DESTDIR)$(PREFIX)/share/spoa-ratelimit/haproxy/
-	install -m 0644 contrib/spoa-ratelimit.conf README.md \
+	install -m 0644 contrib/spoa-ratelimit.conf contrib/spoa-ratelimit.service \
+	  contrib/prometheus-alerts.yml contrib/grafana-dashboard.json README.md \
 	  $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit/
+	install -m 0644 contrib/README.md $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit/contrib.md
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/spoa-ratelimit

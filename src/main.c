@@ -291,7 +291,16 @@ static pid_t spawn_worker(const char *file, struct ruleset *rs, const sigset_t *
 			_exit(1);
 		sigprocmask(SIG_SETMASK, mask, NULL);
 		struct agent_opts o = {.reuseport = true, .metrics = m, .worker = (unsigned)idx};
+		struct ruleset *fresh;
 
+		/* the file may have been reloaded since the master read it: a restarted
+		 * worker must run what its siblings run, so it reads the file again and
+		 * keeps the master's copy only if the file is now broken */
+		fresh = load(file, 1, true);
+		if (fresh) {
+			ruleset_unref(rs);
+			rs = fresh;
+		}
 		LOG(LOG_INFO, "worker %d started", idx);
 		_exit(run_agent(file, rs, &o));
 	}

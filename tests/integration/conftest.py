@@ -503,11 +503,22 @@ class Agent:
 
     def worker_pids(self):
         """Pids of the worker processes (children of the master; [] with one process)."""
+        pid = self.proc.pid
         try:
-            text = Path("/proc/%d/task/%d/children" % (self.proc.pid, self.proc.pid)).read_text()
+            return [int(x) for x in
+                    Path("/proc/%d/task/%d/children" % (pid, pid)).read_text().split()]
         except OSError:
-            return []
-        return [int(x) for x in text.split()]
+            pass
+        out = []                        # kernels without CONFIG_PROC_CHILDREN
+        for d in Path("/proc").iterdir():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[-1].split()
+            if d.name.isdigit() and int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(d.name))
+        return sorted(out)
 
     def reload(self, text=None, **over):
         """Rewrite the config file (raw <text>, or the current dict with top-level

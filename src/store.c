@@ -1394,6 +1394,18 @@ bool store_ready(const struct store *s)
 	return false;
 }
 
+/*
+ * True when a query for <key> would be sent now as far as its node goes: the
+ * owner of its slot is ready and its breaker closed (in a cluster, one master
+ * down or tripped says nothing about the others). Invokes nothing.
+ */
+bool store_key_ready(const struct store *s, const char *key)
+{
+	const struct store_node *n = s->slots[crc16_key_slot(key, strnlen(key, STORE_KEY_MAX))];
+
+	return n && n->state == ND_READY && !n->breaker_open && !s->freeing;
+}
+
 const struct store_stats *store_stats(const struct store *s)
 {
 	return &s->stats;

@@ -97,6 +97,7 @@ void store_free(struct store *s);
 int store_decide(struct store *s, const struct store_query *q, store_done_fn cb, void *arg);
 int store_hget(struct store *s, const char *key, const char *field, store_str_fn cb, void *arg);
 bool store_ready(const struct store *s);
+bool store_key_ready(const struct store *s, const char *key);
 const struct store_stats *store_stats(const struct store *s);
 const char *store_status_str(int st);
 

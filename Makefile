@@ -142,8 +142,9 @@ replay:
 	$(Q)$(MAKE) --no-print-directory SANITIZE=address,undefined build-asan/fuzz_replay
 	build-asan/fuzz_replay tests/fuzz/corpus/spop_frame
 
+SPOA_BIN ?= $(abspath $(BIN))
 itest: $(BIN) $(MODEL) $(BUILD)/gen/ratelimit.lua
-	SPOA_BIN=$(abspath $(BIN)) LIMIT_MODEL=$(abspath $(MODEL)) \
+	SPOA_BIN=$(SPOA_BIN) LIMIT_MODEL=$(abspath $(MODEL)) \
 	  RATELIMIT_LUA=$(abspath $(BUILD)/gen/ratelimit.lua) $(PYTHON) -m pytest -q tests/integration
 
 test: deps

@@ -500,8 +500,7 @@ static bool blocked_get(struct agent *a, struct part *pt)
 
 	/* only while Redis answers: during an outage the failure ladder decides,
 	 * so an outage behaves the same whatever was cached */
-	if (!a->blocked ||
-	    (a->store && (!store_ready(a->store) || store_stats(a->store)->breaker_open)))
+	if (!a->blocked || (a->store && !store_key_ready(a->store, pt->q.keys[0])))
 		return false;
 	b = &a->blocked[pt->h % BLOCKED_SLOTS];
 	if (b->h != pt->h || b->until <= mono() || b->res.n != pt->q.n)

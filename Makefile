@@ -112,7 +112,7 @@ $(BUILD)/test_limiter: tests/unit/test_limiter.c $(BUILD)/src/limiter.o $(BUILD)
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka -lm
 
 $(BUILD)/test_memstore: tests/unit/test_memstore.c $(BUILD)/src/memstore.o $(BUILD)/src/limiter.o \
-                        $(BUILD)/src/util.o
+                        $(BUILD)/src/util.o $(BUILD)/src/hll.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka -lm
 

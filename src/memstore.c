@@ -69,6 +69,7 @@
 #include <time.h>
 
 #include "compiler.h"
+#include "hll.h"
 #include "limiter.h"
 #include "store.h"
 #include "util.h"
@@ -111,68 +112,8 @@ struct memstore {
 	uint64_t k0, k1;                /* SipHash key */
 };
 
-/* ---- SipHash-2-4 (Aumasson and Bernstein, 2012) ---------------------------------------- */
+/* Keys are hashed with SipHash-1-3 (hll.c) under a random per-table key. */
 
-#define ROTL64(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
-
-#define SIPROUND(v0, v1, v2, v3)                                                            \
-	do {                                                                                \
-		(v0) += (v1);                                                               \
-		(v1) = ROTL64((v1), 13);                                                    \
-		(v1) ^= (v0);                                                               \
-		(v0) = ROTL64((v0), 32);                                                    \
-		(v2) += (v3);                                                               \
-		(v3) = ROTL64((v3), 16);                                                    \
-		(v3) ^= (v2);                                                               \
-		(v0) += (v3);                                                               \
-		(v3) = ROTL64((v3), 21);                                                    \
-		(v3) ^= (v0);                                                               \
-		(v2) += (v1);                                                               \
-		(v1) = ROTL64((v1), 17);                                                    \
-		(v1) ^= (v2);                                                               \
-		(v2) = ROTL64((v2), 32);                                                    \
-	} while (0)
-
-static uint64_t load_le64(const unsigned char *p)
-{
-	uint64_t v = 0;
-	int i;
-
-	for (i = 7; i >= 0; i--)
-		v = (v << 8) | p[i];
-	return v;
-}
-
-static uint64_t siphash24(uint64_t k0, uint64_t k1, const void *data, size_t len)
-{
-	const unsigned char *in = data;
-	uint64_t v0 = 0x736f6d6570736575ULL ^ k0;
-	uint64_t v1 = 0x646f72616e646f6dULL ^ k1;
-	uint64_t v2 = 0x6c7967656e657261ULL ^ k0;
-	uint64_t v3 = 0x7465646279746573ULL ^ k1;
-	uint64_t b = (uint64_t)len << 56, w;
-	size_t i, j;
-
-	for (i = 0; i + 8 <= len; i += 8) {
-		w = load_le64(in + i);
-		v3 ^= w;
-		SIPROUND(v0, v1, v2, v3);
-		SIPROUND(v0, v1, v2, v3);
-		v0 ^= w;
-	}
-	for (j = 0; i + j < len; j++)
-		b |= (uint64_t)in[i + j] << (8 * j);
-	v3 ^= b;
-	SIPROUND(v0, v1, v2, v3);
-	SIPROUND(v0, v1, v2, v3);
-	v0 ^= b;
-	v2 ^= 0xff;
-	SIPROUND(v0, v1, v2, v3);
-	SIPROUND(v0, v1, v2, v3);
-	SIPROUND(v0, v1, v2, v3);
-	SIPROUND(v0, v1, v2, v3);
-	return v0 ^ v1 ^ v2 ^ v3;
-}
 
 /*
  * A random SipHash key. Should the kernel refuse (pre-3.17 or seccomp), the
@@ -191,8 +132,8 @@ static void seed_hash(struct memstore *m)
 	}
 	clock_gettime(CLOCK_REALTIME, &ts[0]);
 	clock_gettime(CLOCK_MONOTONIC, &ts[1]);
-	m->k0 = siphash24((uint64_t)(uintptr_t)m, 0x9e3779b97f4a7c15ULL, ts, sizeof(ts));
-	m->k1 = siphash24(m->k0, (uint64_t)(uintptr_t)&k, ts, sizeof(ts));
+	m->k0 = hll_siphash13((uint64_t)(uintptr_t)m, 0x9e3779b97f4a7c15ULL, ts, sizeof(ts));
+	m->k1 = hll_siphash13(m->k0, (uint64_t)(uintptr_t)&k, ts, sizeof(ts));
 }
 
 /* ---- expiry heap ----------------------------------------------------------------------- */
@@ -507,7 +448,7 @@ void memstore_decide(struct memstore *m, const struct store_query *q, int64_t no
 
 	for (i = 0; i < n; i++) {
 		len[i] = strnlen(q->keys[i], STORE_KEY_MAX);
-		h[i] = siphash24(m->k0, m->k1, q->keys[i], len[i]);
+		h[i] = hll_siphash13(m->k0, m->k1, q->keys[i], len[i]);
 		first[i] = i;
 		for (j = 0; j < i; j++) {
 			if (first[j] == j && h[j] == h[i] && len[j] == len[i] &&

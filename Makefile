@@ -5,6 +5,7 @@
 #                        replay (ASan), integration tests (real HAProxy + Redis)
 #   make demo            two gateways, two agents, one Redis: the shared budget
 #   make bench           wrk through HAProxy: no SPOE vs null agent vs Redis
+#   make accuracy        20 agents on one Redis: admitted / limit, exact vs local-only
 #   make fuzz-smoke      libFuzzer (clang) on the frame decoder for ~60 s
 #   make SANITIZE=address,undefined   ASan/UBSan build into build-asan/
 #   make WERROR=1        warnings are errors
@@ -60,7 +61,7 @@ UNIT_BINS = $(BUILD)/test_spop $(BUILD)/test_limiter $(BUILD)/test_memstore $(BU
 MODEL     = $(BUILD)/limit_model
 REPLAY    = $(BUILD)/fuzz_replay
 
-.PHONY: all deps unit replay itest test demo bench fuzz fuzz-smoke check-config install \
+.PHONY: all deps unit replay itest test demo bench accuracy fuzz fuzz-smoke check-config install \
         uninstall clean help
 
 all: $(BIN) $(LIBSPOA) $(BUILD)/spop-load
@@ -177,6 +178,10 @@ demo: deps
 bench: deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(PYTHON) tests/tools/bench.py --agent $(abspath $(BIN))
+
+accuracy: deps
+	$(Q)$(MAKE) --no-print-directory all
+	$(PYTHON) tests/tools/accuracy.py --agent $(abspath $(BIN)) --load $(abspath $(BUILD)/spop-load)
 
 # ---- checks ----------------------------------------------------------------
 

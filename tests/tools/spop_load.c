@@ -6,7 +6,15 @@
  * decisions per second, latency percentiles and the verdicts.
  *
  *   spop-load -a 127.0.0.1:12345 [-c conns] [-p pipeline] [-d seconds]
- *             [-k keys] [-K key-prefix] [-n max-requests]
+ *             [-k keys] [-K key-prefix] [-n max-requests] [-r rate]
+ *
+ * Without -r it keeps -p NOTIFYs in flight on every connection (closed loop)
+ * and stops dead at -d. With -r it paces: at most <rate> NOTIFYs per second
+ * for the whole process (spread over its connections, never more than -p in
+ * flight on one; a backlog is sent as soon as room frees up, so the offered
+ * count stays rate x elapsed), and at -d it stops sending and waits up to 2 s
+ * for the answers still due, so every request sent is counted (the line then
+ * ends with sent= and unanswered=).
  *
  * Loopback tool: bounded by -d and -n, it stops by itself.
  */
@@ -47,6 +55,8 @@ static struct {
 	double duration;
 	uint64_t max_requests;
 	const char *key_prefix;
+	double rate;                    /* -r: NOTIFYs per second, 0 = closed loop */
+	double drain_until;             /* -r: end of the grace period for answers */
 	uint64_t sent, acks, allowed, denied, degraded, errors;
 	double lat[LAT_SLOTS];
 	uint64_t nlat;
@@ -113,10 +123,16 @@ static void send_notify(struct ev_loop *loop, struct lconn *c)
 	ev_io_start(loop, &c->wio);
 }
 
+/* -r: how many NOTIFYs the pacing allows now (the first one at once) */
+static bool paced_ok(void)
+{
+	return !g.rate || (double)g.sent < g.rate * (now_s() - g.start) + 1;
+}
+
 static void fill(struct ev_loop *loop, struct lconn *c)
 {
 	while (!g.stopping && c->ready && c->inflight < (unsigned)g.pipeline &&
-	       (!g.max_requests || g.sent < g.max_requests))
+	       (!g.max_requests || g.sent < g.max_requests) && paced_ok())
 		send_notify(loop, c);
 }
 
@@ -174,6 +190,7 @@ static void read_cb(struct ev_loop *loop, ev_io *w, int revents)
 			return;
 		fprintf(stderr, "connection closed by the agent\n");
 		g.errors++;
+		c->ready = false;
 		ev_io_stop(loop, &c->rio);
 		ev_io_stop(loop, &c->wio);
 		return;
@@ -223,12 +240,45 @@ static void write_cb(struct ev_loop *loop, ev_io *w, int revents)
 		ev_io_stop(loop, w);
 }
 
+static unsigned total_inflight(const struct lconn *conns)
+{
+	unsigned n = 0;
+	int i;
+
+	for (i = 0; i < g.conns; i++)
+		n += conns[i].inflight;
+	return n;
+}
+
 static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
-	(void)t;
+	struct lconn *conns = t->data;
+	double now = now_s();
+	int i;
+
 	(void)revents;
-	if (now_s() - g.start >= g.duration || (g.max_requests && g.acks >= g.max_requests))
+	if (g.max_requests && g.acks >= g.max_requests) {
 		ev_break(loop, EVBREAK_ALL);
+		return;
+	}
+	if (!g.rate) {
+		if (now - g.start >= g.duration)
+			ev_break(loop, EVBREAK_ALL);
+		return;
+	}
+	/* paced: stop sending at -d, then wait (bounded) for the answers still due */
+	if (!g.stopping && now - g.start >= g.duration) {
+		g.stopping = true;
+		g.drain_until = now + 2.0;
+	}
+	if (g.stopping) {
+		if (!total_inflight(conns) || now >= g.drain_until || g.errors)
+			ev_break(loop, EVBREAK_ALL);
+		return;
+	}
+	for (i = 0; i < g.conns; i++)
+		if (conns[i].fd >= 0)
+			fill(loop, &conns[i]);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -249,7 +299,7 @@ int main(int argc, char **argv)
 	double elapsed;
 	int opt, i;
 
-	while ((opt = getopt(argc, argv, "a:c:p:d:k:K:n:")) != -1) {
+	while ((opt = getopt(argc, argv, "a:c:p:d:k:K:n:r:")) != -1) {
 		switch (opt) {
 		case 'a': g.addr = optarg; break;
 		case 'c': g.conns = atoi(optarg); break;
@@ -258,14 +308,16 @@ int main(int argc, char **argv)
 		case 'k': g.keys = atoi(optarg); break;
 		case 'K': g.key_prefix = optarg; break;
 		case 'n': g.max_requests = strtoull(optarg, NULL, 10); break;
+		case 'r': g.rate = atof(optarg); break;
 		default:
 			fprintf(stderr, "usage: spop-load -a ip:port [-c conns] [-p pipeline] "
-					"[-d seconds] [-k keys] [-K prefix] [-n requests]\n");
+					"[-d seconds] [-k keys] [-K prefix] [-n requests] "
+					"[-r rate]\n");
 			return 2;
 		}
 	}
 	if (g.conns < 1 || g.conns > 1024 || g.pipeline < 1 || g.pipeline > MAX_INFLIGHT ||
-	    g.keys < 1 || g.duration <= 0 || g.duration > 600)
+	    g.keys < 1 || g.duration <= 0 || g.duration > 600 || g.rate < 0 || g.rate > 1e7)
 		return 2;
 	colon = strrchr(g.addr, ':');
 	if (!colon || (size_t)(colon - g.addr) >= sizeof(host))
@@ -311,17 +363,30 @@ int main(int argc, char **argv)
 		ev_io_start(loop, &c->wio);
 	}
 	g.start = now_s();
-	ev_timer_init(&tick, tick_cb, 0.01, 0.01);
+	if (g.rate) {
+		/* pacing clock: a tick per request, between 2 ms and 10 ms */
+		double iv = 1.0 / g.rate;
+
+		iv = iv < 0.002 ? 0.002 : iv > 0.01 ? 0.01 : iv;
+		ev_timer_init(&tick, tick_cb, iv, iv);
+	} else {
+		ev_timer_init(&tick, tick_cb, 0.01, 0.01);
+	}
+	tick.data = conns;
 	ev_timer_start(loop, &tick);
 	ev_run(loop, 0);
 	elapsed = now_s() - g.start;
 	qsort(g.lat, g.nlat, sizeof(double), cmp_double);
 	printf("decisions=%llu seconds=%.2f rate=%.0f allowed=%llu denied=%llu degraded=%llu "
-	       "errors=%llu p50_ms=%.3f p90_ms=%.3f p99_ms=%.3f\n",
+	       "errors=%llu p50_ms=%.3f p90_ms=%.3f p99_ms=%.3f",
 	       (unsigned long long)g.acks, elapsed, g.acks / elapsed,
 	       (unsigned long long)g.allowed, (unsigned long long)g.denied,
 	       (unsigned long long)g.degraded, (unsigned long long)g.errors,
 	       g.nlat ? g.lat[g.nlat / 2] * 1e3 : 0, g.nlat ? g.lat[g.nlat * 9 / 10] * 1e3 : 0,
 	       g.nlat ? g.lat[g.nlat * 99 / 100] * 1e3 : 0);
+	if (g.rate)
+		printf(" sent=%llu unanswered=%llu", (unsigned long long)g.sent,
+		       (unsigned long long)(g.sent - g.acks));
+	printf("\n");
 	return g.errors ? 1 : 0;
 }

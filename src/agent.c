@@ -1127,20 +1127,23 @@ void agent_log_stats(const struct agent *a)
 }
 
 /*
- * Frees the agent: connections get AGENT-DISCONNECT(0) queued and are closed,
- * the store answers what is left with STORE_SHUTDOWN (which completes the
- * orphaned requests), then everything is released.
+ * Frees the agent: the store answers what is left with STORE_SHUTDOWN (the
+ * failure ladder completes those decisions and their ACKs are sent), then
+ * connections get AGENT-DISCONNECT(0) and everything is released.
  */
 void agent_free(struct agent *a)
 {
 	if (!a)
 		return;
-	spoa_server_disconnect_all(a->srv, SPOP_ST_NORMAL, "agent shutting down");
 	ev_timer_stop(a->loop, &a->publish);
 	http_server_free(a->http);
+	/* first answer what is still in flight (the failure ladder decides, ACKs go
+	 * out on the open connections), then say goodbye */
+	store_free(a->store);
+	a->store = NULL;
+	spoa_server_disconnect_all(a->srv, SPOP_ST_NORMAL, "agent shutting down");
 	for (size_t i = 0; i < a->ntopk; i++)
 		topk_free(a->topk[i].t);
-	store_free(a->store);
 	spoa_server_free(a->srv);
 	memstore_free(a->mem);
 	memstore_free(a->local);

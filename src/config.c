@@ -322,6 +322,10 @@ static void load_name_list(struct loader *ld, const config_setting_t *g, const c
 			add_err(ld, line_of(list), "%s: limit names must be strings", owner);
 		else
 			t->limits[t->nlimits++] = xstrdup(config_setting_get_string(e));
+		for (size_t j = 0; t->nlimits && j + 1 < t->nlimits; j++)
+			if (strcmp(t->limits[j], t->limits[t->nlimits - 1]) == 0)
+				add_err(ld, line_of(list), "%s: limit '%s' listed twice in '%s'", owner,
+					t->limits[j], name);
 	}
 	check_tier_refs(ld, t);
 }
@@ -463,7 +467,7 @@ static void load_tier_lookup(struct loader *ld, const config_setting_t *root)
 		else
 			cfg->tier_cache_ttl_ms = (unsigned)ms;
 	}
-	get_uint(ld, s, "cache_size", 1, 1 << 24, &cfg->tier_cache_size);
+	get_uint(ld, s, "cache_size", 1, 1 << 20, &cfg->tier_cache_size);
 }
 
 static void load_listen(struct loader *ld, const config_setting_t *s)

@@ -221,8 +221,14 @@ static void sigterm_cb(struct ev_loop *loop, ev_signal *w, int revents)
 	ev_timer_again(loop, &app->drain);
 }
 
-/* Runs one agent (the only process, or a worker) until SIGTERM. */
-static int run_agent(const char *file, struct ruleset *rs, const struct agent_opts *opts)
+/*
+ * Runs one agent (the only process, or a worker) until SIGTERM. <mask>, if not
+ * NULL, is the signal mask to restore once the signal watchers exist: a worker
+ * starts with the master's signals blocked, so a SIGHUP sent meanwhile waits
+ * and becomes a reload instead of killing it.
+ */
+static int run_agent(const char *file, struct ruleset *rs, const struct agent_opts *opts,
+		     const sigset_t *mask)
 {
 	struct app app = {0};
 
@@ -242,6 +248,10 @@ static int run_agent(const char *file, struct ruleset *rs, const struct agent_op
 	ev_signal_start(app.loop, &app.sigterm);
 	ev_signal_start(app.loop, &app.sigint);
 	ev_signal_start(app.loop, &app.sigusr1);
+	/* the handlers exist now (libev installs them: we do not ask for signalfd,
+	 * EVFLAG_AUTO): a signal that waited while the worker started is delivered */
+	if (mask)
+		sigprocmask(SIG_SETMASK, mask, NULL);
 	/* always watched; acted upon only while reload.watch is set (reloadable) */
 	ev_timer_init(&app.settle, settle_cb, 0.2, 0.);
 	app.settle.data = &app;
@@ -289,7 +299,6 @@ static pid_t spawn_worker(const char *file, struct ruleset *rs, const sigset_t *
 		prctl(PR_SET_PDEATHSIG, SIGTERM);
 		if (getppid() == 1)
 			_exit(1);
-		sigprocmask(SIG_SETMASK, mask, NULL);
 		struct agent_opts o = {.reuseport = true, .metrics = m, .worker = (unsigned)idx};
 		struct ruleset *fresh;
 
@@ -302,7 +311,7 @@ static pid_t spawn_worker(const char *file, struct ruleset *rs, const sigset_t *
 			rs = fresh;
 		}
 		LOG(LOG_INFO, "worker %d started", idx);
-		_exit(run_agent(file, rs, &o));
+		_exit(run_agent(file, rs, &o, mask));
 	}
 	return pid;
 }
@@ -332,6 +341,8 @@ static int run_master(const char *file, struct ruleset *rs, int n, struct metric
 	for (i = 0; i < n; i++) {
 		w[i].pid = spawn_worker(file, rs, &old, i, m);
 		w[i].started = mono();
+		if (!w[i].pid)
+			w[i].restart_at = mono() + 1.; /* fork failed: try again */
 	}
 	for (;;) {
 		struct timespec ts = {0, 100 * 1000 * 1000};
@@ -374,7 +385,11 @@ static int run_master(const char *file, struct ruleset *rs, int n, struct metric
 				w[i].restart_at = 0;
 				w[i].pid = spawn_worker(file, rs, &old, i, m);
 				w[i].started = mono();
-				LOG(LOG_NOTICE, "worker %d restarted (pid %d)", i, (int)w[i].pid);
+				if (!w[i].pid)
+					w[i].restart_at = mono() + 1.; /* fork failed: try again */
+				else
+					LOG(LOG_NOTICE, "worker %d restarted (pid %d)", i,
+					    (int)w[i].pid);
 			}
 			if (w[i].pid)
 				live++;
@@ -456,6 +471,6 @@ int main(int argc, char **argv)
 	{
 		struct agent_opts o = {.reuseport = false, .metrics = metrics_new(1), .worker = 0};
 
-		return run_agent(file, rs, &o);
+		return run_agent(file, rs, &o, NULL);
 	}
 }

@@ -141,3 +141,33 @@ def test_stick_table_safety_net_when_agent_is_down(agent, redis, haproxy, monkey
     assert denied.h("Retry-After") == "1" and denied.h("X-RateLimit-Agent-Error"), denied
     # per key: another key still has its own small budget
     assert gw.request("/", api_key="st-other").status == 200
+
+
+def test_drain_timeout_with_decisions_in_flight_on_a_closed_limit(agent, redis):
+    """SIGTERM while a decision waits on a frozen Redis longer than the drain allows: the
+    store answers it SHUTDOWN, the failure ladder (closed) denies it one last time, and
+    the agent exits 0 (under ASan: no use of freed top-offender state)."""
+    a = agent(redis=redis, redis_cfg={"command_timeout_ms": 10000},
+              limits={"c1": {"rate": 1, "period": "1h", "on_failure": "closed"},
+                      "anon_h": {"rate": 100, "period": "1h"}},
+              tiers={"t": {"limits": ["c1"]}}, default_tier="t",
+              anonymous={"limits": ["anon_h"]}, blocked_cache=False)
+    with sc.SpopClient(a.addr, timeout=10) as c:
+        c.hello()
+        assert c.request(1, 1, [sc.rl_message(key="dr")])["allow"] == 1
+        assert c.request(3, 1, [sc.rl_message(key="dr")])["allow"] == 0
+        redis.proc.signal(signal.SIGSTOP)
+        try:
+            c.send(sc.notify(5, 1, [sc.rl_message(key="dr")]))
+            time.sleep(0.2)
+            a.proc.signal(signal.SIGTERM)
+            f = c.recv_frame(timeout=8)
+            assert f is not None and f.type == sc.T_ACK and f.sid == 5, f
+            v = sc.ack_vars(f.payload)
+            assert v["allow"] == 0 and v.get("status") == 503 and v.get("degraded") == 1, v
+        finally:
+            redis.proc.signal(signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while a.alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not a.alive() and a.proc.returncode() == 0, a.proc.log_tail()

@@ -1,4 +1,4 @@
-"""A small SPOP 2.0 codec and raw client, written from docs SPOP.md.
+"""A small SPOP 2.0 codec and raw client, written from doc/SPOP.md.
 
 Used by the protocol tests (to talk to the agent without HAProxy) and by fake_agent.py (to
 play an agent behind a real HAProxy). Everything is plain `struct`/`socket`; no third-party

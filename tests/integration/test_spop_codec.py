@@ -1,4 +1,4 @@
-"""The Python SPOP codec (spop_client.py) against the vectors of docs SPOP.md §2 and §9.
+"""The Python SPOP codec (spop_client.py) against the vectors of doc/SPOP.md §2 and §9.
 No processes: these check the test tool itself, so that protocol tests can be trusted."""
 
 import ipaddress

@@ -1,13 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Unit tests of the SPOP codec (spoa/spop.c) against the byte-level reference
- * /work/shared/docs/SPOP.md: the varint table of section 2, typed data of
+ * doc/SPOP.md (the SPOP reference of this project, verified on the wire against
+ * HAProxy 2.6 and 3.3): the varint table of section 2, typed data of
  * section 3, frames of sections 4-5 and every captured vector of section 9.
  *
  * Every input is copied into an exactly sized malloc'd buffer before it is
  * decoded, so a build with -fsanitize=address reports any read past its end.
  *
- * Build: gcc -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Ispoa -o /tmp/test_spop \
+ * Build: gcc -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Ispoa -o test_spop \
  *            tests/unit/test_spop.c spoa/spop.c -lcmocka
  *        (add -fsanitize=address,undefined -g to prove the absence of overreads)
  */

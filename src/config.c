@@ -342,6 +342,7 @@ static void load_endpoint(struct loader *ld, const config_setting_t *g, struct c
 	e->cost = 1;
 	if (!config_setting_is_group(g)) {
 		add_err(ld, e->line, "an endpoint must be a group { name = ...; path_prefix = ...; }");
+		e->name = xstrdup("?"); /* every endpoint has a name, even a rejected one */
 		return;
 	}
 	check_known(ld, g, "an endpoint", known);

@@ -90,6 +90,7 @@ struct spoa_req {
 	struct spoa_server *srv;        /* ref: for stats */
 	void *udata;                    /* ref: application data */
 	size_t frame_start;             /* offset of the ACK in buf */
+	size_t actions_start;           /* offset of the first action: no action yet if w.len */
 	struct spop_wbuf w;             /* ACK under construction */
 	uint8_t buf[SPOA_ACK_MAX];      /* the ACK frame */
 };
@@ -386,6 +387,7 @@ static struct spoa_req *req_new(struct spoa_conn *c, const struct spop_frame *f)
 		size = (size_t)c->frame_size + SPOP_LEN_SIZE;
 	spop_wbuf_init(&r->w, r->buf, size);
 	r->frame_start = spop_frame_begin(&r->w, SPOP_FRM_ACK, SPOP_FL_FIN, f->sid, f->fid);
+	r->actions_start = r->w.len;
 	list_append(&c->reqs, &r->node);
 	c->inflight++;
 	c->srv->stats.inflight++;
@@ -465,7 +467,7 @@ void spoa_req_done(struct spoa_req *req)
 	list_del(&req->node);
 	was_full = c->inflight >= srv->opts.max_inflight;
 	c->inflight--;
-	if (req->w.len - req->frame_start <= SPOP_LEN_SIZE + 9 + 2 * SPOP_VARINT_MAX) {
+	if (req->w.len == req->actions_start) {
 		struct spop_data d = {.type = SPOP_T_NULL};
 
 		(void)spoa_req_set_data(req, SPOP_SCOPE_TXN, "done", &d);

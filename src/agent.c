@@ -124,6 +124,7 @@ struct decision {
 	struct spop_data ip;
 	int64_t cost;                   /* from HAProxy, or -1 */
 	bool closed;                    /* a fail-closed limit denied */
+	const struct rule_tier *tier;   /* ref: rs, the tier applied */
 	const char *tier_name;          /* ref: rs, for metrics */
 	char client[64];                /* fingerprint for top offenders */
 	double t0;                      /* when the NOTIFY arrived (mono) */
@@ -196,21 +197,21 @@ static int64_t ms_to_s(int64_t ms, int64_t min)
 	return s < min ? min : s;
 }
 
-/* RateLimit-Policy: every enforcing limit applied to the request. */
+/*
+ * RateLimit-Policy: every enforcing limit applied to the request, joined from
+ * the values the ruleset prepared for the tier and the endpoint's limits.
+ */
 static void render_policy(const struct decision *d, char *buf, size_t len)
 {
+	const char *parts[3] = {d->tier ? d->tier->policy : "",
+				d->ep ? d->ep->extra.policy : "", d->ep ? d->ep->global.policy : ""};
 	size_t i, used = 0;
 
 	buf[0] = 0;
-	for (i = 0; i < d->n && used < len; i++) {
-		const struct rule_limit *l = d->ap[i].l;
-
-		if (l->shadow)
-			continue;
-		used += (size_t)snprintf(buf + used, len - used, "%s\"%s\";q=%llu;w=%llu",
-					 used ? ", " : "", l->name, (unsigned long long)l->rate,
-					 (unsigned long long)l->period_s);
-	}
+	for (i = 0; i < 3 && used < len; i++)
+		if (parts[i][0])
+			used += (size_t)snprintf(buf + used, len - used, "%s%s", used ? ", " : "",
+						 parts[i]);
 }
 
 /* The verdict of applied limit <i>, or NULL if there is none (failed open). */
@@ -659,6 +660,7 @@ static void decision_run(struct decision *d, const struct rule_tier *tier)
 		principal_ip(rs, &d->ip, principal, sizeof(principal));
 		client_ip(rs, &d->ip, d->client, sizeof(d->client));
 	}
+	d->tier = tier;
 	d->tier_name = tier->name;
 	add_limits(d, 0, tier, principal, "");
 	if (d->ep) {

@@ -4,7 +4,8 @@ import time
 
 import spop_client as sc
 
-LIMITS = {"b2": {"rate": 2, "period": "2s"}, "anon_h": {"rate": 100, "period": "1h"}}
+# 2 per 6 s: after two requests the third waits 3 s, far longer than the local answers take
+LIMITS = {"b2": {"rate": 2, "period": "6s"}, "anon_h": {"rate": 100, "period": "1h"}}
 CFG = dict(limits=LIMITS, tiers={"t": {"limits": ["b2"]}}, default_tier="t",
            anonymous={"limits": ["anon_h"]})
 
@@ -31,17 +32,16 @@ def test_denied_key_answered_locally_until_retry(agent, redis):
         assert [ask("blk")["allow"] for _ in range(3)] == [1, 1, 0]
         calls = script_calls(redis)
         denied = [ask("blk") for _ in range(20)]
-        elapsed = time.monotonic() - t0
-        if elapsed < 0.9:  # still inside the first denial's Retry-After (1 s)
-            assert all(v["allow"] == 0 for v in denied), denied
-            assert all(v["retry_after"] == 1 for v in denied), denied
-            assert all(v.get("degraded") is None for v in denied)
-            assert script_calls(redis) == calls, "denials within Retry-After must not call Redis"
+        assert time.monotonic() - t0 < 2.5, "20 local answers must not take seconds"
+        assert all(v["allow"] == 0 for v in denied), denied
+        assert all(1 <= v["retry_after"] <= 3 for v in denied), denied
+        assert all(v.get("degraded") is None for v in denied)
+        assert script_calls(redis) == calls, "denials within Retry-After must not call Redis"
         # another key is unaffected and still decided by Redis
         assert ask("other")["allow"] == 1
         assert script_calls(redis) == calls + 1
         # once the Retry-After has passed, Redis decides again and a token is back
-        time.sleep(1.1)
+        time.sleep(max(0.0, t0 + 3.2 - time.monotonic()))
         v = ask("blk")
         assert v["allow"] == 1, v
         assert script_calls(redis) > calls + 1

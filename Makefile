@@ -49,7 +49,7 @@ endif
 SPOA_SRC  = spoa/spop.c spoa/server.c
 AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/limiter.c \
             src/digest.c src/log.c src/util.c src/memstore.c src/metrics.c src/http.c \
-            src/prom.c src/topk.c src/hll.c
+            src/prom.c src/topk.c src/hll.c src/quota.c
 SPOA_OBJ  = $(SPOA_SRC:%.c=$(BUILD)/%.o)
 AGENT_OBJ = $(AGENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/scripts.o
 LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lua \
@@ -81,12 +81,14 @@ $(BUILD)/gen/ratelimit.lua: $(LUA)
 	@echo "  GEN     $@"
 	$(Q)cat $(LUA) > $@.tmp && mv $@.tmp $@
 
-$(BUILD)/gen/scripts.c: $(BUILD)/gen/ratelimit.lua
+$(BUILD)/gen/scripts.c: $(BUILD)/gen/ratelimit.lua lua/heartbeat.lua
 	@echo "  GEN     $@"
 	$(Q){ echo '/* generated from lua/ by the Makefile: do not edit */'; \
 	  echo '#include "scripts.h"'; \
 	  echo 'const char script_ratelimit[] = {'; xxd -i < $<; echo ', 0x00 };'; \
-	  echo 'const size_t script_ratelimit_len = sizeof(script_ratelimit) - 1;'; } > $@.tmp && \
+	  echo 'const size_t script_ratelimit_len = sizeof(script_ratelimit) - 1;'; \
+	  echo 'const char script_heartbeat[] = {'; xxd -i < lua/heartbeat.lua; echo ', 0x00 };'; \
+	  echo 'const size_t script_heartbeat_len = sizeof(script_heartbeat) - 1;'; } > $@.tmp && \
 	  mv $@.tmp $@
 
 $(BUILD)/gen/scripts.o: $(BUILD)/gen/scripts.c

@@ -12,38 +12,126 @@
 --                  0 only reports, < 0 refunds an earlier charge (always
 --                  applied, never denies)
 --
--- A request passes only if every enforcing limit admits it; then every limit
--- that admits it is charged (a shadow limit that would deny is not). When it
--- is denied nothing is charged.
+-- Optional, after the limits (a batch: "units" of the request above):
+-- ARGV[5n+1]       want: units asked for (>= 1)
+-- ARGV[5n+2]       mode: 0 = grant, up to <want> units, as many as every
+--                  enforcing limit admits now, never more (a lease, or
+--                  several coalesced requests); 1 = report, <want> units
+--                  already admitted locally, charged whatever is left
+-- ARGV[5n+3]       lease lifetime wanted (us); the answer shortens it so a
+--                  lease never outlives the window of a windowed limit
+--
+-- Without a batch, a request passes only if every enforcing limit admits it;
+-- then every limit that admits it is charged (a shadow limit that would deny
+-- is not). When it is denied nothing is charged.
 --
 -- Returns a flat array of integers:
 --   { allowed, n, now_us, then per limit i: ok_i, remaining_i, retry_ms_i, reset_ms_i }
+-- and with a batch two more: { ..., granted, lease_ms }: granted = units
+-- charged (grant) or units that fitted (report; the rest were over the limit).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local n = #KEYS
-local allowed = 1
-local res = {}
+local batch = #ARGV >= 5 * n + 3
+local want = 1
+local report = false
+if batch then
+	want = tonumber(ARGV[5 * n + 1])
+	report = tonumber(ARGV[5 * n + 2]) == 1
+	if not want or want < 1 or want ~= math.floor(want) then
+		return redis.error_reply('bad batch size ' .. tostring(ARGV[5 * n + 1]))
+	end
+end
 
+local algs, costs, shadows = {}, {}, {}
 for i = 1, n do
 	local o = 1 + 5 * (i - 1)
-	local alg = ALG[tonumber(ARGV[o])]
-	if not alg then return redis.error_reply('unknown algorithm ' .. tostring(ARGV[o])) end
-	local cost = tonumber(ARGV[o + 4])
-	local r = alg(KEYS[i], now, cost, tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2]))
-	r.shadow = tonumber(ARGV[o + 3]) % 2 == 1
-	if cost < 0 then r.ok = 1; r.retry = 0 end
-	if r.ok == 0 and not r.shadow then allowed = 0 end
-	res[i] = r
+	algs[i] = ALG[tonumber(ARGV[o])]
+	if not algs[i] then return redis.error_reply('unknown algorithm ' .. tostring(ARGV[o])) end
+	costs[i] = tonumber(ARGV[o + 4])
+	shadows[i] = tonumber(ARGV[o + 3]) % 2 == 1
+end
+
+-- Checks every limit for <units> units; returns the results and whether every
+-- enforcing limit admits them.
+local function check(units)
+	local res, all = {}, 1
+	for i = 1, n do
+		local o = 1 + 5 * (i - 1)
+		local cost = costs[i] * units
+		local r = algs[i](KEYS[i], now, cost, tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2]))
+		r.shadow = shadows[i]
+		if cost < 0 then r.ok = 1; r.retry = 0 end
+		if r.ok == 0 and not r.shadow then all = 0 end
+		res[i] = r
+	end
+	return res, all
+end
+
+local res, allowed = check(1)
+local granted = allowed
+if batch and want > 1 and (allowed == 1 or report) then
+	-- the most units every enforcing limit admits: what is left, in units
+	local fit = want
+	for i = 1, n do
+		if not shadows[i] and costs[i] > 0 then
+			local u = math.floor(res[i].rem_u / costs[i])
+			if u < fit then fit = u end
+		end
+	end
+	if report then
+		granted = fit
+		res, allowed = check(want)
+		allowed = 1
+	else
+		if fit < 1 then fit = 1 end
+		local r2, ok2 = check(fit)
+		-- rem_u is exact for every algorithm; search down if rounding disagrees
+		if ok2 == 0 then
+			local lo, hi = 1, fit - 1
+			while lo < hi do
+				local mid = math.floor((lo + hi + 1) / 2)
+				local _, okm = check(mid)
+				if okm == 1 then lo = mid else hi = mid - 1 end
+			end
+			fit = lo
+			r2, ok2 = check(fit)
+		end
+		res, granted = r2, fit
+	end
+elseif batch and report then
+	-- a report of one unit: charged even when it no longer fits
+	granted = allowed
+	allowed = 1
+end
+
+local lease_ms = 0
+if batch then
+	local life = tonumber(ARGV[5 * n + 3]) or 0
+	for i = 1, n do
+		local o = 1 + 5 * (i - 1)
+		local a = tonumber(ARGV[o])
+		if a == 2 or a == 4 then
+			local win = tonumber(ARGV[o + 1])
+			local left = (math.floor(now / win) + 1) * win - now
+			if left < life then life = left end
+		end
+	end
+	lease_ms = math.floor(life / 1000)
 end
 
 local out = { allowed, n, now }
 for i = 1, n do
 	local r = res[i]
-	local charged = allowed == 1 and r.ok == 1
+	local charged = allowed == 1 and (r.ok == 1 or report)
 	if charged then r.commit() end
 	out[#out + 1] = r.ok
 	out[#out + 1] = charged and r.rem_c or r.rem_u
 	out[#out + 1] = math.ceil(r.retry / 1000)
 	out[#out + 1] = math.ceil((charged and r.reset_c or r.reset_u) / 1000)
+end
+if batch then
+	out[#out + 1] = (allowed == 1) and granted or 0
+	out[#out + 1] = lease_ms
 end
 return out

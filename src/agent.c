@@ -34,6 +34,7 @@
 #include "log.h"
 #include "memstore.h"
 #include "metrics.h"
+#include "quota.h"
 #include "rules.h"
 #include "spoa.h"
 #include "store.h"
@@ -66,6 +67,7 @@ struct agent {
 	struct store *store;            /* owned, NULL unless store "redis" */
 	struct memstore *mem;           /* owned, NULL unless store "memory" */
 	struct memstore *local;         /* owned: fallback state of on_failure "local" limits */
+	struct quota *quota;            /* owned, NULL unless store "redis": local quotas */
 	struct tier_slot *tcache;       /* owned: tier cache, tcache_size slots */
 	size_t tcache_size;
 	size_t pending;                 /* decisions waiting for the store */
@@ -106,6 +108,8 @@ struct part {
 	uint64_t h;                     /* hash of q, for the blocked-key cache */
 	double t_sent;                  /* mono() when the query left */
 	bool has[STORE_MAX_LIMITS];     /* a verdict exists for this slot */
+	double cap;                     /* local quota budget in units (all gateways), 0 = exact */
+	struct quota_waiter w;          /* while it waits on its key's Redis call */
 };
 
 /* A decision in progress. */
@@ -537,6 +541,12 @@ static void part_done_cb(enum store_status st, const struct store_result *res, v
 		decision_finish(d);
 }
 
+static void part_waiter_done(struct quota_waiter *w, enum store_status st,
+			     const struct store_result *res)
+{
+	part_done_cb(st, res, container_of(w, struct part, w));
+}
+
 /* Microseconds of real time: calendar-aligned windows need the wall clock. */
 int64_t now_us_real(void)
 {
@@ -553,6 +563,8 @@ static void add_limits(struct decision *d, int p, const struct rule_tier *t, con
 	struct part *pt = &d->parts[p];
 	size_t i;
 
+	if (!pt->used)
+		pt->cap = -1;
 	for (i = 0; i < t->n && pt->q.n < STORE_MAX_LIMITS && d->n < MAX_APPLIED; i++) {
 		const struct rule_limit *l = &d->rs->limits[t->idx[i]];
 		int64_t cost = d->cost >= 0 ? d->cost : (d->ep ? d->ep->cost : 1);
@@ -563,6 +575,11 @@ static void add_limits(struct decision *d, int p, const struct rule_tier *t, con
 			 d->rs->cfg->redis.key_prefix, principal, l->name, sfx);
 		pt->q.params[pt->q.n] = l->lp;
 		pt->q.cost[pt->q.n] = cost;
+		if (!l->shadow && cost > 0) {
+			double c = l->budget * (double)l->rate / (double)cost;
+
+			pt->cap = pt->cap < 0 || c < pt->cap ? c : pt->cap;
+		}
 		d->ap[d->n].l = l;
 		d->ap[d->n].part = p;
 		d->ap[d->n].slot = pt->q.n;
@@ -692,6 +709,23 @@ static void decision_run(struct decision *d, const struct rule_tier *tier)
 		d->waiting++;
 		a->pending++;
 		pt->t_sent = mono();
+		if (a->quota) {
+			enum store_status st = STORE_ERROR;
+			enum quota_path qp;
+
+			if (pt->cap < 0)
+				pt->cap = 0;
+			pt->w.done = part_waiter_done;
+			qp = quota_decide(a->quota, pt->h, &pt->q, pt->cap, &pt->w, &pt->res, &st);
+			if (qp == QUOTA_WAIT)
+				continue;
+			if (qp != QUOTA_BYPASS) {
+				pt->st = qp == QUOTA_LOCAL ? STORE_OK : st;
+				a->pending--;
+				d->waiting--;
+				continue;
+			}
+		}
 		ret = store_decide(a->store, &pt->q, part_done_cb, pt);
 		if (ret < 0) {
 			pt->st = (enum store_status)-ret;
@@ -915,6 +949,24 @@ static void publish(struct agent *a)
 		ms->c[MC_BREAKER_OPEN] = st->breaker_open ? 1 : 0;
 		ms->c[MC_BREAKER_OPENED] = st->breaker_opened;
 	}
+	if (a->quota) {
+		const struct quota_stats *q = quota_stats(a->quota);
+
+		ms->c[MC_LEASE_GRANTS] = q->lease_grants;
+		ms->c[MC_LEASE_UNITS] = q->lease_units;
+		ms->c[MC_LEASE_SPENT] = q->lease_spent;
+		ms->c[MC_LEASE_EXPIRED] = q->lease_expired;
+		ms->c[MC_PRECHECK_LOCAL] = q->precheck_local;
+		ms->c[MC_PRECHECK_REPORTS] = q->precheck_reports;
+		ms->c[MC_PRECHECK_OVER] = q->precheck_over;
+		ms->c[MC_REPORT_FAILED] = q->report_failed;
+		ms->c[MC_COALESCED] = q->coalesced;
+		ms->c[MC_QUOTA_KEYS] = q->keys;
+		ms->c[MC_LEASE_OUTSTANDING] = q->outstanding;
+		ms->c[MC_UNREPORTED] = q->unreported;
+		ms->c[MC_GATEWAYS] = q->gateways;
+		ms->c[MC_QUOTA_FULL] = q->full;
+	}
 	ms->c[MC_MEMORY_KEYS] = a->mem ? memstore_size(a->mem) : 0;
 	ms->c[MC_LOCAL_KEYS] = a->local ? memstore_size(a->local) : 0;
 	for (i = 0; i < a->ntopk; i++) {
@@ -971,6 +1023,31 @@ static void http_cb(const char *path, struct http_reply *r, void *arg)
 		http_reply_status(r, 404, "text/plain");
 		http_reply_printf(r, "not found\n");
 	}
+}
+
+/* Creates or reconfigures the local quotas for <rs> (Redis store only). */
+static void quota_setup(struct agent *a, const struct ruleset *rs)
+{
+	const struct agent_config *c = rs->cfg;
+	struct quota_opts o = {.lease_ms = c->quota.lease_ms,
+			       .heartbeat_ms = c->quota.heartbeat_ms,
+			       .flush_ms = c->quota.flush_ms,
+			       .max_keys = c->quota.max_keys,
+			       .precheck = c->quota.precheck,
+			       .coalesce = c->quota.coalesce,
+			       .gateways = c->gateways,
+			       .key_prefix = c->redis.key_prefix};
+	bool leasing = false;
+	size_t i;
+
+	if (!a->store)
+		return;
+	for (i = 0; i < c->nlimits; i++)
+		if (c->limits[i].budget > 0)
+			leasing = true;
+	if (!a->quota)
+		a->quota = quota_new(a->loop, a->store, &o);
+	quota_configure(a->quota, &o, leasing);
 }
 
 /* Counts a reload for the metrics. */
@@ -1046,6 +1123,7 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 			LOG(LOG_ERR, "%s", err);
 			goto fail;
 		}
+		quota_setup(a, rs);
 	}
 	*out = a;
 	return 0;
@@ -1084,6 +1162,7 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 	if (rs->cfg->tier_hash && rs->cfg->store != STORE_KIND_REDIS)
 		FREE_AND_NULL(rs->cfg->tier_hash);
 	tier_cache_setup(a, rs);
+	quota_setup(a, rs);
 	/* cached denials were decided by the old limits */
 	if (!rs->cfg->blocked_cache)
 		FREE_AND_NULL(a->blocked);
@@ -1104,11 +1183,14 @@ const struct ruleset *agent_rules(const struct agent *a)
 void agent_drain(struct agent *a)
 {
 	spoa_server_stop_accepting(a->srv);
+	/* what pre-checks admitted is reported before we go */
+	if (a->quota)
+		quota_flush(a->quota);
 }
 
 size_t agent_pending(const struct agent *a)
 {
-	return a->pending;
+	return a->pending + quota_pending(a->quota);
 }
 
 void agent_log_stats(const struct agent *a)
@@ -1143,6 +1225,8 @@ void agent_free(struct agent *a)
 	 * out on the open connections), then say goodbye */
 	store_free(a->store);
 	a->store = NULL;
+	quota_free(a->quota);
+	a->quota = NULL;
 	spoa_server_disconnect_all(a->srv, SPOP_ST_NORMAL, "agent shutting down");
 	for (size_t i = 0; i < a->ntopk; i++)
 		topk_free(a->topk[i].t);

@@ -166,7 +166,7 @@ static bool redis_address_ok(const char *addr)
 static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_limit *l)
 {
 	static const char *const known[] = {"algorithm", "rate", "period", "burst", "shadow",
-					    "on_failure", "local_rate", NULL};
+					    "on_failure", "local_rate", "accuracy_budget", NULL};
 	const config_setting_t *m;
 	unsigned v;
 	char *alg;
@@ -205,6 +205,21 @@ static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_
 	v = 0;
 	get_uint(ld, s, "local_rate", 1, 1000000000LL, &v);
 	l->local_rate = v;
+	m = config_setting_get_member(s, "accuracy_budget");
+	if (m) {
+		double b = -1;
+
+		if (config_setting_type(m) == CONFIG_TYPE_FLOAT)
+			b = config_setting_get_float(m);
+		else if (config_setting_type(m) == CONFIG_TYPE_INT && config_setting_get_int(m) == 0)
+			b = 0;
+		if (!(b >= 0 && b <= 0.5))
+			add_err(ld, line_of(m),
+				"limit '%s': 'accuracy_budget' must be a fraction from 0 to 0.5 "
+				"(0.05 = 5%%)", l->name);
+		else
+			l->budget = b;
+	}
 	m = config_setting_get_member(s, "rate");
 	if (!m) {
 		add_err(ld, l->line, "limit '%s': 'rate' is required", l->name);
@@ -511,7 +526,8 @@ static void load_root(struct loader *ld, config_t *lc)
 	static const char *const known_root[] = {
 		"listen", "log_level", "store", "message", "max_frame_size", "max_inflight", "redis",
 		"limits", "tiers", "default_tier", "anonymous", "response", "endpoints",
-		"unknown_keys", "tier_lookup", "reload", "fallback", "workers", "metrics", "blocked_cache", NULL};
+		"unknown_keys", "tier_lookup", "reload", "fallback", "workers", "metrics", "blocked_cache",
+		"local_quota", NULL};
 	static const char *const known_redis[] = {"address", "user", "password", "key_prefix",
 						  "connect_timeout_ms", "command_timeout_ms",
 						  "max_pending", "breaker_failures",
@@ -670,6 +686,28 @@ static void load_root(struct loader *ld, config_t *lc)
 		check_known(ld, s, "fallback", known_fb);
 		get_uint(ld, s, "gateways", 1, 100000, &cfg->gateways);
 		get_uint(ld, s, "deny_status", 400, 599, &cfg->deny_status);
+	}
+
+	s = config_setting_get_member(root, "local_quota");
+	cfg->quota.lease_ms = 1000;
+	cfg->quota.heartbeat_ms = 1000;
+	cfg->quota.flush_ms = 100;
+	cfg->quota.max_keys = 16384;
+	cfg->quota.precheck = true;
+	cfg->quota.coalesce = true;
+	if (s && !config_setting_is_group(s)) {
+		add_err(ld, line_of(s), "'local_quota' must be a group { lease_ms = 1000; }");
+	} else if (s) {
+		static const char *const known_q[] = {"lease_ms", "heartbeat_ms", "flush_ms",
+						      "max_keys", "precheck", "coalesce", NULL};
+
+		check_known(ld, s, "local_quota", known_q);
+		get_uint(ld, s, "lease_ms", 10, 3600000, &cfg->quota.lease_ms);
+		get_uint(ld, s, "heartbeat_ms", 100, 60000, &cfg->quota.heartbeat_ms);
+		get_uint(ld, s, "flush_ms", 1, 60000, &cfg->quota.flush_ms);
+		get_uint(ld, s, "max_keys", 16, 1000000, &cfg->quota.max_keys);
+		get_bool(ld, s, "precheck", &cfg->quota.precheck);
+		get_bool(ld, s, "coalesce", &cfg->quota.coalesce);
 	}
 
 	s = config_setting_get_member(root, "metrics");

@@ -31,6 +31,7 @@ struct cfg_limit {
 	bool shadow;            /* evaluated and counted, never denies */
 	int on_failure;         /* enum fail_policy: when Redis cannot decide */
 	uint64_t local_rate;    /* FAIL_LOCAL: rate per period on this gateway (0: derived) */
+	double budget;          /* accuracy budget: error tolerated for local quotas, 0 = exact */
 };
 
 struct cfg_tier {
@@ -111,6 +112,14 @@ struct agent_config {
 	unsigned workers;               /* worker processes (restart-only) */
 	char *metrics_listen;           /* owned or NULL: /metrics, /top, /healthz, /ready */
 	bool blocked_cache;             /* deny locally until a denial's Retry-After */
+	struct {
+		unsigned lease_ms;      /* lease lifetime asked for (Redis time) */
+		unsigned heartbeat_ms;  /* gateway heartbeat period (alive for 3 periods) */
+		unsigned flush_ms;      /* pre-checked usage reported at least this often */
+		unsigned max_keys;      /* keys tracked for leases, pre-checks, coalescing */
+		bool precheck;          /* answer clients far below their limit locally */
+		bool coalesce;          /* one Redis call for decisions of one key in flight */
+	} quota;
 };
 
 /* Errors collected while loading, each "file:line: message". */

@@ -480,6 +480,8 @@ void memstore_decide(struct memstore *m, const struct store_query *q, int64_t no
 	res->allowed = limit_decide(q->params, st, n, q->cost, now_us, res->v);
 	res->n = n;
 	res->now_us = now_us;
+	res->granted = res->allowed ? 1 : 0; /* batches are the Redis store's */
+	res->lease_ms = 0;
 
 	/* for each key, the occurrence whose state is kept: the last charged one */
 	for (i = 0; i < n; i++) {

@@ -353,6 +353,59 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 	family_u64(r, m, "spoa_ratelimit_blocked_cache_hits_total", PROM_COUNTER,
 		   "Denials answered locally, without Redis, until their Retry-After.",
 		   MC_BLOCKED_HITS);
+	family_u64(r, m, "spoa_ratelimit_lease_grants_total", PROM_COUNTER,
+		   "Redis calls that granted a lease of tokens to spend locally.", MC_LEASE_GRANTS);
+	prom_family(r, "spoa_ratelimit_local_quota_requests_total", PROM_COUNTER,
+		    "Requests (units) handled by local quotas, by what happened to them.");
+	{
+		static const struct {
+			const char *what;
+			enum met_counter c;
+		} q[] = {{"leased", MC_LEASE_UNITS},          {"lease_spent", MC_LEASE_SPENT},
+			 {"lease_expired", MC_LEASE_EXPIRED}, {"prechecked", MC_PRECHECK_LOCAL},
+			 {"precheck_over", MC_PRECHECK_OVER}, {"coalesced", MC_COALESCED},
+			 {"untracked", MC_QUOTA_FULL}};
+
+		for (i = 0; i < ARRAY_SIZE(q); i++) {
+			struct prom_label l = {"what", q[i].what};
+			uint64_t v;
+
+			sum_counter(m, q[i].c, &v);
+			prom_sample_u64(r, "spoa_ratelimit_local_quota_requests_total", &l, 1, v);
+		}
+	}
+	prom_family(r, "spoa_ratelimit_local_quota_error_requests_total", PROM_COUNTER,
+		    "Admission error attributable to local quotas, in requests: under = leased "
+		    "tokens that expired unused, over = pre-checked requests Redis could not fit.");
+	{
+		struct prom_label lu = {"direction", "under"}, lo = {"direction", "over"};
+		uint64_t v;
+
+		sum_counter(m, MC_LEASE_EXPIRED, &v);
+		prom_sample_u64(r, "spoa_ratelimit_local_quota_error_requests_total", &lu, 1, v);
+		sum_counter(m, MC_PRECHECK_OVER, &v);
+		prom_sample_u64(r, "spoa_ratelimit_local_quota_error_requests_total", &lo, 1, v);
+	}
+	family_u64(r, m, "spoa_ratelimit_precheck_reports_total", PROM_COUNTER,
+		   "Batches of pre-checked usage reported to Redis.", MC_PRECHECK_REPORTS);
+	family_u64(r, m, "spoa_ratelimit_precheck_report_failures_total", PROM_COUNTER,
+		   "Reports that failed (the usage is kept and reported again).", MC_REPORT_FAILED);
+	family_u64(r, m, "spoa_ratelimit_local_quota_keys", PROM_GAUGE,
+		   "Keys tracked for leases, pre-checks and coalescing.", MC_QUOTA_KEYS);
+	family_u64(r, m, "spoa_ratelimit_lease_outstanding", PROM_GAUGE,
+		   "Leased requests held locally, not spent yet.", MC_LEASE_OUTSTANDING);
+	family_u64(r, m, "spoa_ratelimit_precheck_unreported", PROM_GAUGE,
+		   "Pre-checked requests not reported to Redis yet.", MC_UNREPORTED);
+	prom_family(r, "spoa_ratelimit_gateways", PROM_GAUGE,
+		    "Live gateways holding local quotas, from the heartbeats in Redis.");
+	{
+		uint64_t g = 0;
+
+		for (w = 0; w < m->nslots; w++)
+			if (slot_live(&m->slots[w]) && m->slots[w].c[MC_GATEWAYS] > g)
+				g = m->slots[w].c[MC_GATEWAYS];
+		prom_sample_u64(r, "spoa_ratelimit_gateways", NULL, 0, g);
+	}
 	family_u64(r, m, "spoa_ratelimit_tier_cache_hits_total", PROM_COUNTER,
 		   "Tier lookups answered by the local cache.", MC_TIER_HITS);
 	family_u64(r, m, "spoa_ratelimit_tier_cache_misses_total", PROM_COUNTER,

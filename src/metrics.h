@@ -58,6 +58,20 @@ enum met_counter {
 	MC_RELOADS_FAILED,
 	MC_ROWS_OVERFLOW,
 	MC_BLOCKED_HITS,        /* decisions answered by the blocked-key cache */
+	MC_LEASE_GRANTS,        /* local quotas: see struct quota_stats */
+	MC_LEASE_UNITS,
+	MC_LEASE_SPENT,
+	MC_LEASE_EXPIRED,
+	MC_PRECHECK_LOCAL,
+	MC_PRECHECK_REPORTS,
+	MC_PRECHECK_OVER,
+	MC_REPORT_FAILED,
+	MC_COALESCED,
+	MC_QUOTA_KEYS,          /* gauge */
+	MC_LEASE_OUTSTANDING,   /* gauge */
+	MC_UNREPORTED,          /* gauge */
+	MC_GATEWAYS,            /* gauge: live gateways seen by this worker */
+	MC_QUOTA_FULL,
 	MC_COUNT                /* sentinel */
 };
 

@@ -58,6 +58,7 @@ struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen)
 		l->lp.shadow = cl->shadow;
 		l->shadow = cl->shadow;
 		l->on_failure = cl->on_failure;
+		l->budget = cl->budget;
 		{
 			/* a configured floor, or this gateway's share of the limit */
 			uint64_t lr = cl->local_rate ? cl->local_rate

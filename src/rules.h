@@ -23,6 +23,7 @@ struct rule_limit {
 	bool shadow;                    /* never denies */
 	int on_failure;                 /* enum fail_policy */
 	struct limit_params local_lp;   /* FAIL_LOCAL: the coarse per-gateway limit */
+	double budget;                  /* accuracy budget for local quotas, 0 = exact */
 };
 
 struct rule_tier {

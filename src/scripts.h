@@ -10,5 +10,7 @@
 
 extern const char script_ratelimit[];   /* the lua/ files assembled, NUL-terminated */
 extern const size_t script_ratelimit_len; /* its length without the NUL */
+extern const char script_heartbeat[];   /* lua/heartbeat.lua, NUL-terminated */
+extern const size_t script_heartbeat_len;
 
 #endif /* AGENT_SCRIPTS_H */

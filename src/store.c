@@ -126,6 +126,7 @@ enum node_state {
 enum cmd_kind {
 	CMD_DECIDE = 0,         /* the rate-limit script */
 	CMD_HGET   = 1,         /* a lookup */
+	CMD_HEARTBEAT = 2,      /* the gateway heartbeat script */
 	CMD_COUNT               /* sentinel */
 };
 
@@ -178,7 +179,8 @@ struct store_cmd {
 	bool retried;                   /* NOSCRIPT retry done */
 	bool asking;                    /* ASK: send ASKING before it */
 	bool parked;                    /* on at->parked, owned by us, not by hiredis */
-	char *hkey, *hfield;            /* owned: HGET key and field */
+	char *hkey, *hfield;            /* owned: HGET key and field; heartbeat key and id */
+	unsigned window_ms;             /* heartbeat liveness window */
 	struct store_query q;           /* decisions: kept for re-sends */
 };
 
@@ -471,11 +473,11 @@ static void cmd_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 }
 
 /* Parses the script's flat integer array into <r>. Returns 0 or -1. */
-static int parse_result(const redisReply *rep, size_t n, struct store_result *r)
+static int parse_result(const redisReply *rep, size_t n, bool batch, struct store_result *r)
 {
 	size_t i;
 
-	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 3 + 4 * n)
+	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 3 + 4 * n + (batch ? 2 : 0))
 		return -1;
 	for (i = 0; i < rep->elements; i++)
 		if (rep->element[i]->type != REDIS_REPLY_INTEGER)
@@ -493,6 +495,10 @@ static int parse_result(const redisReply *rep, size_t n, struct store_result *r)
 		r->v[i].retry_ms = e[2]->integer;
 		r->v[i].reset_ms = e[3]->integer;
 	}
+	r->granted = batch ? rep->element[3 + 4 * n]->integer : (r->allowed ? 1 : 0);
+	r->lease_ms = batch ? rep->element[4 + 4 * n]->integer : 0;
+	if (r->granted < 0 || r->lease_ms < 0)
+		return -1;
 	return 0;
 }
 
@@ -720,8 +726,8 @@ static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval)
 	struct store *s = n->s;
 	const char *argv[3 + STORE_MAX_LIMITS * 6];
 	size_t lens[ARRAY_SIZE(argv)];
-	char nums[5 * STORE_MAX_LIMITS][24];
-	char nkeys[8];
+	char nums[5 * STORE_MAX_LIMITS + 3][24];
+	char nkeys[16];
 	size_t i;
 	int argc = 0, k = 0, ret;
 
@@ -737,6 +743,15 @@ static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval)
 		const char *hget[3] = {"HGET", c->hkey, c->hfield};
 
 		ret = redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, 3, hget, NULL);
+		goto sent;
+	}
+	if (c->kind == CMD_HEARTBEAT) {
+		const char *hb[6] = {"EVAL", script_heartbeat, "1", c->hkey, c->hfield, nkeys};
+		size_t hbl[6] = {4, script_heartbeat_len, 1, strlen(c->hkey), strlen(c->hfield), 0};
+
+		snprintf(nkeys, sizeof(nkeys), "%u", c->window_ms);
+		hbl[5] = strlen(nkeys);
+		ret = redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, 6, hb, hbl);
 		goto sent;
 	}
 
@@ -766,6 +781,11 @@ static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval)
 		PUSH_NUM(c->q.params[i].b);
 		PUSH_NUM(c->q.params[i].shadow ? 1 : 0);
 		PUSH_NUM(c->q.cost[i]);
+	}
+	if (c->q.want > 0) {
+		PUSH_NUM(c->q.want);
+		PUSH_NUM(c->q.batch);
+		PUSH_NUM(c->q.lease_us);
 	}
 #undef PUSH_NUM
 	ret = redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, argc, argv, lens);
@@ -894,8 +914,19 @@ static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 		}
 		if (strncmp(rep->str, "CLUSTERDOWN", 11) == 0 && s->mode == MODE_CLUSTER)
 			refresh_request(s);
-		store_log_trouble(n, c->kind == CMD_HGET ? "lookup" : "script error", rep->str);
+		store_log_trouble(n, c->kind == CMD_DECIDE ? "script error" : "lookup", rep->str);
 		cmd_answer(c, STORE_ERROR, NULL);
+	} else if (c->kind == CMD_HEARTBEAT) {
+		char num[24];
+
+		if (rep->type == REDIS_REPLY_INTEGER) {
+			s->stats.replies++;
+			snprintf(num, sizeof(num), "%lld", (long long)rep->integer);
+			cmd_answer_full(c, STORE_OK, NULL, num, strlen(num));
+		} else {
+			store_log_trouble(n, "heartbeat", "bad reply");
+			cmd_answer(c, STORE_ERROR, NULL);
+		}
 	} else if (c->kind == CMD_HGET) {
 		if (rep->type == REDIS_REPLY_STRING) {
 			s->stats.replies++;
@@ -907,7 +938,7 @@ static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 			store_log_trouble(n, "lookup", "bad reply");
 			cmd_answer(c, STORE_ERROR, NULL);
 		}
-	} else if (parse_result(rep, c->q.n, &res) < 0) {
+	} else if (parse_result(rep, c->q.n, c->q.want > 0, &res) < 0) {
 		store_log_trouble(n, "reply", "unexpected reply shape");
 		cmd_answer(c, STORE_ERROR, NULL);
 	} else {
@@ -1375,6 +1406,32 @@ int store_hget(struct store *s, const char *key, const char *field, store_str_fn
 	c->arg = arg;
 	c->hkey = xstrdup(key);
 	c->hfield = xstrdup(field);
+	return store_submit(n, c);
+}
+
+/*
+ * Runs the gateway heartbeat (lua/heartbeat.lua) for agent <id> on the owner of
+ * <key>: <cb> gets the number of live agents as a decimal string. Same
+ * contract as store_hget().
+ */
+int store_heartbeat(struct store *s, const char *key, const char *id, unsigned window_ms,
+		    store_str_fn cb, void *arg)
+{
+	enum store_status st;
+	struct store_node *n;
+	struct store_cmd *c;
+
+	n = store_admit(s, crc16_key_slot(key, strlen(key)), &st);
+	if (!n) {
+		s->stats.failed[st]++;
+		return -(int)st;
+	}
+	c = cmd_new(s, CMD_HEARTBEAT);
+	c->str_cb = cb;
+	c->arg = arg;
+	c->hkey = xstrdup(key);
+	c->hfield = xstrdup(id);
+	c->window_ms = window_ms;
 	return store_submit(n, c);
 }
 

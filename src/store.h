@@ -52,9 +52,23 @@ struct store_opts {
 	unsigned breaker_cooldown_ms;   /* how long it stays open before a probe (500) */
 };
 
-/* One decision: n limits of one principal. */
+/* Batch modes (struct store_query.want > 0). */
+enum store_batch {
+	BATCH_GRANT  = 0,       /* up to <want> units, as many as fit now (lease, coalescing) */
+	BATCH_REPORT = 1,       /* <want> units admitted locally: charge them all */
+};
+
+/*
+ * One decision: n limits of one principal. A "unit" is one request of this
+ * query (cost[i] tokens of limit i). With want == 0 it decides one unit; with
+ * want > 0 it is a batch (see enum store_batch) and the result says how many
+ * units were granted and how long a lease of them lives.
+ */
 struct store_query {
 	size_t n;                                       /* limits, 1..STORE_MAX_LIMITS */
+	int64_t want;                                   /* 0, or batch size in units */
+	int batch;                                      /* enum store_batch when want > 0 */
+	int64_t lease_us;                               /* lease lifetime wanted (batch) */
 	int64_t cost[STORE_MAX_LIMITS];                 /* tokens per limit; < 0 refunds */
 	char keys[STORE_MAX_LIMITS][STORE_KEY_MAX];     /* NUL-terminated keys */
 	struct limit_params params[STORE_MAX_LIMITS];
@@ -64,12 +78,15 @@ struct store_result {
 	bool allowed;
 	size_t n;
 	int64_t now_us;                 /* Redis time of the decision */
+	int64_t granted;                /* batch: units granted (grant) or that fitted (report) */
+	int64_t lease_ms;               /* batch: lease lifetime granted (Redis time) */
 	struct limit_verdict v[STORE_MAX_LIMITS];
 };
 
 /* Called once per accepted query; <res> is valid only during the call. */
 typedef void (*store_done_fn)(enum store_status st, const struct store_result *res, void *arg);
-/* Called once per accepted lookup; <val> (NULL when absent) only during the call. */
+/* Called once per accepted lookup; <val> (NULL when absent) only during the call.
+ * For a heartbeat <val> is the decimal count of live agents. */
 typedef void (*store_str_fn)(enum store_status st, const char *val, size_t len, void *arg);
 
 struct store_stats {
@@ -96,6 +113,8 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 void store_free(struct store *s);
 int store_decide(struct store *s, const struct store_query *q, store_done_fn cb, void *arg);
 int store_hget(struct store *s, const char *key, const char *field, store_str_fn cb, void *arg);
+int store_heartbeat(struct store *s, const char *key, const char *id, unsigned window_ms,
+		    store_str_fn cb, void *arg);
 bool store_ready(const struct store *s);
 bool store_key_ready(const struct store *s, const char *key);
 const struct store_stats *store_stats(const struct store *s);

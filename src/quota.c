@@ -1,0 +1,654 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Local quotas: leases, pre-checks and coalescing (see quota.h).
+ *
+ * DESIGN
+ * Units. A key is one store query: the limits of a principal with the cost of
+ * one request for each. A unit is one such request; the script grants and
+ * charges whole units (lua/decide.lua, batches).
+ *
+ * The budget. Each limit may tolerate an error of b x C tokens (b its
+ * accuracy_budget, C its rate per period). The agent passes, per key, the
+ * smallest b_i x C_i / cost_i over the enforcing limits: "cap", in units, the
+ * error every gateway together may cause. With G live gateways (heartbeats in
+ * Redis, lua/heartbeat.lua) one gateway may hold at most cap / G units, and
+ * never more than it would use in one lease lifetime at its observed rate:
+ *   n = min(floor(cap / G), ceil(rate x lease_ms))
+ * When n < 2 a lease saves nothing: the key stays exact.
+ *
+ * Leases never over-admit in total: their units are charged in Redis when
+ * granted, and Redis grants only what the limits admit. They shift admissions
+ * in time by at most a lease lifetime, so in any window a limit admits at most
+ * what it would exactly plus the units held in leases at the window's start
+ * (<= cap). Unused units expire with the lease and are not given back: the
+ * under-admission is what gateways hold when their traffic stops, at most cap
+ * per lease lifetime, counted in lease_expired.
+ *
+ * Pre-check. A key whose last answer from Redis left more than G x n units is
+ * admitted locally; the usage is reported in batches of n units (or after
+ * flush_ms) and charged in full. Every gateway holds at most n unreported
+ * units, so the over-admission is at most G x n <= cap, only for clients
+ * near their limit at that moment, and counted in precheck_over (the units a
+ * report could not fit). Once the known room falls to G x n the key goes
+ * synchronous (leases or exact).
+ *
+ * Coalescing. At most one grant call per key is in flight; requests arriving
+ * meanwhile wait for it, and the next call asks for all of them at once. A
+ * grant of k units is the same as k exact decisions in a row (Redis admits as
+ * many as fit), so coalescing changes no answer.
+ *
+ * Outages. A lease already granted keeps serving until it expires, even with
+ * Redis unreachable; pre-checks stop as soon as the key's Redis node is not
+ * ready; unreported usage stays counted and is reported when Redis is back.
+ */
+#include "quota.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ev.h>
+
+#include "digest.h"
+#include "log.h"
+#include "util.h"
+
+#define RATE_WINDOW   1.0       /* seconds of the rate estimate's windows */
+#define LEASE_MAX     1000000   /* units in one lease, whatever the budget */
+#define IDLE_MIN      2.0       /* seconds an idle key is kept at least */
+
+struct qkey {
+	struct qkey *next;              /* hash chain */
+	struct quota *qt;               /* ref */
+	uint64_t h;                     /* hash of the query */
+	double cap;                     /* budget in units, all gateways (last request) */
+	double last;                    /* mono() of the last request */
+	double win_t;                   /* start of the current rate window */
+	uint32_t cur, prev;             /* requests in the current and previous window */
+	int64_t tokens;                 /* leased units left */
+	double expires;                 /* mono(): the lease ends */
+	double life;                    /* lifetime of the last lease (s) */
+	int64_t lease_size;             /* units of the last lease asked for */
+	int64_t known;                  /* units left in Redis at the last answer */
+	double known_at;                /* mono() of that answer, 0 = none */
+	int64_t unreported;             /* pre-checked units not reported yet */
+	double unreported_since;
+	int64_t reporting;              /* units of the report in flight, 0 = none */
+	bool busy;                      /* a grant call in flight */
+	double t_sent;                  /* when it left */
+	struct list waiters;            /* quota_waiter.node */
+	unsigned nwait;
+	struct store_result res;        /* last verdicts from Redis */
+	double res_at;                  /* mono() of res */
+	/* the query, for calls of our own (compact: keys in one allocation) */
+	size_t n;
+	int64_t cost[STORE_MAX_LIMITS];
+	struct limit_params params[STORE_MAX_LIMITS];
+	char *keys;                     /* owned: n NUL-terminated keys back to back */
+};
+
+struct quota {
+	struct ev_loop *loop;           /* ref */
+	struct store *store;            /* ref */
+	struct quota_opts o;            /* key_prefix owned */
+	bool leasing;                   /* some limit has a budget: heartbeats run */
+	struct qkey **buckets;          /* owned */
+	size_t nbuckets;                /* power of two */
+	ev_timer sweep;
+	ev_timer heartbeat;
+	bool hb_busy;
+	char id[96];                    /* this agent in the gateway registry */
+	char hb_key[STORE_KEY_MAX];
+	size_t reports;                 /* report calls in flight */
+	struct quota_stats st;
+};
+
+static void grant_send(struct quota *qt, struct qkey *e);
+
+static double mono(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Requests per second for <e>: a sliding window counter over RATE_WINDOW. */
+static void rate_note(struct qkey *e, double now)
+{
+	double el = now - e->win_t;
+
+	if (el >= 2 * RATE_WINDOW) {
+		e->prev = 0;
+		e->cur = 0;
+		e->win_t = now;
+	} else if (el >= RATE_WINDOW) {
+		e->prev = e->cur;
+		e->cur = 0;
+		e->win_t += RATE_WINDOW;
+	}
+	e->cur++;
+}
+
+static double rate_of(const struct qkey *e, double now)
+{
+	double frac = (now - e->win_t) / RATE_WINDOW;
+
+	if (frac >= 2)
+		return 0;
+	if (frac >= 1)
+		return e->cur * (2 - frac) / RATE_WINDOW;
+	return (e->prev * (1 - frac) + e->cur) / RATE_WINDOW;
+}
+
+/* Units one gateway may take at once for <e> now: 0 = stay exact. */
+static int64_t unit_target(const struct quota *qt, const struct qkey *e, double now)
+{
+	double per_gw, use;
+	int64_t n;
+
+	if (e->cap <= 0)
+		return 0;
+	per_gw = floor(e->cap / (double)(qt->st.gateways ? qt->st.gateways : 1));
+	use = ceil(rate_of(e, now) * qt->o.lease_ms / 1000.);
+	n = (int64_t)(per_gw < use ? per_gw : use);
+	if (n > LEASE_MAX)
+		n = LEASE_MAX;
+	return n >= 2 ? n : 0;
+}
+
+/* Units left in Redis by <r>: the tightest enforcing limit. */
+static int64_t units_left(const struct qkey *e, const struct store_result *r)
+{
+	int64_t u = INT64_MAX;
+	size_t i;
+
+	for (i = 0; i < e->n && i < r->n; i++) {
+		if (e->params[i].shadow || e->cost[i] <= 0)
+			continue;
+		if (r->v[i].remaining / e->cost[i] < u)
+			u = r->v[i].remaining / e->cost[i];
+	}
+	return u == INT64_MAX ? 0 : u;
+}
+
+/* Rebuilds <e>'s query into <q> (a single decision: want = 0). */
+static void query_of(const struct qkey *e, struct store_query *q)
+{
+	const char *k = e->keys;
+	size_t i;
+
+	q->n = e->n;
+	q->want = 0;
+	q->batch = BATCH_GRANT;
+	q->lease_us = 0;
+	for (i = 0; i < e->n; i++) {
+		size_t l = strlen(k);
+
+		memcpy(q->keys[i], k, l + 1);
+		k += l + 1;
+		q->cost[i] = e->cost[i];
+		q->params[i] = e->params[i];
+	}
+}
+
+/* A local admission of <e>: the last verdicts, times and counts brought up to date. */
+static void local_answer(const struct qkey *e, double now, struct store_result *out)
+{
+	int64_t el = (int64_t)((now - e->res_at) * 1000), left = e->tokens - e->unreported;
+	size_t i;
+
+	*out = e->res;
+	out->allowed = true;
+	out->granted = 1;
+	for (i = 0; i < out->n; i++) {
+		struct limit_verdict *v = &out->v[i];
+
+		if (!e->params[i].shadow) {
+			v->allowed = true;
+			v->retry_ms = 0;
+		}
+		v->remaining += left * e->cost[i];
+		if (v->remaining < 0)
+			v->remaining = 0;
+		v->reset_ms = v->reset_ms > el ? v->reset_ms - el : 0;
+	}
+}
+
+static struct qkey **bucket_of(struct quota *qt, uint64_t h)
+{
+	return &qt->buckets[(h ^ (h >> 29)) & (qt->nbuckets - 1)];
+}
+
+static struct qkey *key_find(struct quota *qt, uint64_t h)
+{
+	struct qkey *e;
+
+	for (e = *bucket_of(qt, h); e; e = e->next)
+		if (e->h == h)
+			return e;
+	return NULL;
+}
+
+static struct qkey *key_new(struct quota *qt, uint64_t h, const struct store_query *q, double now)
+{
+	struct qkey **b = bucket_of(qt, h), *e;
+	size_t i, len = 0, l;
+	char *k;
+
+	if (qt->st.keys >= qt->o.max_keys)
+		return NULL;
+	e = xcalloc(1, sizeof(*e));
+	e->qt = qt;
+	e->h = h;
+	e->win_t = now;
+	list_init(&e->waiters);
+	e->n = q->n < STORE_MAX_LIMITS ? q->n : STORE_MAX_LIMITS;
+	for (i = 0; i < e->n; i++)
+		len += strnlen(q->keys[i], STORE_KEY_MAX - 1) + 1;
+	e->keys = k = xmalloc(len);
+	for (i = 0; i < e->n; i++) {
+		l = strnlen(q->keys[i], STORE_KEY_MAX - 1);
+		memcpy(k, q->keys[i], l);
+		k[l] = 0;
+		k += l + 1;
+		e->cost[i] = q->cost[i];
+		e->params[i] = q->params[i];
+	}
+	e->next = *b;
+	*b = e;
+	qt->st.keys++;
+	return e;
+}
+
+static bool key_idle(const struct qkey *e, double now)
+{
+	return !e->busy && !e->reporting && !e->unreported && !e->tokens &&
+	       list_empty(&e->waiters) && now - e->last > IDLE_MIN + 2 * e->qt->o.lease_ms / 1000.;
+}
+
+static void key_free(struct qkey *e)
+{
+	free(e->keys);
+	free(e);
+}
+
+/* Answers every waiter of <e> with <st> (and <res> when OK). */
+static void waiters_answer(struct qkey *e, enum store_status st, const struct store_result *res)
+{
+	while (!list_empty(&e->waiters)) {
+		struct quota_waiter *w = LIST_ELEM(e->waiters.next, struct quota_waiter, node);
+
+		list_del(&w->node);
+		e->nwait--;
+		w->done(w, st, res);
+	}
+}
+
+static void grant_cb(enum store_status st, const struct store_result *res, void *arg)
+{
+	struct qkey *e = arg;
+	struct quota *qt = e->qt;
+	double now = mono();
+	int64_t g;
+
+	e->busy = false;
+	if (st != STORE_OK) {
+		waiters_answer(e, st, NULL);
+		return;
+	}
+	e->res = *res;
+	e->res_at = now;
+	e->known = units_left(e, res);
+	e->known_at = now;
+	if (!res->allowed) {
+		waiters_answer(e, st, res);
+		return;
+	}
+	g = res->granted;
+	if (e->nwait > 1)
+		qt->st.coalesced += (uint64_t)(g < e->nwait ? g : e->nwait) - 1;
+	while (g > 0 && !list_empty(&e->waiters)) {
+		struct quota_waiter *w = LIST_ELEM(e->waiters.next, struct quota_waiter, node);
+		struct store_result r = *res;
+		size_t i;
+
+		g--;
+		for (i = 0; i < r.n; i++)
+			r.v[i].remaining += g * e->cost[i];
+		r.granted = 1;
+		list_del(&w->node);
+		e->nwait--;
+		w->done(w, STORE_OK, &r);
+	}
+	if (g > 0) {
+		/* the rest is a lease, timed from when the call left: never longer
+		 * in our clock than in Redis's */
+		e->tokens += g;
+		e->life = res->lease_ms / 1000.;
+		e->expires = e->t_sent + e->life;
+		qt->st.lease_grants++;
+		qt->st.lease_units += (uint64_t)g;
+	}
+	/* requests that arrived meanwhile, or that did not fit: ask again */
+	if (!list_empty(&e->waiters))
+		grant_send(qt, e);
+}
+
+/*
+ * One grant call for <e>: every waiter plus a lease when the key is hot.
+ * Returns 0 (busy until grant_cb) or a negative store status.
+ */
+static int grant_call(struct quota *qt, struct qkey *e)
+{
+	struct store_query q;
+	double now = mono();
+	int64_t lease = unit_target(qt, e, now), want = e->nwait + lease;
+	int ret;
+
+	if (want <= 0)
+		return 0;
+	query_of(e, &q);
+	if (want > 1) {
+		q.want = want;
+		q.batch = BATCH_GRANT;
+		q.lease_us = (int64_t)qt->o.lease_ms * 1000;
+	}
+	e->lease_size = lease;
+	e->t_sent = now;
+	ret = store_decide(qt->store, &q, grant_cb, e);
+	if (ret == 0)
+		e->busy = true;
+	return ret;
+}
+
+/* grant_call(); on a refusal the waiters are answered with it. */
+static void grant_send(struct quota *qt, struct qkey *e)
+{
+	int ret = grant_call(qt, e);
+
+	if (ret < 0)
+		waiters_answer(e, (enum store_status)-ret, NULL);
+}
+
+static void report_cb(enum store_status st, const struct store_result *res, void *arg)
+{
+	struct qkey *e = arg;
+	struct quota *qt = e->qt;
+	double now = mono();
+
+	qt->reports--;
+	if (st != STORE_OK) {
+		/* admitted is admitted: keep it counted and report it later */
+		if (!e->unreported)
+			e->unreported_since = now;
+		e->unreported += e->reporting;
+		e->reporting = 0;
+		qt->st.report_failed++;
+		return;
+	}
+	qt->st.precheck_reports++;
+	if (res->granted < e->reporting)
+		qt->st.precheck_over += (uint64_t)(e->reporting - res->granted);
+	e->reporting = 0;
+	e->res = *res;
+	e->res_at = now;
+	e->known = units_left(e, res);
+	e->known_at = now;
+}
+
+/* Reports <e>'s unreported usage (charged in full, whatever fits). */
+static void report_send(struct quota *qt, struct qkey *e)
+{
+	struct store_query q;
+
+	if (e->reporting || e->unreported <= 0)
+		return;
+	query_of(e, &q);
+	q.want = e->unreported;
+	q.batch = BATCH_REPORT;
+	q.lease_us = 0;
+	if (store_decide(qt->store, &q, report_cb, e) < 0) {
+		qt->st.report_failed++;
+		return;
+	}
+	qt->reports++;
+	e->reporting = e->unreported;
+	e->unreported = 0;
+}
+
+/*
+ * Decides one request of key <h> (query <q>, budget <cap> units for all
+ * gateways, 0 = exact) with the local state when it can: see enum quota_path.
+ * <w> is queued only when QUOTA_WAIT is returned.
+ */
+enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_query *q,
+			     double cap, struct quota_waiter *w, struct store_result *out,
+			     enum store_status *st)
+{
+	double now = mono();
+	struct qkey *e = key_find(qt, h);
+	int64_t n;
+	int ret;
+
+	if (!e && !(e = key_new(qt, h, q, now))) {
+		qt->st.full++;
+		return QUOTA_BYPASS;
+	}
+	e->last = now;
+	e->cap = cap;
+	rate_note(e, now);
+
+	if (e->tokens > 0 && now >= e->expires) {
+		qt->st.lease_expired += (uint64_t)e->tokens;
+		e->tokens = 0;
+	}
+	if (e->tokens > 0) {
+		e->tokens--;
+		qt->st.lease_spent++;
+		local_answer(e, now, out);
+		/* the next lease before this one runs dry or out of time */
+		if (!e->busy && store_key_ready(qt->store, e->keys) &&
+		    (e->tokens <= e->lease_size / 4 || e->expires - now < e->life / 4))
+			grant_send(qt, e);
+		return QUOTA_LOCAL;
+	}
+	n = unit_target(qt, e, now);
+	if (qt->o.precheck && n && e->known_at && now - e->known_at < qt->o.lease_ms / 1000. &&
+	    e->known - e->unreported - e->reporting > (int64_t)qt->st.gateways * n &&
+	    store_key_ready(qt->store, e->keys)) {
+		if (!e->unreported)
+			e->unreported_since = now;
+		e->unreported++;
+		qt->st.precheck_local++;
+		local_answer(e, now, out);
+		if (e->unreported >= n)
+			report_send(qt, e);
+		return QUOTA_LOCAL;
+	}
+	list_append(&e->waiters, &w->node);
+	e->nwait++;
+	if (e->busy && qt->o.coalesce)
+		return QUOTA_WAIT;
+	if (e->busy) {
+		/* no coalescing: a call of its own, outside the key's entry */
+		list_del(&w->node);
+		e->nwait--;
+		return QUOTA_BYPASS;
+	}
+	ret = grant_call(qt, e);
+	if (ret < 0) {
+		list_del(&w->node);
+		e->nwait--;
+		*st = (enum store_status)-ret;
+		return QUOTA_FAILED;
+	}
+	return QUOTA_WAIT;
+}
+
+/* Housekeeping: expired leases, due reports, idle keys. */
+static void sweep_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct quota *qt = container_of(t, struct quota, sweep);
+	double now = mono(), flush = qt->o.flush_ms / 1000.;
+	uint64_t held = 0, unrep = 0;
+	size_t i;
+
+	(void)loop;
+	(void)revents;
+	for (i = 0; i < qt->nbuckets; i++) {
+		struct qkey **pe = &qt->buckets[i];
+
+		while (*pe) {
+			struct qkey *e = *pe;
+
+			if (e->tokens > 0 && now >= e->expires) {
+				qt->st.lease_expired += (uint64_t)e->tokens;
+				e->tokens = 0;
+			}
+			if (e->unreported > 0 && now - e->unreported_since >= flush)
+				report_send(qt, e);
+			if (key_idle(e, now)) {
+				*pe = e->next;
+				key_free(e);
+				qt->st.keys--;
+				continue;
+			}
+			held += (uint64_t)e->tokens;
+			unrep += (uint64_t)(e->unreported + e->reporting);
+			pe = &e->next;
+		}
+	}
+	qt->st.outstanding = held;
+	qt->st.unreported = unrep;
+}
+
+static void heartbeat_cb(enum store_status st, const char *val, size_t len, void *arg)
+{
+	struct quota *qt = arg;
+	char buf[24];
+	long v;
+
+	qt->hb_busy = false;
+	if (st != STORE_OK || !val || len == 0 || len >= sizeof(buf))
+		return; /* keep the last count */
+	memcpy(buf, val, len);
+	buf[len] = 0;
+	v = strtol(buf, NULL, 10);
+	if (v >= 1 && v <= 1000000)
+		qt->st.gateways = (uint64_t)v;
+}
+
+static void heartbeat_tick(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct quota *qt = container_of(t, struct quota, heartbeat);
+
+	(void)loop;
+	(void)revents;
+	if (!qt->leasing || qt->hb_busy)
+		return;
+	if (store_heartbeat(qt->store, qt->hb_key, qt->id, 3 * qt->o.heartbeat_ms, heartbeat_cb,
+			    qt) == 0)
+		qt->hb_busy = true;
+}
+
+/* (Re)applies options that a reload may change; <leasing>: some limit has a budget. */
+void quota_configure(struct quota *qt, const struct quota_opts *o, bool leasing)
+{
+	double sw;
+
+	free((char *)qt->o.key_prefix);
+	qt->o = *o;
+	qt->o.key_prefix = xstrdup(o->key_prefix);
+	if (!qt->leasing || !leasing)
+		qt->st.gateways = o->gateways ? o->gateways : 1;
+	qt->leasing = leasing;
+	snprintf(qt->hb_key, sizeof(qt->hb_key), "%s:{gw}:gateways", o->key_prefix);
+	ev_timer_stop(qt->loop, &qt->heartbeat);
+	ev_timer_set(&qt->heartbeat, 0., o->heartbeat_ms / 1000.);
+	ev_timer_start(qt->loop, &qt->heartbeat);
+	sw = o->flush_ms / 2000.;
+	sw = sw < 0.005 ? 0.005 : (sw > 0.25 ? 0.25 : sw);
+	ev_timer_stop(qt->loop, &qt->sweep);
+	ev_timer_set(&qt->sweep, sw, sw);
+	ev_timer_start(qt->loop, &qt->sweep);
+}
+
+struct quota *quota_new(struct ev_loop *loop, struct store *store, const struct quota_opts *o)
+{
+	struct quota *qt = xcalloc(1, sizeof(*qt));
+	char host[64] = "?";
+	uint8_t rnd[SHA256_LEN];
+	char hex[17];
+	struct timespec ts;
+
+	qt->loop = loop;
+	qt->store = store;
+	qt->nbuckets = 64;
+	while (qt->nbuckets < o->max_keys)
+		qt->nbuckets <<= 1;
+	qt->buckets = xcalloc(qt->nbuckets, sizeof(*qt->buckets));
+	(void)gethostname(host, sizeof(host) - 1);
+	host[sizeof(host) - 1] = 0;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	snprintf(qt->id, sizeof(qt->id), "%s:%ld:%ld.%ld", host, (long)getpid(), (long)ts.tv_sec,
+		 (long)ts.tv_nsec);
+	sha256(qt->id, strlen(qt->id), rnd);
+	hex_encode(rnd, 8, hex);
+	snprintf(qt->id, sizeof(qt->id), "%.60s:%ld:%s", host, (long)getpid(), hex);
+	ev_timer_init(&qt->heartbeat, heartbeat_tick, 0., 1.);
+	ev_timer_init(&qt->sweep, sweep_cb, 0.05, 0.05);
+	quota_configure(qt, o, false);
+	return qt;
+}
+
+/*
+ * Frees everything. The store must be freed first: it answers the calls in
+ * flight, and nothing of ours may be called afterwards.
+ */
+void quota_free(struct quota *qt)
+{
+	size_t i;
+
+	if (!qt)
+		return;
+	ev_timer_stop(qt->loop, &qt->sweep);
+	ev_timer_stop(qt->loop, &qt->heartbeat);
+	for (i = 0; i < qt->nbuckets; i++) {
+		while (qt->buckets[i]) {
+			struct qkey *e = qt->buckets[i];
+
+			qt->buckets[i] = e->next;
+			waiters_answer(e, STORE_SHUTDOWN, NULL);
+			key_free(e);
+		}
+	}
+	free(qt->buckets);
+	free((char *)qt->o.key_prefix);
+	free(qt);
+}
+
+/* Reports every unreported usage now (on a graceful stop). */
+void quota_flush(struct quota *qt)
+{
+	size_t i;
+	struct qkey *e;
+
+	for (i = 0; i < qt->nbuckets; i++)
+		for (e = qt->buckets[i]; e; e = e->next)
+			report_send(qt, e);
+}
+
+/* Report calls in flight (a drain waits for them). */
+size_t quota_pending(const struct quota *qt)
+{
+	return qt ? qt->reports : 0;
+}
+
+const struct quota_stats *quota_stats(struct quota *qt)
+{
+	return &qt->st;
+}

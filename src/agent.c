@@ -245,6 +245,7 @@ static void fallback(struct decision *d, struct part *pt)
 	pt->res.n = pt->q.n;
 	pt->fallback = true;
 	lq.n = 0;
+	lq.want = 0;
 	for (i = 0; i < d->n; i++) {
 		const struct rule_limit *l = d->ap[i].l;
 		size_t slot = d->ap[i].slot;
@@ -401,6 +402,7 @@ static void refund(struct decision *d)
 		if (!pt->used || pt->st != STORE_OK || !pt->res.allowed)
 			continue;
 		rq.n = 0;
+		rq.want = 0; /* a single decision, not a batch */
 		for (i = 0; i < pt->q.n; i++) {
 			if (!pt->res.v[i].allowed || pt->q.cost[i] <= 0)
 				continue;
@@ -1034,6 +1036,7 @@ static void quota_setup(struct agent *a, const struct ruleset *rs)
 			       .flush_ms = c->quota.flush_ms,
 			       .max_keys = c->quota.max_keys,
 			       .precheck = c->quota.precheck,
+			       .leases = c->quota.leases,
 			       .coalesce = c->quota.coalesce,
 			       .gateways = c->gateways,
 			       .key_prefix = c->redis.key_prefix};

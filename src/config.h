@@ -118,6 +118,7 @@ struct agent_config {
 		unsigned flush_ms;      /* pre-checked usage reported at least this often */
 		unsigned max_keys;      /* keys tracked for leases, pre-checks, coalescing */
 		bool precheck;          /* answer clients far below their limit locally */
+		bool leases;            /* lease tokens for hot keys */
 		bool coalesce;          /* one Redis call for decisions of one key in flight */
 	} quota;
 };

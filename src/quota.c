@@ -76,7 +76,7 @@ struct qkey {
 	double known_at;                /* mono() of that answer, 0 = none */
 	int64_t unreported;             /* pre-checked units not reported yet */
 	double unreported_since;
-	int64_t reporting;              /* units of the report in flight, 0 = none */
+	int64_t reporting;              /* units of the reports in flight */
 	bool busy;                      /* a grant call in flight */
 	double t_sent;                  /* when it left */
 	struct list waiters;            /* quota_waiter.node */
@@ -346,7 +346,7 @@ static int grant_call(struct quota *qt, struct qkey *e)
 {
 	struct store_query q;
 	double now = mono();
-	int64_t lease = unit_target(qt, e, now), want = e->nwait + lease;
+	int64_t lease = qt->o.leases ? unit_target(qt, e, now) : 0, want = e->nwait + lease;
 	int ret;
 
 	if (want <= 0)
@@ -374,49 +374,65 @@ static void grant_send(struct quota *qt, struct qkey *e)
 		waiters_answer(e, (enum store_status)-ret, NULL);
 }
 
+/* One report in flight. */
+struct report {
+	struct qkey *e;                 /* ref: kept alive while e->reporting > 0 */
+	int64_t units;
+};
+
 static void report_cb(enum store_status st, const struct store_result *res, void *arg)
 {
-	struct qkey *e = arg;
+	struct report *rp = arg;
+	struct qkey *e = rp->e;
 	struct quota *qt = e->qt;
 	double now = mono();
+	int64_t units = rp->units;
 
+	free(rp);
 	qt->reports--;
+	e->reporting -= units;
 	if (st != STORE_OK) {
 		/* admitted is admitted: keep it counted and report it later */
 		if (!e->unreported)
 			e->unreported_since = now;
-		e->unreported += e->reporting;
-		e->reporting = 0;
+		e->unreported += units;
 		qt->st.report_failed++;
 		return;
 	}
 	qt->st.precheck_reports++;
-	if (res->granted < e->reporting)
-		qt->st.precheck_over += (uint64_t)(e->reporting - res->granted);
-	e->reporting = 0;
+	if (res->granted < units)
+		qt->st.precheck_over += (uint64_t)(units - res->granted);
 	e->res = *res;
 	e->res_at = now;
 	e->known = units_left(e, res);
 	e->known_at = now;
 }
 
-/* Reports <e>'s unreported usage (charged in full, whatever fits). */
+/*
+ * Reports <e>'s unreported usage (charged in full, whatever fits). Several
+ * reports may be in flight; one key's calls go in order on one connection.
+ */
 static void report_send(struct quota *qt, struct qkey *e)
 {
 	struct store_query q;
+	struct report *rp;
 
-	if (e->reporting || e->unreported <= 0)
+	if (e->unreported <= 0)
 		return;
 	query_of(e, &q);
 	q.want = e->unreported;
 	q.batch = BATCH_REPORT;
 	q.lease_us = 0;
-	if (store_decide(qt->store, &q, report_cb, e) < 0) {
+	rp = xmalloc(sizeof(*rp));
+	rp->e = e;
+	rp->units = e->unreported;
+	if (store_decide(qt->store, &q, report_cb, rp) < 0) {
+		free(rp);
 		qt->st.report_failed++;
 		return;
 	}
 	qt->reports++;
-	e->reporting = e->unreported;
+	e->reporting += e->unreported;
 	e->unreported = 0;
 }
 
@@ -432,6 +448,7 @@ enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_qu
 	double now = mono();
 	struct qkey *e = key_find(qt, h);
 	int64_t n;
+	bool far;
 	int ret;
 
 	if (!e && !(e = key_new(qt, h, q, now))) {
@@ -446,20 +463,22 @@ enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_qu
 		qt->st.lease_expired += (uint64_t)e->tokens;
 		e->tokens = 0;
 	}
+	n = unit_target(qt, e, now);
+	far = qt->o.precheck && n && e->known_at && now - e->known_at < qt->o.lease_ms / 1000. &&
+	      e->known - e->unreported - e->reporting > (int64_t)qt->st.gateways * n &&
+	      store_key_ready(qt->store, e->keys);
 	if (e->tokens > 0) {
 		e->tokens--;
 		qt->st.lease_spent++;
 		local_answer(e, now, out);
-		/* the next lease before this one runs dry or out of time */
-		if (!e->busy && store_key_ready(qt->store, e->keys) &&
+		/* the next lease before this one runs dry or out of time; none when
+		 * the key is far from its limit: pre-checks take over, wasting nothing */
+		if (!e->busy && !far && store_key_ready(qt->store, e->keys) &&
 		    (e->tokens <= e->lease_size / 4 || e->expires - now < e->life / 4))
 			grant_send(qt, e);
 		return QUOTA_LOCAL;
 	}
-	n = unit_target(qt, e, now);
-	if (qt->o.precheck && n && e->known_at && now - e->known_at < qt->o.lease_ms / 1000. &&
-	    e->known - e->unreported - e->reporting > (int64_t)qt->st.gateways * n &&
-	    store_key_ready(qt->store, e->keys)) {
+	if (far) {
 		if (!e->unreported)
 			e->unreported_since = now;
 		e->unreported++;
@@ -469,6 +488,9 @@ enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_qu
 			report_send(qt, e);
 		return QUOTA_LOCAL;
 	}
+	/* synchronous from here: what was admitted locally reaches Redis first
+	 * (same key, same connection, in order), so Redis decides on all of it */
+	report_send(qt, e);
 	list_append(&e->waiters, &w->node);
 	e->nwait++;
 	if (e->busy && qt->o.coalesce)
@@ -494,7 +516,6 @@ static void sweep_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	struct quota *qt = container_of(t, struct quota, sweep);
 	double now = mono(), flush = qt->o.flush_ms / 1000.;
-	uint64_t held = 0, unrep = 0;
 	size_t i;
 
 	(void)loop;
@@ -517,13 +538,9 @@ static void sweep_cb(struct ev_loop *loop, ev_timer *t, int revents)
 				qt->st.keys--;
 				continue;
 			}
-			held += (uint64_t)e->tokens;
-			unrep += (uint64_t)(e->unreported + e->reporting);
 			pe = &e->next;
 		}
 	}
-	qt->st.outstanding = held;
-	qt->st.unreported = unrep;
 }
 
 static void heartbeat_cb(enum store_status st, const char *val, size_t len, void *arg)
@@ -648,7 +665,26 @@ size_t quota_pending(const struct quota *qt)
 	return qt ? qt->reports : 0;
 }
 
+/* Recomputes the gauges (held and unreported units). */
+static void gauges(struct quota *qt)
+{
+	uint64_t held = 0, unrep = 0;
+	double now = mono();
+	size_t i;
+	struct qkey *e;
+
+	for (i = 0; i < qt->nbuckets; i++)
+		for (e = qt->buckets[i]; e; e = e->next) {
+			if (e->tokens > 0 && now < e->expires)
+				held += (uint64_t)e->tokens;
+			unrep += (uint64_t)(e->unreported + e->reporting);
+		}
+	qt->st.outstanding = held;
+	qt->st.unreported = unrep;
+}
+
 const struct quota_stats *quota_stats(struct quota *qt)
 {
+	gauges(qt);
 	return &qt->st;
 }

@@ -70,6 +70,7 @@ struct quota_opts {
 	unsigned flush_ms;
 	unsigned max_keys;
 	bool precheck;
+	bool leases;
 	bool coalesce;
 	unsigned gateways;              /* assumed until the first heartbeat answers */
 	const char *key_prefix;         /* for the heartbeat registry */

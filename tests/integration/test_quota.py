@@ -1,0 +1,256 @@
+"""Local quotas: the batch modes of the script (grants and reports), leases, pre-checks,
+coalescing and a lease held through a Redis outage (src/quota.c, lua/decide.lua)."""
+import hashlib
+import pathlib
+import random
+import subprocess
+import threading
+import time
+
+import pytest
+
+import spop_client as sc
+from conftest import SPOA_BIN, wait_until
+from test_blocked import script_calls
+from test_model_agreement import FIXED, GCRA, LOG, SLIDING, script
+from test_ops import pipeline, scrape
+
+HOUR_US = 3600 * 10**6
+DAY_US = 24 * HOUR_US
+
+
+def evalr(redis, keys, limits, costs, want=None, mode=0, lease_us=0):
+    """One script call: limits [(alg, a, b, shadow)], costs per limit; a batch when <want>."""
+    argv = [str(x) for lim, c in zip(limits, costs) for x in tuple(lim) + (c,)]
+    if want is not None:
+        argv += [str(want), str(mode), str(int(lease_us))]
+    return [int(x) for x in redis.cmd("EVAL", script(), str(len(keys)), *keys, *argv)]
+
+
+def granted(rep):
+    return rep[-2]
+
+
+# ---------------------------------------------------------------------------------------
+# The script
+
+def test_grant_never_exceeds_what_the_bucket_holds(redis):
+    slow = (GCRA, HOUR_US // 10, HOUR_US, 0)          # 10 per hour, burst 10
+    r = evalr(redis, ["{a}:g"], [slow], [1], want=50, lease_us=10**6)
+    assert r[0] == 1 and granted(r) == 10, r
+    r = evalr(redis, ["{a}:g"], [slow], [1], want=5, lease_us=10**6)
+    assert r[0] == 0 and granted(r) == 0 and r[5] > 0, r   # denied, with a retry
+    # cost 3 against a window of 10: three units, one token left
+    fw = (FIXED, DAY_US, 10, 0)
+    r = evalr(redis, ["{b}:f"], [fw], [3], want=100, lease_us=10**6)
+    assert granted(r) == 3 and r[4] == 1, r
+    # two limits: the tighter one decides, both are charged the same units
+    r = evalr(redis, ["{c}:f", "{c}:g"], [fw, (GCRA, HOUR_US // 4, HOUR_US, 0)], [1, 1],
+              want=100, lease_us=10**6)
+    assert granted(r) == 4 and r[4] == 6 and r[8] == 0, r
+    # a shadow limit reports but never narrows a grant
+    r = evalr(redis, ["{d}:f", "{d}:s"], [fw, (FIXED, DAY_US, 2, 1)], [1, 1], want=7,
+              lease_us=10**6)
+    assert granted(r) == 7, r
+
+
+@pytest.mark.parametrize("alg", [GCRA, FIXED, LOG, SLIDING])
+def test_grant_equals_exact_decisions_in_a_row(redis, alg):
+    """A grant of k units admits what k exact decisions in a row admit: coalescing and
+    leases change no answer. Slow limits (per hour or day) so time does not move them."""
+    rnd = random.Random(alg)
+    limit = rnd.randint(5, 40)
+    lim = {GCRA: (GCRA, HOUR_US // limit, HOUR_US, 0), FIXED: (FIXED, DAY_US, limit, 0),
+           LOG: (LOG, HOUR_US, limit, 0), SLIDING: (SLIDING, HOUR_US, limit, 0)}[alg]
+    for trial in range(12):
+        ka, kb = "{t%d}:a%d" % (alg, trial), "{t%d}:b%d" % (alg, trial)
+        pre, cost, k = rnd.randint(0, limit), rnd.randint(1, 3), rnd.randint(1, 30)
+        for _ in range(pre):
+            evalr(redis, [ka], [lim], [1])
+            evalr(redis, [kb], [lim], [1])
+        g = granted(evalr(redis, [ka], [lim], [cost], want=k, lease_us=10**6))
+        exact = sum(evalr(redis, [kb], [lim], [cost])[0] for _ in range(k))
+        assert g == exact, (alg, trial, pre, cost, k, g, exact)
+        ra, rb = evalr(redis, [ka], [lim], [0]), evalr(redis, [kb], [lim], [0])
+        assert ra[4] == rb[4], "remaining differs after the grant: %r %r" % (ra, rb)
+
+
+def test_report_charges_everything_and_says_what_fitted(redis):
+    fw = (FIXED, DAY_US, 10, 0)
+    for _ in range(8):
+        evalr(redis, ["{r}:f"], [fw], [1])
+    r = evalr(redis, ["{r}:f"], [fw], [1], want=5, mode=1)
+    assert r[0] == 1 and granted(r) == 2 and r[4] == 0, r
+    assert redis.cmd("GET", "{r}:f").endswith(":13"), "the whole report is charged"
+    assert evalr(redis, ["{r}:f"], [fw], [1])[0] == 0
+
+
+def test_lease_never_outlives_the_window_in_redis_time(redis):
+    win = 2 * 10**6
+    r = evalr(redis, ["{w}:f"], [(FIXED, win, 100, 0)], [1], want=10, lease_us=10 * 10**6)
+    now = r[2]
+    left_ms = ((now // win + 1) * win - now) // 1000
+    assert granted(r) == 10 and r[-1] == left_ms, (r, left_ms)
+    r = evalr(redis, ["{w}:g"], [(GCRA, 1000, 10**6, 0)], [1], want=10, lease_us=10 * 10**6)
+    assert granted(r) == 10 and r[-1] == 10000, r
+
+
+def test_batch_rejects_a_bad_size(redis):
+    with pytest.raises(RuntimeError, match="bad batch size"):
+        evalr(redis, ["{x}:f"], [(FIXED, DAY_US, 10, 0)], [1], want=0)
+
+
+# ---------------------------------------------------------------------------------------
+# The agent
+
+def quota_cfg(limit, budget=None, **quota):
+    lim = dict(limit)
+    if budget is not None:
+        lim["accuracy_budget"] = budget
+    cfg = dict(limits={"q": lim}, tiers={"t": {"limits": ["q"]}}, default_tier="t",
+               anonymous={"limits": ["q"]})
+    if quota:
+        cfg["local_quota"] = quota
+    return cfg
+
+
+def counts(answers):
+    allowed = sum(1 for v in answers if v.get("allow") == 1 and not v.get("degraded"))
+    degraded = sum(1 for v in answers if v.get("degraded"))
+    return allowed, degraded
+
+
+def quota_metric(p, what):
+    return p.get("spoa_ratelimit_local_quota_requests_total", what=what)
+
+
+def test_coalescing_shares_calls_and_changes_no_answer(agent, redis):
+    cfg = quota_cfg({"rate": 5, "period": "1h"}, blocked_cache=False)
+    results = {}
+    for coalesce in (False, True):
+        a = agent(redis=redis, metrics=True, name="c%d" % coalesce,
+                  **dict(cfg, local_quota={"coalesce": coalesce}))
+        before = script_calls(redis)
+        answers = pipeline(a.addr, [sc.rl_message(key="co-%d" % coalesce)] * 40, conns=1,
+                           window=40)
+        results[coalesce] = (counts(answers), script_calls(redis) - before, scrape(a))
+    (allowed_off, _), calls_off, _ = results[False]
+    (allowed_on, _), calls_on, p = results[True]
+    assert allowed_off == allowed_on == 5
+    assert calls_off == 40, calls_off
+    assert calls_on < 20, calls_on
+    assert quota_metric(p, "coalesced") >= 1
+
+
+def test_two_agents_leasing_one_key_stay_within_the_bound(agent, redis):
+    # 400 per hour (refill negligible), budget 10%: at most 40 requests of error in all
+    cfg = quota_cfg({"rate": 400, "period": "1h"}, budget=0.1, lease_ms=5000)
+    agents = [agent(redis=redis, metrics=True, name="g%d" % i, fallback={"gateways": 2},
+                    **cfg) for i in range(2)]
+    wait_until(lambda: all(scrape(a).get("spoa_ratelimit_gateways") == 2 for a in agents), 5,
+               what="both agents see 2 gateways")
+    before = script_calls(redis)
+    out = [None, None]
+
+    def run(i):
+        out[i] = pipeline(agents[i].addr, [sc.rl_message(key="shared")] * 600, conns=2,
+                          window=16)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    calls = script_calls(redis) - before
+    allowed = sum(counts(o)[0] for o in out)
+    assert sum(counts(o)[1] for o in out) == 0
+    assert 400 - 40 <= allowed <= 400 + 40, allowed
+    assert calls < 0.5 * 1200, calls
+    ps = [scrape(a) for a in agents]
+    assert sum(quota_metric(p, "leased") + quota_metric(p, "prechecked") for p in ps) > 0
+
+
+def test_precheck_goes_synchronous_near_the_limit(agent, redis):
+    # 300 per day, budget 20% = 60: far from the limit requests are admitted locally and
+    # reported in batches; within 60 of it every request waits for Redis
+    cfg = quota_cfg({"algorithm": "fixed_window", "rate": 300, "period": "1d"}, budget=0.2,
+                    leases=False, flush_ms=50)
+    a = agent(redis=redis, metrics=True, **cfg)
+    before = script_calls(redis)
+    answers = pipeline(a.addr, [sc.rl_message(key="pre")] * 400, conns=1, window=8)
+    allowed, degraded = counts(answers)
+    assert degraded == 0
+    assert allowed == 300, "one gateway: a pre-check never over-admits (%d)" % allowed
+    p = scrape(a)
+    assert quota_metric(p, "prechecked") >= 100, p.get("spoa_ratelimit_local_quota_requests_total", what="prechecked")
+    assert quota_metric(p, "precheck_over") == 0
+    assert quota_metric(p, "lease_spent") == 0
+    # the last 60 before the limit went to Redis one decision at a time (or coalesced)
+    assert script_calls(redis) - before >= 60 // 8
+    # everything admitted is charged in Redis
+    key = "rl:{k:%s}:q" % hashlib.sha256(b"pre").hexdigest()[:32]
+    wait_until(lambda: int(redis.cmd("GET", key).split(":")[1]) == 300, 2,
+               what="reports charged")
+
+
+def test_lease_expires_and_is_not_spent_after(agent, redis):
+    cfg = quota_cfg({"rate": 100000, "period": "1h"}, budget=0.05, lease_ms=300,
+                    precheck=False)
+    a = agent(redis=redis, metrics=True, **cfg)
+    answers = pipeline(a.addr, [sc.rl_message(key="exp")] * 300, conns=1, window=8)
+    assert counts(answers) == (300, 0)
+    p = scrape(a)
+    assert quota_metric(p, "lease_spent") > 0
+    wait_until(lambda: quota_metric(scrape(a), "lease_expired") > 0, 3,
+               what="the unused lease expired")
+    assert scrape(a).get("spoa_ratelimit_lease_outstanding") == 0
+    p = scrape(a)
+    assert p.get("spoa_ratelimit_local_quota_error_requests_total", direction="under") == \
+        quota_metric(p, "lease_expired")
+    before = script_calls(redis)
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        assert c.request(1, 1, [sc.rl_message(key="exp")])["allow"] == 1
+    assert script_calls(redis) == before + 1, "an expired lease is not spent"
+
+
+def test_held_lease_serves_through_a_redis_outage(agent, redis):
+    cfg = quota_cfg({"rate": 100000, "period": "1h"}, budget=0.05, lease_ms=2000,
+                    precheck=False)
+    a = agent(redis=redis, metrics=True, **cfg)
+    answers = pipeline(a.addr, [sc.rl_message(key="out")] * 400, conns=1, window=8)
+    assert counts(answers) == (400, 0)
+    held = scrape(a).get("spoa_ratelimit_lease_outstanding")
+    assert held >= 20, held
+    t_stop = time.monotonic()
+    redis.stop()
+    n = min(held, 20)
+    answers = pipeline(a.addr, [sc.rl_message(key="out")] * n, conns=1, window=1)
+    assert time.monotonic() - t_stop < 1.5, "the test must run within the lease"
+    assert counts(answers) == (n, 0), answers
+    # once the lease has expired, the limit's failure policy (open) applies
+    time.sleep(max(0.0, t_stop + 2.2 - time.monotonic()))
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        v = c.request(1, 1, [sc.rl_message(key="out")])
+    assert v.get("degraded") == 1, v
+
+
+def test_budget_and_local_quota_settings_are_validated(tmp):
+    cases = [("accuracy_budget = 0.9;", "accuracy_budget"),
+             ("accuracy_budget = \"5%\";", "accuracy_budget")]
+    for limit_extra, want in cases:
+        conf = pathlib.Path(tmp) / "bad.conf"
+        conf.write_text('limits = { q = { rate = 1; period = "1s"; %s }; };\n'
+                        'tiers = { t = { limits = ["q"]; }; };\ndefault_tier = "t";\n'
+                        % limit_extra)
+        r = subprocess.run([str(SPOA_BIN), "-c", "-f", str(conf)], capture_output=True,
+                           text=True, timeout=10)
+        assert r.returncode != 0 and want in r.stderr, r.stderr
+    conf = pathlib.Path(tmp) / "bad2.conf"
+    conf.write_text('limits = { q = { rate = 1; period = "1s"; }; };\n'
+                    'tiers = { t = { limits = ["q"]; }; };\ndefault_tier = "t";\n'
+                    'local_quota = { lease_ms = 5; leasez = true; };\n')
+    r = subprocess.run([str(SPOA_BIN), "-c", "-f", str(conf)], capture_output=True,
+                       text=True, timeout=10)
+    assert r.returncode != 0
+    assert "lease_ms" in r.stderr and "leasez" in r.stderr, r.stderr

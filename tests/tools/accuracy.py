@@ -12,13 +12,17 @@ key per scenario, sent through every gateway:
   (b) a daily quota, scaled down to fit the run: fixed window 2000 per "1d" (the calendar
       day, UTC, so one window holds the whole run); 5000 requests offered in 5 s.
       Expected admitted = 2000.
+  (c) a hot key: GCRA rate 10000 per 1s, burst 10000; 12000/s offered for 4 s (20% over
+      the limit). Expected admitted = 10000 x D + burst.
 
 for each mode (MODES below: one entry = one agent configuration overlay):
 
   exact         store = "redis" (one script call per decision; the blocked-key cache on,
                 as by default: repeat denials answered locally)
   exact-nocache store = "redis", blocked_cache = false (every decision goes to Redis)
-  leases        not implemented yet: printed "n/a (not implemented yet)"
+  leases        store = "redis" with local quotas: accuracy_budget = 0.05 on the limit
+                (leases for hot keys, pre-checks far from the limit, coalescing; the
+                blocked-key cache on), fallback.gateways = N until heartbeats count them
   local         store = "memory": every gateway its own counter with the full limit
                 (no coordination at all: the naive baseline)
   local/N       store = "memory", every gateway the limit / N (the static split that
@@ -46,17 +50,16 @@ import rlharness as rh  # noqa: E402
 # ---------------------------------------------------------------------------------------
 # Modes: one entry each. `cfg` is overlaid on the agent configuration (dicts merged);
 # `cfg: None` = not implemented, printed as `na`. `limit_scale` scales the limit on every
-# gateway (1/N for the static split; "N" is replaced by the number of gateways).
-# Adding leases later = giving the "leases" entry its cfg, e.g. {"store": "redis",
-# "leases": {...}}.
+# gateway (1/N for the static split; "N" is replaced by the number of gateways);
+# `budget` sets the limit's accuracy_budget (local quotas).
 
 MODES = [
     {"key": "exact", "label": "exact (redis)",
      "cfg": {"store": "redis", "blocked_cache": True}},
     {"key": "exact-nocache", "label": "exact, no blocked cache",
      "cfg": {"store": "redis", "blocked_cache": False}},
-    {"key": "leases", "label": "leases",
-     "cfg": None, "na": "n/a (not implemented yet)"},
+    {"key": "leases", "label": "leases (budget 5%)",
+     "cfg": {"store": "redis", "blocked_cache": True}, "budget": 0.05},
     {"key": "local", "label": "local-only, full limit",
      "cfg": {"store": "memory"}},
     {"key": "local-split", "label": "local-only, limit/{N}",
@@ -78,6 +81,12 @@ SCENARIOS = [
      "total_rate": 1000.0, "duration": 5.0,
      "expected": lambda span: 2000,
      "expected_text": "2000"},
+    {"key": "hot", "short": "hot key",
+     "title": "hot key: GCRA rate 10000 per 1s, burst 10000",
+     "limit": {"algorithm": "gcra", "rate": 10000, "period": "1s", "burst": 10000},
+     "total_rate": 12000.0, "duration": 4.0,
+     "expected": lambda span: 10000 * span + 10000,
+     "expected_text": "10000/s x D + burst 10000"},
 ]
 
 
@@ -102,6 +111,9 @@ def agent_config(mode, scen, redis_port, ngw, args, prefix):
     if mode.get("limit_scale") == "1/N":
         scale = 1.0 / ngw
     name = scen["key"]
+    limit = scaled_limit(scen["limit"], scale)
+    if mode.get("budget"):
+        limit["accuracy_budget"] = mode["budget"]
     base = {
         "log_level": "notice",
         "store": "redis",
@@ -111,7 +123,8 @@ def agent_config(mode, scen, redis_port, ngw, args, prefix):
             "command_timeout_ms": args.command_timeout_ms,
             "key_prefix": prefix,
         },
-        "limits": {name: scaled_limit(scen["limit"], scale)},
+        "limits": {name: limit},
+        "fallback": {"gateways": ngw},
         "tiers": {"t": {"limits": [name]}},
         "default_tier": "t",
         "anonymous": {"limits": [name]},
@@ -321,14 +334,14 @@ def main():
     ap.add_argument("--join-at", type=float, default=0.3, help="fraction of the run (0.3)")
     ap.add_argument("--leave-at", type=float, default=0.7, help="fraction of the run (0.7)")
     ap.add_argument("--scale", type=float, default=1.0,
-                    help="multiply the scenario durations (1.0: 10 s and 5 s)")
+                    help="multiply the scenario durations (1.0: 10 s, 5 s and 4 s)")
     ap.add_argument("--modes", default=",".join(m["key"] for m in MODES),
                     help="comma-separated modes (default: all)")
     ap.add_argument("--scenarios", default=",".join(s["key"] for s in SCENARIOS))
     ap.add_argument("--command-timeout-ms", type=int, default=1000,
                     help="agents' redis.command_timeout_ms (1000: measure decisions, not"
                          " fail-open; degraded answers are counted anyway)")
-    ap.add_argument("--time-limit", type=int, default=175, help="watchdog, seconds (175)")
+    ap.add_argument("--time-limit", type=int, default=420, help="watchdog, seconds (420)")
     ap.add_argument("--verbose", action="store_true", help="traffic per gateway role")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = ap.parse_args()
@@ -385,14 +398,16 @@ def run(h, args, modes, scens):
           " every decision")
     print("  to Redis; local-only = store memory, each gateway its own counter with the full"
           " limit;")
-    print("  limit/%d = each gateway the limit / %d; leases: not implemented yet." % (ngw, ngw))
+    print("  limit/%d = each gateway the limit / %d; leases = local quotas with an accuracy"
+          " budget of 5%%" % (ngw, ngw))
+    print("  (leases for hot keys, pre-checks far from the limit, slow keys exact).")
     print()
 
     results = {}
     for scen in scens:
         d = scen["duration"] * args.scale
         print("(%s) %s; offered %.0f/s for %.0f s; expected %s" % (
-            "ab"[SCENARIOS.index(scen)], scen["title"], scen["total_rate"], d,
+            "abc"[SCENARIOS.index(scen)], scen["title"], scen["total_rate"], d,
             scen["expected_text"]))
         for mode in modes:
             if mode["cfg"] is None:

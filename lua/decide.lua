@@ -20,6 +20,13 @@
 --                  already admitted locally, charged whatever is left
 -- ARGV[5n+3]       lease lifetime wanted (us); the answer shortens it so a
 --                  lease never outlives the window of a windowed limit
+-- ARGV[5n+4]       grant only: the fewest units worth granting (default 1).
+--                  When fewer fit and that many will fit within the lease
+--                  lifetime, nothing is granted and the answer is a denial
+--                  whose retry is when they fit (a hot key over its limit
+--                  then costs one call per batch, not per request); when they
+--                  would take longer (a window that ends later), what fits
+--                  is granted
 --
 -- Without a batch, a request passes only if every enforcing limit admits it;
 -- then every limit that admits it is charged (a shadow limit that would deny
@@ -35,9 +42,13 @@ local n = #KEYS
 local batch = #ARGV >= 5 * n + 3
 local want = 1
 local report = false
+local minu = 1
+local life = 0
 if batch then
 	want = tonumber(ARGV[5 * n + 1])
 	report = tonumber(ARGV[5 * n + 2]) == 1
+	life = tonumber(ARGV[5 * n + 3]) or 0
+	minu = tonumber(ARGV[5 * n + 4]) or 1
 	if not want or want < 1 or want ~= math.floor(want) then
 		return redis.error_reply('bad batch size ' .. tostring(ARGV[5 * n + 1]))
 	end
@@ -85,6 +96,21 @@ if batch and want > 1 and (allowed == 1 or report) then
 		allowed = 1
 	else
 		if fit < 1 then fit = 1 end
+		if fit < minu and minu <= want then
+			-- wait for a whole batch if it comes soon enough
+			local rm = check(minu)
+			local wait = 0
+			for i = 1, n do
+				if not shadows[i] and rm[i].ok == 0 and rm[i].retry > wait then
+					wait = rm[i].retry
+				end
+			end
+			if wait > 0 and wait <= life then
+				res, allowed, granted, fit = rm, 0, 0, 0
+			end
+		end
+	end
+	if allowed == 1 and not report then
 		local r2, ok2 = check(fit)
 		-- rem_u is exact for every algorithm; search down if rounding disagrees
 		if ok2 == 0 then
@@ -103,11 +129,18 @@ elseif batch and report then
 	-- a report of one unit: charged even when it no longer fits
 	granted = allowed
 	allowed = 1
+elseif batch and allowed == 0 and minu > 1 and minu <= want then
+	-- denied: the retry is for a whole batch when it comes soon enough
+	local rm = check(minu)
+	local wait = 0
+	for i = 1, n do
+		if not shadows[i] and rm[i].ok == 0 and rm[i].retry > wait then wait = rm[i].retry end
+	end
+	if wait <= life then res = rm end
 end
 
 local lease_ms = 0
 if batch then
-	local life = tonumber(ARGV[5 * n + 3]) or 0
 	for i = 1, n do
 		local o = 1 + 5 * (i - 1)
 		local a = tonumber(ARGV[o])

@@ -185,6 +185,7 @@ static void query_of(const struct qkey *e, struct store_query *q)
 	q->want = 0;
 	q->batch = BATCH_GRANT;
 	q->lease_us = 0;
+	q->min_units = 0;
 	for (i = 0; i < e->n; i++) {
 		size_t l = strlen(k);
 
@@ -356,6 +357,9 @@ static int grant_call(struct quota *qt, struct qkey *e)
 		q.want = want;
 		q.batch = BATCH_GRANT;
 		q.lease_us = (int64_t)qt->o.lease_ms * 1000;
+		/* a hot key over its limit: wait for a whole lease rather than
+		 * call Redis for every token that trickles back */
+		q.min_units = lease;
 	}
 	e->lease_size = lease;
 	e->t_sent = now;

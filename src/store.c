@@ -724,9 +724,9 @@ static void node_lost(struct store_node *n)
 static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval)
 {
 	struct store *s = n->s;
-	const char *argv[3 + STORE_MAX_LIMITS * 6];
+	const char *argv[3 + STORE_MAX_LIMITS * 6 + 4];
 	size_t lens[ARRAY_SIZE(argv)];
-	char nums[5 * STORE_MAX_LIMITS + 3][24];
+	char nums[5 * STORE_MAX_LIMITS + 4][24];
 	char nkeys[16];
 	size_t i;
 	int argc = 0, k = 0, ret;
@@ -786,6 +786,7 @@ static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval)
 		PUSH_NUM(c->q.want);
 		PUSH_NUM(c->q.batch);
 		PUSH_NUM(c->q.lease_us);
+		PUSH_NUM(c->q.min_units > 1 ? c->q.min_units : 1);
 	}
 #undef PUSH_NUM
 	ret = redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, argc, argv, lens);

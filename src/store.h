@@ -69,6 +69,7 @@ struct store_query {
 	int64_t want;                                   /* 0, or batch size in units */
 	int batch;                                      /* enum store_batch when want > 0 */
 	int64_t lease_us;                               /* lease lifetime wanted (batch) */
+	int64_t min_units;                              /* grant: fewest units worth it (0, 1 = any) */
 	int64_t cost[STORE_MAX_LIMITS];                 /* tokens per limit; < 0 refunds */
 	char keys[STORE_MAX_LIMITS][STORE_KEY_MAX];     /* NUL-terminated keys */
 	struct limit_params params[STORE_MAX_LIMITS];

@@ -19,11 +19,13 @@ HOUR_US = 3600 * 10**6
 DAY_US = 24 * HOUR_US
 
 
-def evalr(redis, keys, limits, costs, want=None, mode=0, lease_us=0):
+def evalr(redis, keys, limits, costs, want=None, mode=0, lease_us=0, min_units=None):
     """One script call: limits [(alg, a, b, shadow)], costs per limit; a batch when <want>."""
     argv = [str(x) for lim, c in zip(limits, costs) for x in tuple(lim) + (c,)]
     if want is not None:
         argv += [str(want), str(mode), str(int(lease_us))]
+    if min_units is not None:
+        argv.append(str(min_units))
     return [int(x) for x in redis.cmd("EVAL", script(), str(len(keys)), *keys, *argv)]
 
 
@@ -73,6 +75,26 @@ def test_grant_equals_exact_decisions_in_a_row(redis, alg):
         assert g == exact, (alg, trial, pre, cost, k, g, exact)
         ra, rb = evalr(redis, [ka], [lim], [0]), evalr(redis, [kb], [lim], [0])
         assert ra[4] == rb[4], "remaining differs after the grant: %r %r" % (ra, rb)
+
+
+def test_grant_waits_for_a_whole_batch_only_when_it_comes_soon(redis):
+    # 1000/s, burst 10: drained, a grant of at least 10 is denied until 10 are back
+    fast = (GCRA, 1000, 10000, 0)
+    assert granted(evalr(redis, ["{m}:g"], [fast], [1], want=10, lease_us=10**6)) == 10
+    r = evalr(redis, ["{m}:g"], [fast], [1], want=20, lease_us=10**6, min_units=10)
+    assert r[0] == 0 and granted(r) == 0 and 5 <= r[5] <= 11, r   # retry ~10 ms, not ~1
+    time.sleep(0.004)
+    r = evalr(redis, ["{m}:g"], [fast], [1], want=20, lease_us=10**6, min_units=10)
+    assert r[0] == 0 and granted(r) == 0, "3 tokens back, 10 wanted: %r" % (r,)
+    time.sleep(0.012)
+    r = evalr(redis, ["{m}:g"], [fast], [1], want=20, lease_us=10**6, min_units=10)
+    assert r[0] == 1 and granted(r) == 10, r
+    # a day window with 3 left: waiting for 5 would take until tomorrow, so 3 are granted
+    fw = (FIXED, DAY_US, 10, 0)
+    for _ in range(7):
+        evalr(redis, ["{m}:f"], [fw], [1])
+    r = evalr(redis, ["{m}:f"], [fw], [1], want=20, lease_us=10**6, min_units=5)
+    assert r[0] == 1 and granted(r) == 3, r
 
 
 def test_report_charges_everything_and_says_what_fitted(redis):

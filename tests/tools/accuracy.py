@@ -12,7 +12,7 @@ key per scenario, sent through every gateway:
   (b) a daily quota, scaled down to fit the run: fixed window 2000 per "1d" (the calendar
       day, UTC, so one window holds the whole run); 5000 requests offered in 5 s.
       Expected admitted = 2000.
-  (c) a hot key: GCRA rate 10000 per 1s, burst 10000; 12000/s offered for 4 s (20% over
+  (c) a hot key: GCRA rate 10000 per 1s, burst 1000; 12000/s offered for 4 s (20% over
       the limit). Expected admitted = 10000 x D + burst.
 
 for each mode (MODES below: one entry = one agent configuration overlay):
@@ -82,11 +82,11 @@ SCENARIOS = [
      "expected": lambda span: 2000,
      "expected_text": "2000"},
     {"key": "hot", "short": "hot key",
-     "title": "hot key: GCRA rate 10000 per 1s, burst 10000",
-     "limit": {"algorithm": "gcra", "rate": 10000, "period": "1s", "burst": 10000},
+     "title": "hot key: GCRA rate 10000 per 1s, burst 1000",
+     "limit": {"algorithm": "gcra", "rate": 10000, "period": "1s", "burst": 1000},
      "total_rate": 12000.0, "duration": 4.0,
-     "expected": lambda span: 10000 * span + 10000,
-     "expected_text": "10000/s x D + burst 10000"},
+     "expected": lambda span: 10000 * span + 1000,
+     "expected_text": "10000/s x D + burst 1000"},
 ]
 
 

@@ -356,7 +356,7 @@ def start_upstream(h, name="upstream"):
 
 
 def to_libconfig(cfg, ind=0):
-    """A dict as a libconfig document (groups, lists, strings, ints, bools)."""
+    """A dict as a libconfig document (groups, lists, strings, ints, floats, bools)."""
     def val(v, ind):
         if isinstance(v, dict):
             inner = "".join("%s%s = %s;\n" % ("  " * (ind + 1), k, val(x, ind + 1))
@@ -368,6 +368,8 @@ def to_libconfig(cfg, ind=0):
             return "true" if v else "false"
         if isinstance(v, int):
             return str(v) + ("L" if abs(v) > 2**31 - 1 else "")
+        if isinstance(v, float):
+            return repr(v)
         if isinstance(v, str):
             return '"%s"' % v.replace("\\", "\\\\").replace('"', '\\"')
         raise TypeError("libconfig: %r" % (v,))

@@ -277,6 +277,45 @@ static void key_free(struct qkey *e)
 	free(e);
 }
 
+/*
+ * A hot key over its limit was denied a lease: its retry is when one batch of
+ * n units is back. G gateways compete for those, so each waits its turn, up to
+ * G times as long — but never so long that the refill could overflow: at most
+ * half of the smallest limit's capacity comes back meanwhile. Nothing is lost,
+ * the tokens wait in the bucket; far fewer calls are made for denials.
+ */
+static void spread_denial(const struct quota *qt, const struct qkey *e, struct store_result *r)
+{
+	int64_t k = (int64_t)qt->st.gateways, n = e->lease_size;
+	size_t i;
+
+	if (n < 2 || k < 2)
+		return;
+	for (i = 0; i < e->n; i++) {
+		const struct limit_params *p = &e->params[i];
+		int64_t capacity, kk;
+
+		if (p->shadow || e->cost[i] <= 0)
+			continue;
+		capacity = p->alg == ALG_GCRA ? (p->a > 0 ? p->b / p->a : 0) : p->b;
+		kk = capacity / e->cost[i] / (2 * n);
+		if (kk < k)
+			k = kk;
+	}
+	if (k < 2)
+		return;
+	for (i = 0; i < r->n; i++) {
+		int64_t t = r->v[i].retry_ms, longer = t * k;
+
+		if (r->v[i].allowed || !t)
+			continue;
+		if (longer > (int64_t)qt->o.lease_ms)
+			longer = qt->o.lease_ms;
+		if (longer > t)
+			r->v[i].retry_ms = longer;
+	}
+}
+
 /* Answers every waiter of <e> with <st> (and <res> when OK). */
 static void waiters_answer(struct qkey *e, enum store_status st, const struct store_result *res)
 {
@@ -306,7 +345,10 @@ static void grant_cb(enum store_status st, const struct store_result *res, void 
 	e->known = units_left(e, res);
 	e->known_at = now;
 	if (!res->allowed) {
-		waiters_answer(e, st, res);
+		struct store_result r = *res;
+
+		spread_denial(qt, e, &r);
+		waiters_answer(e, st, &r);
 		return;
 	}
 	g = res->granted;
@@ -534,7 +576,8 @@ static void sweep_cb(struct ev_loop *loop, ev_timer *t, int revents)
 				qt->st.lease_expired += (uint64_t)e->tokens;
 				e->tokens = 0;
 			}
-			if (e->unreported > 0 && now - e->unreported_since >= flush)
+			if (e->unreported > 0 && now - e->unreported_since >= flush &&
+			    store_key_ready(qt->store, e->keys))
 				report_send(qt, e);
 			if (key_idle(e, now)) {
 				*pe = e->next;

@@ -144,17 +144,41 @@ static double rate_of(const struct qkey *e, double now)
 	return (e->prev * (1 - frac) + e->cur) / RATE_WINDOW;
 }
 
-/* Units one gateway may take at once for <e> now: 0 = stay exact. */
+/* The fewest units the enforcing limits of <e> hold when full (a bucket's burst, a window's limit). */
+static int64_t capacity_units(const struct qkey *e)
+{
+	int64_t c = INT64_MAX;
+	size_t i;
+
+	for (i = 0; i < e->n; i++) {
+		const struct limit_params *p = &e->params[i];
+		int64_t tokens;
+
+		if (p->shadow || e->cost[i] <= 0)
+			continue;
+		tokens = p->alg == ALG_GCRA ? (p->a > 0 ? p->b / p->a : 0) : p->b;
+		if (tokens / e->cost[i] < c)
+			c = tokens / e->cost[i];
+	}
+	return c;
+}
+
+/*
+ * Units one gateway may take at once for <e> now: 0 = stay exact. Never more
+ * than half of what the limits hold, so a whole batch always fits again.
+ */
 static int64_t unit_target(const struct quota *qt, const struct qkey *e, double now)
 {
 	double per_gw, use;
-	int64_t n;
+	int64_t n, half = capacity_units(e) / 2;
 
 	if (e->cap <= 0)
 		return 0;
 	per_gw = floor(e->cap / (double)(qt->st.gateways ? qt->st.gateways : 1));
 	use = ceil(rate_of(e, now) * qt->o.lease_ms / 1000.);
 	n = (int64_t)(per_gw < use ? per_gw : use);
+	if (n > half)
+		n = half;
 	if (n > LEASE_MAX)
 		n = LEASE_MAX;
 	return n >= 2 ? n : 0;
@@ -286,22 +310,14 @@ static void key_free(struct qkey *e)
  */
 static void spread_denial(const struct quota *qt, const struct qkey *e, struct store_result *r)
 {
-	int64_t k = (int64_t)qt->st.gateways, n = e->lease_size;
+	int64_t k = (int64_t)qt->st.gateways, n = e->lease_size, kk;
 	size_t i;
 
 	if (n < 2 || k < 2)
 		return;
-	for (i = 0; i < e->n; i++) {
-		const struct limit_params *p = &e->params[i];
-		int64_t capacity, kk;
-
-		if (p->shadow || e->cost[i] <= 0)
-			continue;
-		capacity = p->alg == ALG_GCRA ? (p->a > 0 ? p->b / p->a : 0) : p->b;
-		kk = capacity / e->cost[i] / (2 * n);
-		if (kk < k)
-			k = kk;
-	}
+	kk = capacity_units(e) / (2 * n);
+	if (kk < k)
+		k = kk;
 	if (k < 2)
 		return;
 	for (i = 0; i < r->n; i++) {

@@ -11,7 +11,6 @@ import pytest
 
 import spop_client as sc
 from conftest import SPOA_BIN, wait_until
-from test_blocked import script_calls
 from test_model_agreement import FIXED, GCRA, LOG, SLIDING, script
 from test_ops import pipeline, scrape
 
@@ -27,6 +26,15 @@ def evalr(redis, keys, limits, costs, want=None, mode=0, lease_us=0, min_units=N
     if min_units is not None:
         argv.append(str(min_units))
     return [int(x) for x in redis.cmd("EVAL", script(), str(len(keys)), *keys, *argv)]
+
+
+def script_calls(redis):
+    """Decision script calls (EVALSHA; the heartbeats are EVALs of their own script)."""
+    info = redis.cmd("INFO", "commandstats")
+    for line in info.splitlines():
+        if line.startswith("cmdstat_evalsha:"):
+            return int(line.split("calls=")[1].split(",")[0])
+    return 0
 
 
 def granted(rep):
@@ -212,6 +220,40 @@ def test_precheck_goes_synchronous_near_the_limit(agent, redis):
     key = "rl:{k:%s}:q" % hashlib.sha256(b"pre").hexdigest()[:32]
     wait_until(lambda: int(redis.cmd("GET", key).split(":")[1]) == 300, 2,
                what="reports charged")
+
+
+def test_slow_key_stays_exact_and_hot_key_switches(agent, redis):
+    cfg = quota_cfg({"rate": 100000, "period": "1h"}, budget=0.05, precheck=False,
+                    lease_ms=300)
+    a = agent(redis=redis, metrics=True, **cfg)
+    before = script_calls(redis)
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        for i in range(5):      # < 2/s: under 2 requests per 300 ms lease, no lease
+            assert c.request(1 + 2 * i, 1, [sc.rl_message(key="slow")])["allow"] == 1
+            time.sleep(0.6)
+    assert script_calls(redis) - before == 5
+    assert quota_metric(scrape(a), "leased") == 0
+    before = script_calls(redis)
+    answers = pipeline(a.addr, [sc.rl_message(key="slow")] * 400, conns=1, window=8)
+    assert counts(answers) == (400, 0)
+    assert script_calls(redis) - before < 400 // 4, "a hot key is leased"
+    assert quota_metric(scrape(a), "lease_spent") > 0
+
+
+def test_lease_never_exceeds_a_small_bucket(agent, redis):
+    """A budget larger than the bucket (10,000/s, burst 10, 5% = 500): batches are capped at
+    half the bucket, so a whole batch always fits again and the key keeps being admitted."""
+    cfg = quota_cfg({"rate": 10000, "period": "1s", "burst": 10}, budget=0.05, precheck=False)
+    a = agent(redis=redis, metrics=True, **cfg)
+    answers = []
+    for _ in range(5):
+        answers += pipeline(a.addr, [sc.rl_message(key="small")] * 60, conns=1, window=1)
+        time.sleep(0.01)
+    allowed, degraded = counts(answers)
+    assert degraded == 0
+    assert allowed >= 20, "a hot key over a small bucket must still be admitted (%d)" % allowed
+    assert quota_metric(scrape(a), "leased") > 0
 
 
 def test_lease_expires_and_is_not_spent_after(agent, redis):

@@ -1386,12 +1386,9 @@ int store_decide(struct store *s, const struct store_query *q, store_done_fn cb,
 	return store_submit(n, c);
 }
 
-/*
- * Looks up <field> of the hash <key> (HGET) on the owner of <key>'s slot. Same
- * contract as store_decide(): 0 and exactly one later call of <cb>, or a
- * negative store_status at once. <key> and <field> are copied.
- */
-int store_hget(struct store *s, const char *key, const char *field, store_str_fn cb, void *arg)
+/* Submits a command of <kind> on <key> and <field> answered with a string (see store_hget()). */
+static int submit_str(struct store *s, enum cmd_kind kind, const char *key, const char *field,
+		      unsigned window_ms, store_str_fn cb, void *arg)
 {
 	enum store_status st;
 	struct store_node *n;
@@ -1402,12 +1399,23 @@ int store_hget(struct store *s, const char *key, const char *field, store_str_fn
 		s->stats.failed[st]++;
 		return -(int)st;
 	}
-	c = cmd_new(s, CMD_HGET);
+	c = cmd_new(s, kind);
 	c->str_cb = cb;
 	c->arg = arg;
 	c->hkey = xstrdup(key);
 	c->hfield = xstrdup(field);
+	c->window_ms = window_ms;
 	return store_submit(n, c);
+}
+
+/*
+ * Looks up <field> of the hash <key> (HGET) on the owner of <key>'s slot. Same
+ * contract as store_decide(): 0 and exactly one later call of <cb>, or a
+ * negative store_status at once. <key> and <field> are copied.
+ */
+int store_hget(struct store *s, const char *key, const char *field, store_str_fn cb, void *arg)
+{
+	return submit_str(s, CMD_HGET, key, field, 0, cb, arg);
 }
 
 /*
@@ -1418,22 +1426,7 @@ int store_hget(struct store *s, const char *key, const char *field, store_str_fn
 int store_heartbeat(struct store *s, const char *key, const char *id, unsigned window_ms,
 		    store_str_fn cb, void *arg)
 {
-	enum store_status st;
-	struct store_node *n;
-	struct store_cmd *c;
-
-	n = store_admit(s, crc16_key_slot(key, strlen(key)), &st);
-	if (!n) {
-		s->stats.failed[st]++;
-		return -(int)st;
-	}
-	c = cmd_new(s, CMD_HEARTBEAT);
-	c->str_cb = cb;
-	c->arg = arg;
-	c->hkey = xstrdup(key);
-	c->hfield = xstrdup(id);
-	c->window_ms = window_ms;
-	return store_submit(n, c);
+	return submit_str(s, CMD_HEARTBEAT, key, id, window_ms, cb, arg);
 }
 
 /* True when the mode is known and some node owning slots is ready. */

@@ -20,13 +20,14 @@
 --                  already admitted locally, charged whatever is left
 -- ARGV[5n+3]       lease lifetime wanted (us); the answer shortens it so a
 --                  lease never outlives the window of a windowed limit
--- ARGV[5n+4]       grant only: the fewest units worth granting (default 1).
---                  When fewer fit and that many will fit within the lease
---                  lifetime, nothing is granted and the answer is a denial
---                  whose retry is when they fit (a hot key over its limit
---                  then costs one call per batch, not per request); when they
---                  would take longer (a window that ends later), what fits
---                  is granted
+-- ARGV[5n+4]       grant only: the lease part of <want> (default 1: none),
+--                  granted only whole. The rest of <want> (requests waiting)
+--                  gets what fits, as exact decisions would. A lease alone
+--                  that does not fit whole, or a denial, is answered with the
+--                  time until a whole lease fits when that is within the
+--                  lease lifetime (a hot key over its limit then costs one
+--                  call per lease, not per request); when it would take
+--                  longer (a window that ends later), what fits is granted
 --
 -- Without a batch, a request passes only if every enforcing limit admits it;
 -- then every limit that admits it is charged (a shadow limit that would deny
@@ -79,6 +80,16 @@ local function check(units)
 	return res, all
 end
 
+-- The results for <units> units and how long until they fit (us, 0 = now).
+local function batch_wait(units)
+	local rm = check(units)
+	local wait = 0
+	for i = 1, n do
+		if not shadows[i] and rm[i].ok == 0 and rm[i].retry > wait then wait = rm[i].retry end
+	end
+	return rm, wait
+end
+
 local res, allowed = check(1)
 local granted = allowed
 if batch and want > 1 and (allowed == 1 or report) then
@@ -96,17 +107,18 @@ if batch and want > 1 and (allowed == 1 or report) then
 		allowed = 1
 	else
 		if fit < 1 then fit = 1 end
-		if fit < minu and minu <= want then
-			-- wait for a whole batch if it comes soon enough
-			local rm = check(minu)
-			local wait = 0
-			for i = 1, n do
-				if not shadows[i] and rm[i].ok == 0 and rm[i].retry > wait then
-					wait = rm[i].retry
+		if fit < want and minu > 1 and minu <= want then
+			local need = want - minu
+			if need >= 1 then
+				-- the waiting requests get what fits, as exact decisions
+				-- would; the lease only whole
+				if fit > need then fit = need end
+			else
+				-- a lease alone: wait for a whole one if it comes soon enough
+				local rm, wait = batch_wait(minu)
+				if wait > 0 and wait <= life then
+					res, allowed, granted, fit = rm, 0, 0, 0
 				end
-			end
-			if wait > 0 and wait <= life then
-				res, allowed, granted, fit = rm, 0, 0, 0
 			end
 		end
 	end
@@ -131,11 +143,7 @@ elseif batch and report then
 	allowed = 1
 elseif batch and allowed == 0 and minu > 1 and minu <= want then
 	-- denied: the retry is for a whole batch when it comes soon enough
-	local rm = check(minu)
-	local wait = 0
-	for i = 1, n do
-		if not shadows[i] and rm[i].ok == 0 and rm[i].retry > wait then wait = rm[i].retry end
-	end
+	local rm, wait = batch_wait(minu)
 	if wait <= life then res = rm end
 end
 

@@ -401,6 +401,12 @@ static void refund(struct decision *d)
 
 		if (!pt->used || pt->st != STORE_OK || !pt->res.allowed)
 			continue;
+		/* answered locally: taken back locally, not charged in Redis yet
+		 * (a pre-check) or charged as part of a lease that gets it back */
+		if (a->quota && pt->w.local && quota_undo(a->quota, pt->h, &pt->q, pt->w.local)) {
+			a->refunds++;
+			continue;
+		}
 		rq.n = 0;
 		rq.want = 0; /* a single decision, not a batch */
 		for (i = 0; i < pt->q.n; i++) {
@@ -465,8 +471,8 @@ static uint64_t query_hash(const struct store_query *q)
 	size_t i;
 
 	for (i = 0; i < q->n; i++) {
-		uint64_t v[5] = {h, (uint64_t)q->params[i].alg, (uint64_t)q->params[i].a,
-				 (uint64_t)q->params[i].b, (uint64_t)q->cost[i]};
+		uint64_t v[6] = {h, (uint64_t)q->params[i].alg, (uint64_t)q->params[i].a,
+				 (uint64_t)q->params[i].b, (uint64_t)q->cost[i], q->params[i].shadow};
 
 		h = hll_hash(v, sizeof(v)) ^ hll_hash(q->keys[i], strlen(q->keys[i]));
 	}
@@ -962,6 +968,7 @@ static void publish(struct agent *a)
 		ms->c[MC_PRECHECK_REPORTS] = q->precheck_reports;
 		ms->c[MC_PRECHECK_OVER] = q->precheck_over;
 		ms->c[MC_REPORT_FAILED] = q->report_failed;
+		ms->c[MC_REPORT_LOST] = q->report_lost;
 		ms->c[MC_COALESCED] = q->coalesced;
 		ms->c[MC_QUOTA_KEYS] = q->keys;
 		ms->c[MC_LEASE_OUTSTANDING] = q->outstanding;
@@ -1038,7 +1045,6 @@ static void quota_setup(struct agent *a, const struct ruleset *rs)
 			       .precheck = c->quota.precheck,
 			       .leases = c->quota.leases,
 			       .coalesce = c->quota.coalesce,
-			       .gateways = c->gateways,
 			       .key_prefix = c->redis.key_prefix};
 	bool leasing = false;
 	size_t i;

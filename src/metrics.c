@@ -363,7 +363,8 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 			enum met_counter c;
 		} q[] = {{"leased", MC_LEASE_UNITS},          {"lease_spent", MC_LEASE_SPENT},
 			 {"lease_expired", MC_LEASE_EXPIRED}, {"prechecked", MC_PRECHECK_LOCAL},
-			 {"precheck_over", MC_PRECHECK_OVER}, {"coalesced", MC_COALESCED},
+			 {"precheck_over", MC_PRECHECK_OVER}, {"report_lost", MC_REPORT_LOST},
+			 {"coalesced", MC_COALESCED},
 			 {"untracked", MC_QUOTA_FULL}};
 
 		for (i = 0; i < ARRAY_SIZE(q); i++) {
@@ -389,7 +390,9 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 	family_u64(r, m, "spoa_ratelimit_precheck_reports_total", PROM_COUNTER,
 		   "Batches of pre-checked usage reported to Redis.", MC_PRECHECK_REPORTS);
 	family_u64(r, m, "spoa_ratelimit_precheck_report_failures_total", PROM_COUNTER,
-		   "Reports that failed (the usage is kept and reported again).", MC_REPORT_FAILED);
+		   "Reports that failed (reported again after an error reply; after a timeout "
+		   "or a lost connection the script may have run: counted as report_lost).",
+		   MC_REPORT_FAILED);
 	family_u64(r, m, "spoa_ratelimit_local_quota_keys", PROM_GAUGE,
 		   "Keys tracked for leases, pre-checks and coalescing.", MC_QUOTA_KEYS);
 	family_u64(r, m, "spoa_ratelimit_lease_outstanding", PROM_GAUGE,

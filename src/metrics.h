@@ -66,6 +66,7 @@ enum met_counter {
 	MC_PRECHECK_REPORTS,
 	MC_PRECHECK_OVER,
 	MC_REPORT_FAILED,
+	MC_REPORT_LOST,
 	MC_COALESCED,
 	MC_QUOTA_KEYS,          /* gauge */
 	MC_LEASE_OUTSTANDING,   /* gauge */

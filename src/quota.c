@@ -11,10 +11,12 @@
  * accuracy_budget, C its rate per period). The agent passes, per key, the
  * smallest b_i x C_i / cost_i over the enforcing limits: "cap", in units, the
  * error every gateway together may cause. With G live gateways (heartbeats in
- * Redis, lua/heartbeat.lua) one gateway may hold at most cap / G units, and
- * never more than it would use in one lease lifetime at its observed rate:
- *   n = min(floor(cap / G), ceil(rate x lease_ms))
- * When n < 2 a lease saves nothing: the key stays exact.
+ * Redis, lua/heartbeat.lua) one gateway may hold at most cap / G units, never
+ * more than it would use in one lease lifetime at its observed rate, and never
+ * more than half of what the limits hold (so a whole batch always fits again):
+ *   n = min(floor(cap / G), ceil(rate x lease_ms), capacity / 2)
+ * When n < 2 a lease saves nothing: the key stays exact. Until the first
+ * heartbeat answers, G is unknown and every key is exact.
  *
  * Leases never over-admit in total: their units are charged in Redis when
  * granted, and Redis grants only what the limits admit. They shift admissions
@@ -24,22 +26,32 @@
  * under-admission is what gateways hold when their traffic stops, at most cap
  * per lease lifetime, counted in lease_expired.
  *
+ * A lease is topped up (to n units in all) when a quarter is left; the top-up
+ * keeps its own expiry. A unit taken from a lease by a request that another
+ * part of its decision denied goes back to the lease.
+ *
  * Pre-check. A key whose last answer from Redis left more than G x n units is
- * admitted locally; the usage is reported in batches of n units (or after
- * flush_ms) and charged in full. Every gateway holds at most n unreported
- * units, so the over-admission is at most G x n <= cap, only for clients
- * near their limit at that moment, and counted in precheck_over (the units a
- * report could not fit). Once the known room falls to G x n the key goes
- * synchronous (leases or exact).
+ * admitted locally; the usage is reported in batches of n/2 units (or after
+ * flush_ms) and charged in full. A gateway stops pre-checking while n units
+ * are unknown to Redis (unreported or in flight), so the over-admission is at
+ * most G x n <= cap, only for clients near their limit at that moment, and
+ * counted in precheck_over (the units a report could not fit). Once the known
+ * room falls to G x n the key goes synchronous (leases or exact), reporting
+ * first. A pre-checked request denied by another part is forgotten before it
+ * is reported.
  *
  * Coalescing. At most one grant call per key is in flight; requests arriving
- * meanwhile wait for it, and the next call asks for all of them at once. A
- * grant of k units is the same as k exact decisions in a row (Redis admits as
- * many as fit), so coalescing changes no answer.
+ * meanwhile wait for it, and the next call asks for all of them at once. The
+ * waiting requests get what fits, the same as k exact decisions in a row (a
+ * lease asked for on top is granted only whole), so coalescing changes no
+ * answer. A hot key over its limit is the exception: a denial waits for a
+ * whole lease (see spread_denial()).
  *
  * Outages. A lease already granted keeps serving until it expires, even with
  * Redis unreachable; pre-checks stop as soon as the key's Redis node is not
  * ready; unreported usage stays counted and is reported when Redis is back.
+ * A report that timed out or lost its connection may have run: it is not
+ * sent twice, its units are counted in report_lost.
  */
 #include "quota.h"
 
@@ -68,8 +80,10 @@ struct qkey {
 	double last;                    /* mono() of the last request */
 	double win_t;                   /* start of the current rate window */
 	uint32_t cur, prev;             /* requests in the current and previous window */
-	int64_t tokens;                 /* leased units left */
-	double expires;                 /* mono(): the lease ends */
+	int64_t tokens;                 /* leased units left in the current lease */
+	double expires;                 /* mono(): the current lease ends */
+	int64_t tokens2;                /* the next lease, granted while the current one lasts */
+	double expires2;
 	double life;                    /* lifetime of the last lease (s) */
 	int64_t lease_size;             /* units of the last lease asked for */
 	int64_t known;                  /* units left in Redis at the last answer */
@@ -103,10 +117,12 @@ struct quota {
 	char id[96];                    /* this agent in the gateway registry */
 	char hb_key[STORE_KEY_MAX];
 	size_t reports;                 /* report calls in flight */
+	bool draining;                  /* stopping: no more pre-checks */
 	struct quota_stats st;
 };
 
 static void grant_send(struct quota *qt, struct qkey *e);
+static void heartbeat_tick(struct ev_loop *loop, ev_timer *t, int revents);
 
 static double mono(void)
 {
@@ -172,9 +188,9 @@ static int64_t unit_target(const struct quota *qt, const struct qkey *e, double 
 	double per_gw, use;
 	int64_t n, half = capacity_units(e) / 2;
 
-	if (e->cap <= 0)
-		return 0;
-	per_gw = floor(e->cap / (double)(qt->st.gateways ? qt->st.gateways : 1));
+	if (e->cap <= 0 || !qt->st.gateways)
+		return 0; /* exact until the heartbeats have counted the gateways */
+	per_gw = floor(e->cap / (double)qt->st.gateways);
 	use = ceil(rate_of(e, now) * qt->o.lease_ms / 1000.);
 	n = (int64_t)(per_gw < use ? per_gw : use);
 	if (n > half)
@@ -223,7 +239,7 @@ static void query_of(const struct qkey *e, struct store_query *q)
 /* A local admission of <e>: the last verdicts, times and counts brought up to date. */
 static void local_answer(const struct qkey *e, double now, struct store_result *out)
 {
-	int64_t el = (int64_t)((now - e->res_at) * 1000), left = e->tokens - e->unreported;
+	int64_t el = (int64_t)((now - e->res_at) * 1000), left = e->tokens + e->tokens2 - e->unreported;
 	size_t i;
 
 	*out = e->res;
@@ -248,12 +264,12 @@ static struct qkey **bucket_of(struct quota *qt, uint64_t h)
 	return &qt->buckets[(h ^ (h >> 29)) & (qt->nbuckets - 1)];
 }
 
-static struct qkey *key_find(struct quota *qt, uint64_t h)
+static struct qkey *key_find(struct quota *qt, uint64_t h, const struct store_query *q)
 {
 	struct qkey *e;
 
 	for (e = *bucket_of(qt, h); e; e = e->next)
-		if (e->h == h)
+		if (e->h == h && e->n == q->n && strncmp(e->keys, q->keys[0], STORE_KEY_MAX) == 0)
 			return e;
 	return NULL;
 }
@@ -289,9 +305,27 @@ static struct qkey *key_new(struct quota *qt, uint64_t h, const struct store_que
 	return e;
 }
 
+/* Drops expired leases (counted: leased units that expired unused), moves the next one up. */
+static void lease_age(struct quota *qt, struct qkey *e, double now)
+{
+	if (e->tokens2 > 0 && now >= e->expires2) {
+		qt->st.lease_expired += (uint64_t)e->tokens2;
+		e->tokens2 = 0;
+	}
+	if (e->tokens > 0 && now >= e->expires) {
+		qt->st.lease_expired += (uint64_t)e->tokens;
+		e->tokens = 0;
+	}
+	if (!e->tokens && e->tokens2) {
+		e->tokens = e->tokens2;
+		e->expires = e->expires2;
+		e->tokens2 = 0;
+	}
+}
+
 static bool key_idle(const struct qkey *e, double now)
 {
-	return !e->busy && !e->reporting && !e->unreported && !e->tokens &&
+	return !e->busy && !e->reporting && !e->unreported && !e->tokens && !e->tokens2 &&
 	       list_empty(&e->waiters) && now - e->last > IDLE_MIN + 2 * e->qt->o.lease_ms / 1000.;
 }
 
@@ -385,10 +419,16 @@ static void grant_cb(enum store_status st, const struct store_result *res, void 
 	}
 	if (g > 0) {
 		/* the rest is a lease, timed from when the call left: never longer
-		 * in our clock than in Redis's */
-		e->tokens += g;
+		 * in our clock than in Redis's. The current lease keeps its own end. */
 		e->life = res->lease_ms / 1000.;
-		e->expires = e->t_sent + e->life;
+		lease_age(qt, e, now);
+		if (e->tokens) {
+			e->tokens2 += g;
+			e->expires2 = e->t_sent + e->life;
+		} else {
+			e->tokens = g;
+			e->expires = e->t_sent + e->life;
+		}
 		qt->st.lease_grants++;
 		qt->st.lease_units += (uint64_t)g;
 	}
@@ -405,8 +445,14 @@ static int grant_call(struct quota *qt, struct qkey *e)
 {
 	struct store_query q;
 	double now = mono();
-	int64_t lease = qt->o.leases ? unit_target(qt, e, now) : 0, want = e->nwait + lease;
+	int64_t lease = qt->o.leases ? unit_target(qt, e, now) : 0, want;
 	int ret;
+
+	/* one gateway holds at most n units: top up what is left */
+	lease -= e->tokens + e->tokens2;
+	if (lease < 2)
+		lease = 0;
+	want = e->nwait + lease;
 
 	if (want <= 0)
 		return 0;
@@ -454,11 +500,18 @@ static void report_cb(enum store_status st, const struct store_result *res, void
 	qt->reports--;
 	e->reporting -= units;
 	if (st != STORE_OK) {
-		/* admitted is admitted: keep it counted and report it later */
-		if (!e->unreported)
-			e->unreported_since = now;
-		e->unreported += units;
 		qt->st.report_failed++;
+		/* admitted is admitted: report it again when the script cannot have
+		 * run (an error reply). After a timeout or a lost connection it may
+		 * have: sending it again could charge it twice, so it is dropped
+		 * (at most n units, counted in report_lost). */
+		if (st == STORE_ERROR) {
+			if (!e->unreported)
+				e->unreported_since = now;
+			e->unreported += units;
+		} else {
+			qt->st.report_lost += (uint64_t)units;
+		}
 		return;
 	}
 	qt->st.precheck_reports++;
@@ -508,7 +561,7 @@ enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_qu
 			     enum store_status *st)
 {
 	double now = mono();
-	struct qkey *e = key_find(qt, h);
+	struct qkey *e = key_find(qt, h, q);
 	int64_t n;
 	bool far;
 	int ret;
@@ -521,22 +574,24 @@ enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_qu
 	e->cap = cap;
 	rate_note(e, now);
 
-	if (e->tokens > 0 && now >= e->expires) {
-		qt->st.lease_expired += (uint64_t)e->tokens;
-		e->tokens = 0;
-	}
+	w->local = QUOTA_VIA_REDIS;
+	lease_age(qt, e, now);
 	n = unit_target(qt, e, now);
-	far = qt->o.precheck && n && e->known_at && now - e->known_at < qt->o.lease_ms / 1000. &&
+	/* unknown to Redis: at most n units per gateway (G x n <= cap in all),
+	 * reported in halves so the next batch fills while one is in flight */
+	far = qt->o.precheck && !qt->draining && n && e->known_at &&
+	      now - e->known_at < qt->o.lease_ms / 1000. && e->unreported + e->reporting < n &&
 	      e->known - e->unreported - e->reporting > (int64_t)qt->st.gateways * n &&
 	      store_key_ready(qt->store, e->keys);
 	if (e->tokens > 0) {
 		e->tokens--;
 		qt->st.lease_spent++;
+		w->local = QUOTA_VIA_LEASE;
 		local_answer(e, now, out);
-		/* the next lease before this one runs dry or out of time; none when
-		 * the key is far from its limit: pre-checks take over, wasting nothing */
-		if (!e->busy && !far && store_key_ready(qt->store, e->keys) &&
-		    (e->tokens <= e->lease_size / 4 || e->expires - now < e->life / 4))
+		/* the next lease before this one runs dry; none when the key is far
+		 * from its limit: pre-checks take over, wasting nothing */
+		if (!e->busy && !far && !e->tokens2 && store_key_ready(qt->store, e->keys) &&
+		    e->tokens <= e->lease_size / 4)
 			grant_send(qt, e);
 		return QUOTA_LOCAL;
 	}
@@ -545,8 +600,9 @@ enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_qu
 			e->unreported_since = now;
 		e->unreported++;
 		qt->st.precheck_local++;
+		w->local = QUOTA_VIA_PRECHECK;
 		local_answer(e, now, out);
-		if (e->unreported >= n)
+		if (e->unreported >= (n + 1) / 2)
 			report_send(qt, e);
 		return QUOTA_LOCAL;
 	}
@@ -582,16 +638,16 @@ static void sweep_cb(struct ev_loop *loop, ev_timer *t, int revents)
 
 	(void)loop;
 	(void)revents;
+	/* no gateway count yet (Redis was not up at the first beat): ask again soon */
+	if (qt->leasing && !qt->st.gateways && !qt->hb_busy)
+		heartbeat_tick(qt->loop, &qt->heartbeat, 0);
 	for (i = 0; i < qt->nbuckets; i++) {
 		struct qkey **pe = &qt->buckets[i];
 
 		while (*pe) {
 			struct qkey *e = *pe;
 
-			if (e->tokens > 0 && now >= e->expires) {
-				qt->st.lease_expired += (uint64_t)e->tokens;
-				e->tokens = 0;
-			}
+			lease_age(qt, e, now);
 			if (e->unreported > 0 && now - e->unreported_since >= flush &&
 			    store_key_ready(qt->store, e->keys))
 				report_send(qt, e);
@@ -644,7 +700,7 @@ void quota_configure(struct quota *qt, const struct quota_opts *o, bool leasing)
 	qt->o = *o;
 	qt->o.key_prefix = xstrdup(o->key_prefix);
 	if (!qt->leasing || !leasing)
-		qt->st.gateways = o->gateways ? o->gateways : 1;
+		qt->st.gateways = 0; /* unknown: exact until a heartbeat answers */
 	qt->leasing = leasing;
 	snprintf(qt->hb_key, sizeof(qt->hb_key), "%s:{gw}:gateways", o->key_prefix);
 	ev_timer_stop(qt->loop, &qt->heartbeat);
@@ -711,21 +767,56 @@ void quota_free(struct quota *qt)
 	free(qt);
 }
 
-/* Reports every unreported usage now (on a graceful stop). */
+/* A graceful stop: no more pre-checks, every unreported usage reported now. */
 void quota_flush(struct quota *qt)
 {
 	size_t i;
 	struct qkey *e;
 
+	qt->draining = true;
 	for (i = 0; i < qt->nbuckets; i++)
 		for (e = qt->buckets[i]; e; e = e->next)
 			report_send(qt, e);
 }
 
-/* Report calls in flight (a drain waits for them). */
+/* Reports in flight and keys with usage still to report (a drain waits for them). */
 size_t quota_pending(const struct quota *qt)
 {
-	return qt ? qt->reports : 0;
+	size_t i, n;
+	const struct qkey *e;
+
+	if (!qt)
+		return 0;
+	n = qt->reports;
+	for (i = 0; qt->draining && i < qt->nbuckets; i++)
+		for (e = qt->buckets[i]; e; e = e->next)
+			n += e->unreported > 0;
+	return n;
+}
+
+/*
+ * Takes back one request answered locally (<how>: QUOTA_VIA_LEASE or
+ * QUOTA_VIA_PRECHECK) that ended up denied by another part of its decision: the
+ * lease gets its unit back, or the pre-check forgets it before it is reported.
+ * Returns false when it cannot (already reported, key gone): refund in Redis.
+ */
+bool quota_undo(struct quota *qt, uint64_t h, const struct store_query *q, int how)
+{
+	struct qkey *e = key_find(qt, h, q);
+
+	if (!e)
+		return false;
+	if (how == QUOTA_VIA_LEASE) {
+		e->tokens++;
+		qt->st.lease_spent--;
+		return true;
+	}
+	if (how == QUOTA_VIA_PRECHECK && e->unreported > 0) {
+		e->unreported--;
+		qt->st.precheck_local--;
+		return true;
+	}
+	return false;
 }
 
 /* Recomputes the gauges (held and unreported units). */
@@ -740,6 +831,8 @@ static void gauges(struct quota *qt)
 		for (e = qt->buckets[i]; e; e = e->next) {
 			if (e->tokens > 0 && now < e->expires)
 				held += (uint64_t)e->tokens;
+			if (e->tokens2 > 0 && now < e->expires2)
+				held += (uint64_t)e->tokens2;
 			unrep += (uint64_t)(e->unreported + e->reporting);
 		}
 	qt->st.outstanding = held;

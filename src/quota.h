@@ -31,9 +31,17 @@
 struct ev_loop;
 struct quota;
 
+/* How a request was answered (struct quota_waiter.local). */
+enum quota_via {
+	QUOTA_VIA_REDIS    = 0,
+	QUOTA_VIA_LEASE    = 1,
+	QUOTA_VIA_PRECHECK = 2,
+};
+
 /* A request waiting for its key's Redis call; embedded in the caller's state. */
 struct quota_waiter {
 	struct list node;               /* in the key's waiters */
+	int local;                      /* set by quota_decide(): enum quota_via */
 	/* called once: the request's own answer (res valid during the call) */
 	void (*done)(struct quota_waiter *w, enum store_status st, const struct store_result *res);
 };
@@ -55,7 +63,8 @@ struct quota_stats {
 	uint64_t precheck_local;        /* requests admitted by pre-check */
 	uint64_t precheck_reports;      /* batches reported */
 	uint64_t precheck_over;         /* reported units that no longer fitted (over-admission) */
-	uint64_t report_failed;         /* reports that failed (kept and retried) */
+	uint64_t report_failed;         /* reports that failed */
+	uint64_t report_lost;           /* units of reports that may not have run (timeout) */
 	uint64_t coalesced;             /* requests that shared another's Redis call */
 	uint64_t keys;                  /* gauge: keys tracked */
 	uint64_t outstanding;           /* gauge: leased units held now */
@@ -72,7 +81,6 @@ struct quota_opts {
 	bool precheck;
 	bool leases;
 	bool coalesce;
-	unsigned gateways;              /* assumed until the first heartbeat answers */
 	const char *key_prefix;         /* for the heartbeat registry */
 };
 
@@ -83,6 +91,7 @@ enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_qu
 			     double cap, struct quota_waiter *w, struct store_result *out,
 			     enum store_status *st);
 void quota_flush(struct quota *qt);
+bool quota_undo(struct quota *qt, uint64_t h, const struct store_query *q, int how);
 size_t quota_pending(const struct quota *qt);
 const struct quota_stats *quota_stats(struct quota *qt);
 

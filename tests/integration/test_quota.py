@@ -10,7 +10,7 @@ import time
 import pytest
 
 import spop_client as sc
-from conftest import SPOA_BIN, wait_until
+from conftest import SPOA_BIN, LcList, wait_until
 from test_model_agreement import FIXED, GCRA, LOG, SLIDING, script
 from test_ops import pipeline, scrape
 
@@ -86,22 +86,25 @@ def test_grant_equals_exact_decisions_in_a_row(redis, alg):
 
 
 def test_grant_waits_for_a_whole_batch_only_when_it_comes_soon(redis):
-    # 1000/s, burst 10: drained, a grant of at least 10 is denied until 10 are back
+    # 1000/s, burst 10: drained, a lease alone of 10 is denied until 10 are back
     fast = (GCRA, 1000, 10000, 0)
     assert granted(evalr(redis, ["{m}:g"], [fast], [1], want=10, lease_us=10**6)) == 10
-    r = evalr(redis, ["{m}:g"], [fast], [1], want=20, lease_us=10**6, min_units=10)
+    r = evalr(redis, ["{m}:g"], [fast], [1], want=10, lease_us=10**6, min_units=10)
     assert r[0] == 0 and granted(r) == 0 and 5 <= r[5] <= 11, r   # retry ~10 ms, not ~1
     time.sleep(0.004)
-    r = evalr(redis, ["{m}:g"], [fast], [1], want=20, lease_us=10**6, min_units=10)
-    assert r[0] == 0 and granted(r) == 0, "3 tokens back, 10 wanted: %r" % (r,)
+    r = evalr(redis, ["{m}:g"], [fast], [1], want=10, lease_us=10**6, min_units=10)
+    assert r[0] == 0 and granted(r) == 0, "~4 tokens back, 10 wanted: %r" % (r,)
+    # requests waiting with the lease get what fits, as exact decisions would
+    r = evalr(redis, ["{m}:g"], [fast], [1], want=12, lease_us=10**6, min_units=10)
+    assert r[0] == 1 and granted(r) == 2, r
     time.sleep(0.012)
-    r = evalr(redis, ["{m}:g"], [fast], [1], want=20, lease_us=10**6, min_units=10)
+    r = evalr(redis, ["{m}:g"], [fast], [1], want=10, lease_us=10**6, min_units=10)
     assert r[0] == 1 and granted(r) == 10, r
     # a day window with 3 left: waiting for 5 would take until tomorrow, so 3 are granted
     fw = (FIXED, DAY_US, 10, 0)
     for _ in range(7):
         evalr(redis, ["{m}:f"], [fw], [1])
-    r = evalr(redis, ["{m}:f"], [fw], [1], want=20, lease_us=10**6, min_units=5)
+    r = evalr(redis, ["{m}:f"], [fw], [1], want=5, lease_us=10**6, min_units=5)
     assert r[0] == 1 and granted(r) == 3, r
 
 
@@ -175,8 +178,7 @@ def test_coalescing_shares_calls_and_changes_no_answer(agent, redis):
 def test_two_agents_leasing_one_key_stay_within_the_bound(agent, redis):
     # 400 per hour (refill negligible), budget 10%: at most 40 requests of error in all
     cfg = quota_cfg({"rate": 400, "period": "1h"}, budget=0.1, lease_ms=5000)
-    agents = [agent(redis=redis, metrics=True, name="g%d" % i, fallback={"gateways": 2},
-                    **cfg) for i in range(2)]
+    agents = [agent(redis=redis, metrics=True, name="g%d" % i, **cfg) for i in range(2)]
     wait_until(lambda: all(scrape(a).get("spoa_ratelimit_gateways") == 2 for a in agents), 5,
                what="both agents see 2 gateways")
     before = script_calls(redis)
@@ -254,6 +256,26 @@ def test_lease_never_exceeds_a_small_bucket(agent, redis):
     assert degraded == 0
     assert allowed >= 20, "a hot key over a small bucket must still be admitted (%d)" % allowed
     assert quota_metric(scrape(a), "leased") > 0
+
+
+def test_denied_by_another_part_leaves_no_precheck_charge(agent, redis):
+    """A request pre-checked for the client's own limit but denied by the endpoint's global
+    limit is taken back locally: the client's limit ends up charged only for what passed."""
+    cfg = dict(limits={"own": {"algorithm": "fixed_window", "rate": 1000, "period": "1d",
+                               "accuracy_budget": 0.2},
+                       "glob": {"algorithm": "fixed_window", "rate": 5, "period": "1d"}},
+               tiers={"t": {"limits": ["own"]}}, default_tier="t",
+               anonymous={"limits": ["own"]}, blocked_cache=False,
+               local_quota={"leases": False, "flush_ms": 20},
+               endpoints=LcList([{"name": "g", "path_prefix": "/g", "global_limits": ["glob"]}]))
+    a = agent(redis=redis, metrics=True, **cfg)
+    answers = pipeline(a.addr, [sc.rl_message(key="rf", path="/g")] * 60, conns=1, window=1)
+    allowed, degraded = counts(answers)
+    assert (allowed, degraded) == (5, 0)
+    assert quota_metric(scrape(a), "prechecked") > 0
+    key = "rl:{k:%s}:own" % hashlib.sha256(b"rf").hexdigest()[:32]
+    time.sleep(0.3)                                  # reports are due after 20 ms
+    assert int(redis.cmd("GET", key).split(":")[1]) == 5
 
 
 def test_lease_expires_and_is_not_spent_after(agent, redis):

@@ -22,7 +22,7 @@ for each mode (MODES below: one entry = one agent configuration overlay):
   exact-nocache store = "redis", blocked_cache = false (every decision goes to Redis)
   leases        store = "redis" with local quotas: accuracy_budget = 0.05 on the limit
                 (leases for hot keys, pre-checks far from the limit, coalescing; the
-                blocked-key cache on), fallback.gateways = N until heartbeats count them
+                blocked-key cache on); gateways counted by the agents' heartbeats
   local         store = "memory": every gateway its own counter with the full limit
                 (no coordination at all: the naive baseline)
   local/N       store = "memory", every gateway the limit / N (the static split that
@@ -124,7 +124,6 @@ def agent_config(mode, scen, redis_port, ngw, args, prefix):
             "key_prefix": prefix,
         },
         "limits": {name: limit},
-        "fallback": {"gateways": ngw},
         "tiers": {"t": {"limits": [name]}},
         "default_tier": "t",
         "anonymous": {"limits": [name]},

@@ -20,14 +20,13 @@
 --                  already admitted locally, charged whatever is left
 -- ARGV[5n+3]       lease lifetime wanted (us); the answer shortens it so a
 --                  lease never outlives the window of a windowed limit
--- ARGV[5n+4]       grant only: the lease part of <want> (default 1: none),
---                  granted only whole. The rest of <want> (requests waiting)
---                  gets what fits, as exact decisions would. A lease alone
---                  that does not fit whole, or a denial, is answered with the
---                  time until a whole lease fits when that is within the
---                  lease lifetime (a hot key over its limit then costs one
---                  call per lease, not per request); when it would take
---                  longer (a window that ends later), what fits is granted
+-- ARGV[5n+4]       grant only: the fewest units worth a call (default 1), a
+--                  lease. When fewer fit and a whole lease will fit within the
+--                  lease lifetime, nothing is granted and the answer is a
+--                  denial whose retry is when it fits (a hot key over its
+--                  limit then costs one call per lease, not per request; the
+--                  tokens wait in the bucket); when it would take longer (a
+--                  window that ends later), what fits is granted
 --
 -- Without a batch, a request passes only if every enforcing limit admits it;
 -- then every limit that admits it is charged (a shadow limit that would deny
@@ -107,18 +106,11 @@ if batch and want > 1 and (allowed == 1 or report) then
 		allowed = 1
 	else
 		if fit < 1 then fit = 1 end
-		if fit < want and minu > 1 and minu <= want then
-			local need = want - minu
-			if need >= 1 then
-				-- the waiting requests get what fits, as exact decisions
-				-- would; the lease only whole
-				if fit > need then fit = need end
-			else
-				-- a lease alone: wait for a whole one if it comes soon enough
-				local rm, wait = batch_wait(minu)
-				if wait > 0 and wait <= life then
-					res, allowed, granted, fit = rm, 0, 0, 0
-				end
+		if fit < minu and minu <= want then
+			-- wait for a whole lease if it comes soon enough
+			local rm, wait = batch_wait(minu)
+			if wait > 0 and wait <= life then
+				res, allowed, granted, fit = rm, 0, 0, 0
 			end
 		end
 	end

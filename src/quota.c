@@ -26,7 +26,7 @@
  * under-admission is what gateways hold when their traffic stops, at most cap
  * per lease lifetime, counted in lease_expired.
  *
- * A lease is topped up (to n units in all) when a quarter is left; the top-up
+ * A lease is topped up (to n units in all) when an eighth is left; the top-up
  * keeps its own expiry. A unit taken from a lease by a request that another
  * part of its decision denied goes back to the lease.
  *
@@ -42,10 +42,11 @@
  *
  * Coalescing. At most one grant call per key is in flight; requests arriving
  * meanwhile wait for it, and the next call asks for all of them at once. The
- * waiting requests get what fits, the same as k exact decisions in a row (a
- * lease asked for on top is granted only whole), so coalescing changes no
- * answer. A hot key over its limit is the exception: a denial waits for a
- * whole lease (see spread_denial()).
+ * waiting requests get what fits, the same as k exact decisions in a row, so
+ * for an exact key coalescing changes no answer. A leased key over its limit
+ * is served in whole leases: while fewer units than a lease fit and a lease is
+ * back soon, the call is denied (the units wait in the bucket; see the
+ * script's minimum and spread_denial()).
  *
  * Outages. A lease already granted keeps serving until it expires, even with
  * Redis unreachable; pre-checks stop as soon as the key's Redis node is not
@@ -85,7 +86,7 @@ struct qkey {
 	int64_t tokens2;                /* the next lease, granted while the current one lasts */
 	double expires2;
 	double life;                    /* lifetime of the last lease (s) */
-	int64_t lease_size;             /* units of the last lease asked for */
+	int64_t lease_size;             /* n when the last lease was asked for */
 	int64_t known;                  /* units left in Redis at the last answer */
 	double known_at;                /* mono() of that answer, 0 = none */
 	int64_t unreported;             /* pre-checked units not reported yet */
@@ -445,11 +446,11 @@ static int grant_call(struct quota *qt, struct qkey *e)
 {
 	struct store_query q;
 	double now = mono();
-	int64_t lease = qt->o.leases ? unit_target(qt, e, now) : 0, want;
+	int64_t share = qt->o.leases ? unit_target(qt, e, now) : 0, lease, want;
 	int ret;
 
 	/* one gateway holds at most n units: top up what is left */
-	lease -= e->tokens + e->tokens2;
+	lease = share - e->tokens - e->tokens2;
 	if (lease < 2)
 		lease = 0;
 	want = e->nwait + lease;
@@ -465,7 +466,7 @@ static int grant_call(struct quota *qt, struct qkey *e)
 		 * call Redis for every token that trickles back */
 		q.min_units = lease;
 	}
-	e->lease_size = lease;
+	e->lease_size = share;
 	e->t_sent = now;
 	ret = store_decide(qt->store, &q, grant_cb, e);
 	if (ret == 0)
@@ -591,7 +592,7 @@ enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_qu
 		/* the next lease before this one runs dry; none when the key is far
 		 * from its limit: pre-checks take over, wasting nothing */
 		if (!e->busy && !far && !e->tokens2 && store_key_ready(qt->store, e->keys) &&
-		    e->tokens <= e->lease_size / 4)
+		    e->tokens <= e->lease_size / 8)
 			grant_send(qt, e);
 		return QUOTA_LOCAL;
 	}

@@ -80,11 +80,17 @@ local function check(units)
 end
 
 -- The results for <units> units and how long until they fit (us, 0 = now).
+-- Windows (fixed, sliding counter) only make room when they reset, and what
+-- is left in the old one would be lost: for them there is no waiting.
 local function batch_wait(units)
 	local rm = check(units)
 	local wait = 0
 	for i = 1, n do
-		if not shadows[i] and rm[i].ok == 0 and rm[i].retry > wait then wait = rm[i].retry end
+		if not shadows[i] and rm[i].ok == 0 then
+			local a = tonumber(ARGV[1 + 5 * (i - 1)])
+			if a == 2 or a == 4 then return rm, math.huge end
+			if rm[i].retry > wait then wait = rm[i].retry end
+		end
 	end
 	return rm, wait
 end

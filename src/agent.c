@@ -403,7 +403,8 @@ static void refund(struct decision *d)
 			continue;
 		/* answered locally: taken back locally, not charged in Redis yet
 		 * (a pre-check) or charged as part of a lease that gets it back */
-		if (a->quota && pt->w.local && quota_undo(a->quota, pt->h, &pt->q, pt->w.local)) {
+		if (a->quota && pt->w.local && quota_undo(a->quota, pt->h, &pt->q, pt->w.local,
+							       pt->w.lease_end)) {
 			a->refunds++;
 			continue;
 		}
@@ -970,6 +971,7 @@ static void publish(struct agent *a)
 		ms->c[MC_REPORT_FAILED] = q->report_failed;
 		ms->c[MC_REPORT_LOST] = q->report_lost;
 		ms->c[MC_COALESCED] = q->coalesced;
+		ms->c[MC_UNDONE] = q->undone;
 		ms->c[MC_QUOTA_KEYS] = q->keys;
 		ms->c[MC_LEASE_OUTSTANDING] = q->outstanding;
 		ms->c[MC_UNREPORTED] = q->unreported;

@@ -364,7 +364,7 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 		} q[] = {{"leased", MC_LEASE_UNITS},          {"lease_spent", MC_LEASE_SPENT},
 			 {"lease_expired", MC_LEASE_EXPIRED}, {"prechecked", MC_PRECHECK_LOCAL},
 			 {"precheck_over", MC_PRECHECK_OVER}, {"report_lost", MC_REPORT_LOST},
-			 {"coalesced", MC_COALESCED},
+			 {"coalesced", MC_COALESCED}, {"undone", MC_UNDONE},
 			 {"untracked", MC_QUOTA_FULL}};
 
 		for (i = 0; i < ARRAY_SIZE(q); i++) {

@@ -68,6 +68,7 @@ enum met_counter {
 	MC_REPORT_FAILED,
 	MC_REPORT_LOST,
 	MC_COALESCED,
+	MC_UNDONE,
 	MC_QUOTA_KEYS,          /* gauge */
 	MC_LEASE_OUTSTANDING,   /* gauge */
 	MC_UNREPORTED,          /* gauge */

@@ -86,6 +86,7 @@ struct qkey {
 	int64_t tokens2;                /* the next lease, granted while the current one lasts */
 	double expires2;
 	double life;                    /* lifetime of the last lease (s) */
+	double topup_after;             /* mono(): no top-up before (a top-up was denied) */
 	int64_t lease_size;             /* n when the last lease was asked for */
 	int64_t known;                  /* units left in Redis at the last answer */
 	double known_at;                /* mono() of that answer, 0 = none */
@@ -115,6 +116,7 @@ struct quota {
 	ev_timer sweep;
 	ev_timer heartbeat;
 	bool hb_busy;
+	double hb_next, hb_backoff;     /* first count: retries, backing off */
 	char id[96];                    /* this agent in the gateway registry */
 	char hb_key[STORE_KEY_MAX];
 	size_t reports;                 /* report calls in flight */
@@ -240,7 +242,7 @@ static void query_of(const struct qkey *e, struct store_query *q)
 /* A local admission of <e>: the last verdicts, times and counts brought up to date. */
 static void local_answer(const struct qkey *e, double now, struct store_result *out)
 {
-	int64_t el = (int64_t)((now - e->res_at) * 1000), left = e->tokens + e->tokens2 - e->unreported;
+	int64_t el = (int64_t)((now - e->res_at) * 1000), left = e->tokens + e->tokens2 - e->unreported - e->reporting;
 	size_t i;
 
 	*out = e->res;
@@ -350,6 +352,10 @@ static void spread_denial(const struct quota *qt, const struct qkey *e, struct s
 
 	if (n < 2 || k < 2)
 		return;
+	/* a window's retry is its reset: waiting longer would deny a fresh window */
+	for (i = 0; i < e->n; i++)
+		if (!e->params[i].shadow && e->params[i].alg != ALG_GCRA)
+			return;
 	kk = capacity_units(e) / (2 * n);
 	if (kk < k)
 		k = kk;
@@ -397,8 +403,14 @@ static void grant_cb(enum store_status st, const struct store_result *res, void 
 	e->known_at = now;
 	if (!res->allowed) {
 		struct store_result r = *res;
+		int64_t wait = 0;
+		size_t i;
 
 		spread_denial(qt, e, &r);
+		for (i = 0; i < r.n; i++)
+			if (!r.v[i].allowed && r.v[i].retry_ms > wait)
+				wait = r.v[i].retry_ms;
+		e->topup_after = now + wait / 1000.;
 		waiters_answer(e, st, &r);
 		return;
 	}
@@ -588,11 +600,13 @@ enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_qu
 		e->tokens--;
 		qt->st.lease_spent++;
 		w->local = QUOTA_VIA_LEASE;
+		w->lease_end = e->expires;
 		local_answer(e, now, out);
 		/* the next lease before this one runs dry; none when the key is far
 		 * from its limit: pre-checks take over, wasting nothing */
-		if (!e->busy && !far && !e->tokens2 && store_key_ready(qt->store, e->keys) &&
-		    e->tokens <= e->lease_size / 8)
+		if (!e->busy && !far && !e->tokens2 && now >= e->topup_after &&
+		    e->tokens <= (e->lease_size / 8 ? e->lease_size / 8 : 1) &&
+		    store_key_ready(qt->store, e->keys))
 			grant_send(qt, e);
 		return QUOTA_LOCAL;
 	}
@@ -640,8 +654,13 @@ static void sweep_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	(void)loop;
 	(void)revents;
 	/* no gateway count yet (Redis was not up at the first beat): ask again soon */
-	if (qt->leasing && !qt->st.gateways && !qt->hb_busy)
+	if (qt->leasing && !qt->st.gateways && !qt->hb_busy && now >= qt->hb_next) {
 		heartbeat_tick(qt->loop, &qt->heartbeat, 0);
+		qt->hb_backoff = qt->hb_backoff ? 2 * qt->hb_backoff : 0.05;
+		if (qt->hb_backoff > qt->o.heartbeat_ms / 1000.)
+			qt->hb_backoff = qt->o.heartbeat_ms / 1000.;
+		qt->hb_next = now + qt->hb_backoff;
+	}
 	for (i = 0; i < qt->nbuckets; i++) {
 		struct qkey **pe = &qt->buckets[i];
 
@@ -675,8 +694,10 @@ static void heartbeat_cb(enum store_status st, const char *val, size_t len, void
 	memcpy(buf, val, len);
 	buf[len] = 0;
 	v = strtol(buf, NULL, 10);
-	if (v >= 1 && v <= 1000000)
+	if (v >= 1 && v <= 1000000) {
 		qt->st.gateways = (uint64_t)v;
+		qt->hb_backoff = 0;
+	}
 }
 
 static void heartbeat_tick(struct ev_loop *loop, ev_timer *t, int revents)
@@ -798,23 +819,28 @@ size_t quota_pending(const struct quota *qt)
 /*
  * Takes back one request answered locally (<how>: QUOTA_VIA_LEASE or
  * QUOTA_VIA_PRECHECK) that ended up denied by another part of its decision: the
- * lease gets its unit back, or the pre-check forgets it before it is reported.
- * Returns false when it cannot (already reported, key gone): refund in Redis.
+ * lease gets its unit back (<lease_end>: the end of the lease it came from,
+ * still running), or the pre-check forgets it before it is reported. Returns
+ * false when it cannot (lease over or replaced, already reported, key gone):
+ * refund in Redis.
  */
-bool quota_undo(struct quota *qt, uint64_t h, const struct store_query *q, int how)
+bool quota_undo(struct quota *qt, uint64_t h, const struct store_query *q, int how,
+		double lease_end)
 {
 	struct qkey *e = key_find(qt, h, q);
 
 	if (!e)
 		return false;
-	if (how == QUOTA_VIA_LEASE) {
+	if (how == QUOTA_VIA_LEASE && lease_end && e->tokens > 0 && e->expires == lease_end &&
+	    mono() < lease_end) {
+		/* back into the lease it came from, never into another one */
 		e->tokens++;
-		qt->st.lease_spent--;
+		qt->st.undone++;
 		return true;
 	}
 	if (how == QUOTA_VIA_PRECHECK && e->unreported > 0) {
 		e->unreported--;
-		qt->st.precheck_local--;
+		qt->st.undone++;
 		return true;
 	}
 	return false;

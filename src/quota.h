@@ -42,6 +42,7 @@ enum quota_via {
 struct quota_waiter {
 	struct list node;               /* in the key's waiters */
 	int local;                      /* set by quota_decide(): enum quota_via */
+	double lease_end;               /* QUOTA_VIA_LEASE: the end of that lease */
 	/* called once: the request's own answer (res valid during the call) */
 	void (*done)(struct quota_waiter *w, enum store_status st, const struct store_result *res);
 };
@@ -66,6 +67,7 @@ struct quota_stats {
 	uint64_t report_failed;         /* reports that failed */
 	uint64_t report_lost;           /* units of reports that may not have run (timeout) */
 	uint64_t coalesced;             /* requests that shared another's Redis call */
+	uint64_t undone;                /* local answers taken back (denied by another part) */
 	uint64_t keys;                  /* gauge: keys tracked */
 	uint64_t outstanding;           /* gauge: leased units held now */
 	uint64_t unreported;            /* gauge: pre-checked units not reported yet */
@@ -91,7 +93,8 @@ enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_qu
 			     double cap, struct quota_waiter *w, struct store_result *out,
 			     enum store_status *st);
 void quota_flush(struct quota *qt);
-bool quota_undo(struct quota *qt, uint64_t h, const struct store_query *q, int how);
+bool quota_undo(struct quota *qt, uint64_t h, const struct store_query *q, int how,
+		double lease_end);
 size_t quota_pending(const struct quota *qt);
 const struct quota_stats *quota_stats(struct quota *qt);
 

@@ -278,6 +278,22 @@ def test_denied_by_another_part_leaves_no_precheck_charge(agent, redis):
     assert int(redis.cmd("GET", key).split(":")[1]) == 5
 
 
+def test_shadow_limit_enforced_after_reload_is_not_served_locally(agent, redis):
+    lim = {"rate": 50, "period": "1h", "accuracy_budget": 0.2}
+    cfg = dict(limits={"q": dict(lim, shadow=True), "big": {"rate": 100000, "period": "1h",
+                                                            "accuracy_budget": 0.2}},
+               tiers={"t": {"limits": ["q", "big"]}}, default_tier="t",
+               anonymous={"limits": ["big"]})
+    a = agent(redis=redis, metrics=True, **cfg)
+    answers = pipeline(a.addr, [sc.rl_message(key="sh")] * 100, conns=1, window=4)
+    assert counts(answers) == (100, 0), "a shadow limit never denies"
+    a.reload(limits={"q": lim, "big": cfg["limits"]["big"]})
+    wait_until(lambda: scrape(a).get("spoa_ratelimit_config_generation") == 2, 5,
+               what="reload applied")
+    answers = pipeline(a.addr, [sc.rl_message(key="sh")] * 20, conns=1, window=4)
+    assert counts(answers)[0] <= 10, "the enforced limit (50, charged while shadow) denies"
+
+
 def test_lease_expires_and_is_not_spent_after(agent, redis):
     cfg = quota_cfg({"rate": 100000, "period": "1h"}, budget=0.05, lease_ms=300,
                     precheck=False)

@@ -229,6 +229,39 @@ static void family_u64(struct http_reply *r, const struct metrics *m, const char
 	prom_sample_u64(r, name, NULL, 0, v);
 }
 
+/* The highest value of gauge <c> among the live workers. */
+static uint64_t max_counter(const struct metrics *m, enum met_counter c)
+{
+	uint64_t v = 0;
+	size_t w;
+
+	for (w = 0; w < m->nslots; w++)
+		if (slot_live(&m->slots[w]) && m->slots[w].c[c] > v)
+			v = m->slots[w].c[c];
+	return v;
+}
+
+/* One labelled sample of a counter family. */
+struct labelled {
+	const char *value;              /* the label's value */
+	enum met_counter c;
+};
+
+/* Samples <name>{<label>=<t[i].value>} for the <n> counters of <t>, summed. */
+static void samples_u64(struct http_reply *r, const struct metrics *m, const char *name,
+			const char *label, const struct labelled *t, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		struct prom_label l = {label, t[i].value};
+		uint64_t v;
+
+		sum_counter(m, t[i].c, &v);
+		prom_sample_u64(r, name, &l, 1, v);
+	}
+}
+
 /*
  * Renders every metric, summed over the live workers, in the Prometheus text
  * exposition format.
@@ -315,22 +348,14 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 		   "SPOP connections accepted.", MC_ACCEPTED);
 	prom_family(r, "spoa_ratelimit_spop_frames_total", PROM_COUNTER, "SPOP frames by type.");
 	{
-		static const struct {
-			const char *type;
-			enum met_counter c;
-		} frames[] = {{"hello", MC_HELLOS},
-			      {"healthcheck", MC_HEALTHCHECKS},
-			      {"notify", MC_NOTIFY},
-			      {"ack", MC_ACKS},
-			      {"haproxy_disconnect", MC_HAPROXY_DISCONNECTS}};
+		static const struct labelled frames[] = {{"hello", MC_HELLOS},
+							 {"healthcheck", MC_HEALTHCHECKS},
+							 {"notify", MC_NOTIFY},
+							 {"ack", MC_ACKS},
+							 {"haproxy_disconnect", MC_HAPROXY_DISCONNECTS}};
 
-		for (i = 0; i < ARRAY_SIZE(frames); i++) {
-			struct prom_label l = {"type", frames[i].type};
-			uint64_t v;
-
-			sum_counter(m, frames[i].c, &v);
-			prom_sample_u64(r, "spoa_ratelimit_spop_frames_total", &l, 1, v);
-		}
+		samples_u64(r, m, "spoa_ratelimit_spop_frames_total", "type", frames,
+			    ARRAY_SIZE(frames));
 	}
 	prom_family(r, "spoa_ratelimit_spop_errors_total", PROM_COUNTER,
 		    "AGENT-DISCONNECT frames sent, by SPOP status.");
@@ -358,34 +383,25 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 	prom_family(r, "spoa_ratelimit_local_quota_requests_total", PROM_COUNTER,
 		    "Requests (units) handled by local quotas, by what happened to them.");
 	{
-		static const struct {
-			const char *what;
-			enum met_counter c;
-		} q[] = {{"leased", MC_LEASE_UNITS},          {"lease_spent", MC_LEASE_SPENT},
-			 {"lease_expired", MC_LEASE_EXPIRED}, {"prechecked", MC_PRECHECK_LOCAL},
-			 {"precheck_over", MC_PRECHECK_OVER}, {"report_lost", MC_REPORT_LOST},
-			 {"coalesced", MC_COALESCED}, {"undone", MC_UNDONE},
-			 {"untracked", MC_QUOTA_FULL}};
+		static const struct labelled q[] = {
+			{"leased", MC_LEASE_UNITS},          {"lease_spent", MC_LEASE_SPENT},
+			{"lease_expired", MC_LEASE_EXPIRED}, {"prechecked", MC_PRECHECK_LOCAL},
+			{"precheck_over", MC_PRECHECK_OVER}, {"report_lost", MC_REPORT_LOST},
+			{"coalesced", MC_COALESCED},         {"undone", MC_UNDONE},
+			{"untracked", MC_QUOTA_FULL}};
 
-		for (i = 0; i < ARRAY_SIZE(q); i++) {
-			struct prom_label l = {"what", q[i].what};
-			uint64_t v;
-
-			sum_counter(m, q[i].c, &v);
-			prom_sample_u64(r, "spoa_ratelimit_local_quota_requests_total", &l, 1, v);
-		}
+		samples_u64(r, m, "spoa_ratelimit_local_quota_requests_total", "what", q,
+			    ARRAY_SIZE(q));
 	}
 	prom_family(r, "spoa_ratelimit_local_quota_error_requests_total", PROM_COUNTER,
 		    "Admission error attributable to local quotas, in requests: under = leased "
 		    "tokens that expired unused, over = pre-checked requests Redis could not fit.");
 	{
-		struct prom_label lu = {"direction", "under"}, lo = {"direction", "over"};
-		uint64_t v;
+		static const struct labelled dir[] = {{"under", MC_LEASE_EXPIRED},
+						      {"over", MC_PRECHECK_OVER}};
 
-		sum_counter(m, MC_LEASE_EXPIRED, &v);
-		prom_sample_u64(r, "spoa_ratelimit_local_quota_error_requests_total", &lu, 1, v);
-		sum_counter(m, MC_PRECHECK_OVER, &v);
-		prom_sample_u64(r, "spoa_ratelimit_local_quota_error_requests_total", &lo, 1, v);
+		samples_u64(r, m, "spoa_ratelimit_local_quota_error_requests_total", "direction",
+			    dir, ARRAY_SIZE(dir));
 	}
 	family_u64(r, m, "spoa_ratelimit_precheck_reports_total", PROM_COUNTER,
 		   "Batches of pre-checked usage reported to Redis.", MC_PRECHECK_REPORTS);
@@ -401,14 +417,7 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 		   "Pre-checked requests not reported to Redis yet.", MC_UNREPORTED);
 	prom_family(r, "spoa_ratelimit_gateways", PROM_GAUGE,
 		    "Live gateways holding local quotas, from the heartbeats in Redis.");
-	{
-		uint64_t g = 0;
-
-		for (w = 0; w < m->nslots; w++)
-			if (slot_live(&m->slots[w]) && m->slots[w].c[MC_GATEWAYS] > g)
-				g = m->slots[w].c[MC_GATEWAYS];
-		prom_sample_u64(r, "spoa_ratelimit_gateways", NULL, 0, g);
-	}
+	prom_sample_u64(r, "spoa_ratelimit_gateways", NULL, 0, max_counter(m, MC_GATEWAYS));
 	family_u64(r, m, "spoa_ratelimit_tier_cache_hits_total", PROM_COUNTER,
 		   "Tier lookups answered by the local cache.", MC_TIER_HITS);
 	family_u64(r, m, "spoa_ratelimit_tier_cache_misses_total", PROM_COUNTER,
@@ -436,14 +445,8 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 	}
 	prom_family(r, "spoa_ratelimit_config_generation", PROM_GAUGE,
 		    "Generation of the configuration in force (highest among workers).");
-	{
-		uint64_t g = 0;
-
-		for (w = 0; w < m->nslots; w++)
-			if (slot_live(&m->slots[w]) && m->slots[w].c[MC_GENERATION] > g)
-				g = m->slots[w].c[MC_GENERATION];
-		prom_sample_u64(r, "spoa_ratelimit_config_generation", NULL, 0, g);
-	}
+	prom_sample_u64(r, "spoa_ratelimit_config_generation", NULL, 0,
+			max_counter(m, MC_GENERATION));
 	prom_family(r, "spoa_ratelimit_reloads_total", PROM_COUNTER, "Reloads by result.");
 	{
 		struct prom_label ok = {"result", "ok"}, ko = {"result", "failed"};

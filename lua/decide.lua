@@ -54,11 +54,14 @@ if batch then
 	end
 end
 
-local algs, costs, shadows = {}, {}, {}
+local algs, ids, pa, pb, costs, shadows = {}, {}, {}, {}, {}, {}
 for i = 1, n do
 	local o = 1 + 5 * (i - 1)
-	algs[i] = ALG[tonumber(ARGV[o])]
+	ids[i] = tonumber(ARGV[o])
+	algs[i] = ALG[ids[i]]
 	if not algs[i] then return redis.error_reply('unknown algorithm ' .. tostring(ARGV[o])) end
+	pa[i] = tonumber(ARGV[o + 1])
+	pb[i] = tonumber(ARGV[o + 2])
 	costs[i] = tonumber(ARGV[o + 4])
 	shadows[i] = tonumber(ARGV[o + 3]) % 2 == 1
 end
@@ -68,9 +71,8 @@ end
 local function check(units)
 	local res, all = {}, 1
 	for i = 1, n do
-		local o = 1 + 5 * (i - 1)
 		local cost = costs[i] * units
-		local r = algs[i](KEYS[i], now, cost, tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2]))
+		local r = algs[i](KEYS[i], now, cost, pa[i], pb[i])
 		r.shadow = shadows[i]
 		if cost < 0 then r.ok = 1; r.retry = 0 end
 		if r.ok == 0 and not r.shadow then all = 0 end
@@ -87,15 +89,16 @@ local function batch_wait(units)
 	local wait = 0
 	for i = 1, n do
 		if not shadows[i] and rm[i].ok == 0 then
-			local a = tonumber(ARGV[1 + 5 * (i - 1)])
-			if a == 2 or a == 4 then return rm, math.huge end
+			if ids[i] == 2 or ids[i] == 4 then return rm, math.huge end
 			if rm[i].retry > wait then wait = rm[i].retry end
 		end
 	end
 	return rm, wait
 end
 
-local res, allowed = check(1)
+-- A report charges all <want> units: checked for them at once (what is left,
+-- rem_u, does not depend on the cost asked).
+local res, allowed = check(report and want or 1)
 local granted = allowed
 if batch and want > 1 and (allowed == 1 or report) then
 	-- the most units every enforcing limit admits: what is left, in units
@@ -108,7 +111,6 @@ if batch and want > 1 and (allowed == 1 or report) then
 	end
 	if report then
 		granted = fit
-		res, allowed = check(want)
 		allowed = 1
 	else
 		if fit < 1 then fit = 1 end
@@ -121,7 +123,8 @@ if batch and want > 1 and (allowed == 1 or report) then
 		end
 	end
 	if allowed == 1 and not report then
-		local r2, ok2 = check(fit)
+		local r2, ok2 = res, allowed
+		if fit > 1 then r2, ok2 = check(fit) end
 		-- rem_u is exact for every algorithm; search down if rounding disagrees
 		if ok2 == 0 then
 			local lo, hi = 1, fit - 1
@@ -148,11 +151,8 @@ end
 local lease_ms = 0
 if batch then
 	for i = 1, n do
-		local o = 1 + 5 * (i - 1)
-		local a = tonumber(ARGV[o])
-		if a == 2 or a == 4 then
-			local win = tonumber(ARGV[o + 1])
-			local left = (math.floor(now / win) + 1) * win - now
+		if ids[i] == 2 or ids[i] == 4 then -- a = the window
+			local left = (math.floor(now / pa[i]) + 1) * pa[i] - now
 			if left < life then life = left end
 		end
 	end

@@ -271,19 +271,21 @@ static int conn_send(struct spoa_conn *c, const uint8_t *data, size_t len)
 	if (c->state == CONN_ST_DEAD)
 		return -1;
 	limit = (size_t)c->srv->opts.max_inflight * SPOA_ACK_MAX + c->frame_size + SPOP_LEN_SIZE;
-	/* drop what was sent already, so the bound counts only unsent bytes */
-	if (c->tx_off > 0) {
+	/* the bound counts only unsent bytes */
+	unsent = c->tx_len - c->tx_off + len;
+	if (unsent > limit) {
+		CLOG(c, SPOA_LOG_WARN, "peer does not read, %zu bytes queued: closing",
+		     c->tx_len - c->tx_off);
+		conn_kill(c);
+		return -1;
+	}
+	/* drop what was sent already only when the frame does not fit behind it */
+	if (c->tx_off > 0 && c->tx_len + len > c->tx_cap) {
 		memmove(c->tx, c->tx + c->tx_off, c->tx_len - c->tx_off);
 		c->tx_len -= c->tx_off;
 		c->tx_off = 0;
 	}
-	unsent = c->tx_len + len;
-	if (unsent > limit) {
-		CLOG(c, SPOA_LOG_WARN, "peer does not read, %zu bytes queued: closing", c->tx_len);
-		conn_kill(c);
-		return -1;
-	}
-	if (unsent > c->tx_cap) {
+	if (c->tx_len + len > c->tx_cap) { /* here tx_len + len == unsent <= limit */
 		size_t cap = c->tx_cap ? c->tx_cap : 4096;
 		uint8_t *p;
 

@@ -73,7 +73,6 @@ struct agent {
 	size_t pending;                 /* decisions waiting for the store */
 	uint64_t outcomes[OUT_COUNT];
 	uint64_t degraded_by[STORE_COUNT];
-	uint64_t shadow_denied;         /* decisions a shadow limit would have denied */
 	uint64_t refunds;               /* charges taken back after a split denial */
 	uint64_t tier_hits, tier_misses;
 	uint64_t local_decisions;       /* failed parts decided by local fallback limits */
@@ -143,13 +142,6 @@ struct req_args {
 	int64_t cost;                   /* -1 when not sent */
 };
 
-static double mono(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* Counts a denial of <client> by <rule> for the top offenders. */
 static void note_denied(struct agent *a, const char *rule, const char *client)
@@ -244,8 +236,7 @@ static void fallback(struct decision *d, struct part *pt)
 	pt->res.allowed = true;
 	pt->res.n = pt->q.n;
 	pt->fallback = true;
-	lq.n = 0;
-	lq.want = 0;
+	store_query_init(&lq);
 	for (i = 0; i < d->n; i++) {
 		const struct rule_limit *l = d->ap[i].l;
 		size_t slot = d->ap[i].slot;
@@ -325,10 +316,8 @@ static void respond(struct decision *d)
 			pv = v;
 		}
 	}
-	if (shadow) {
-		a->shadow_denied++;
+	if (shadow)
 		set_str(req, "shadow", shadow->name);
-	}
 	set_int(req, "allow", allowed ? 1 : 0);
 	a->outcomes[!allowed ? OUT_DENIED : (degraded ? OUT_DEGRADED : OUT_ALLOWED)]++;
 	if (a->ms) {
@@ -408,8 +397,7 @@ static void refund(struct decision *d)
 			a->refunds++;
 			continue;
 		}
-		rq.n = 0;
-		rq.want = 0; /* a single decision, not a batch */
+		store_query_init(&rq);
 		for (i = 0; i < pt->q.n; i++) {
 			if (!pt->res.v[i].allowed || pt->q.cost[i] <= 0)
 				continue;
@@ -510,6 +498,7 @@ static bool blocked_get(struct agent *a, struct part *pt)
 {
 	struct blocked_slot *b;
 	int64_t elapsed;
+	double now;
 	size_t i;
 
 	/* only while Redis answers: during an outage the failure ladder decides,
@@ -517,10 +506,11 @@ static bool blocked_get(struct agent *a, struct part *pt)
 	if (!a->blocked || (a->store && !store_key_ready(a->store, pt->q.keys[0])))
 		return false;
 	b = &a->blocked[pt->h % BLOCKED_SLOTS];
-	if (b->h != pt->h || b->until <= mono() || b->res.n != pt->q.n)
+	now = mono();
+	if (b->h != pt->h || b->until <= now || b->res.n != pt->q.n)
 		return false;
 	pt->res = b->res;
-	elapsed = (int64_t)((mono() - b->at) * 1000);
+	elapsed = (int64_t)((now - b->at) * 1000);
 	for (i = 0; i < pt->res.n; i++) {
 		struct limit_verdict *v = &pt->res.v[i];
 
@@ -780,18 +770,19 @@ static void tier_lookup_cb(enum store_status st, const char *val, size_t len, vo
 }
 
 /*
- * Writes the Redis key part for API key <key> into <out>: "k:" and the first
- * 16 bytes of its SHA-256 in hex (fixed length, whatever the key holds).
- * Returns the length written.
+ * The Redis key part of API key <key>: "k:" and the hex of the first 16 bytes
+ * of its SHA-256 (fixed length, whatever the key holds) into d->principal, the
+ * digest into d->digest.
  */
-size_t agent_principal_key(const char *key, size_t key_len, char *out, size_t outlen)
+static void principal_key(struct decision *d, const char *key, size_t key_len)
 {
 	uint8_t md[SHA256_LEN];
 	char hex[2 * 16 + 1];
 
 	sha256(key, key_len, md);
+	memcpy(d->digest, md, sizeof(d->digest));
 	hex_encode(md, 16, hex);
-	return (size_t)snprintf(out, outlen, "k:%s", hex);
+	snprintf(d->principal, sizeof(d->principal), "k:%s", hex);
 }
 
 /* Reads our arguments from message <m>; unknown arguments are ignored. */
@@ -874,19 +865,10 @@ static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 		decision_run(d, NULL);
 		return;
 	}
-	{
-		uint8_t md[SHA256_LEN];
-		char hex[33];
-
-		sha256(ra.key.p, ra.key.len, md);
-		memcpy(d->digest, md, sizeof(d->digest));
-		hex_encode(md, 16, hex);
-		snprintf(d->principal, sizeof(d->principal), "k:%s", hex);
-	}
+	principal_key(d, ra.key.p, ra.key.len);
 	tier = ruleset_tier_find(rs, ra.tier.p, ra.tier.len);
 	if (!tier && rs->cfg->tier_hash && a->store && a->tcache) {
 		struct tier_slot *slot = tier_slot(a, d->digest);
-		char hex[33];
 
 		if (slot->expires > ev_now(a->loop) &&
 		    memcmp(slot->digest, d->digest, sizeof(d->digest)) == 0) {
@@ -894,9 +876,10 @@ static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 			tier = ruleset_tier_find(rs, slot->tier, strlen(slot->tier));
 		} else {
 			a->tier_misses++;
-			hex_encode(d->digest, 16, hex);
 			a->pending++;
-			if (store_hget(a->store, rs->cfg->tier_hash, hex, tier_lookup_cb, d) == 0)
+			/* the field is the digest's hex: the principal after "k:" */
+			if (store_hget(a->store, rs->cfg->tier_hash, d->principal + 2, tier_lookup_cb,
+				       d) == 0)
 				return;
 			a->pending--;
 		}

@@ -45,7 +45,4 @@ void agent_log_stats(const struct agent *a);
 
 int64_t now_us_real(void);
 
-/* Exposed for tests: the Redis key part naming a principal. */
-size_t agent_principal_key(const char *key, size_t key_len, char *out, size_t outlen);
-
 #endif /* AGENT_AGENT_H */

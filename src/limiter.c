@@ -31,11 +31,6 @@ static int64_t ceil_ms(int64_t us)
 static const char *const alg_names[ALG_COUNT] = {"none", "gcra", "fixed_window", "sliding_log",
 						 "sliding_window"};
 
-const char *limit_alg_str(int alg)
-{
-	return alg > 0 && alg < ALG_COUNT ? alg_names[alg] : "?";
-}
-
 /* The algorithm called <name> ("token_bucket" is GCRA), or -1. */
 int limit_alg_parse(const char *name)
 {

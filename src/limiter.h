@@ -46,7 +46,6 @@ struct limit_state {
 	size_t nlog, caplog;
 };
 
-const char *limit_alg_str(int alg);
 int limit_alg_parse(const char *name);
 void limit_params_init(struct limit_params *p, int alg, uint64_t rate, uint64_t period_ms,
 		       uint64_t burst);

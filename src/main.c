@@ -104,11 +104,15 @@ static int file_digest(const char *file, uint8_t out[SHA256_LEN])
 	return 0;
 }
 
-static void reload(struct app *app, const char *why)
+/* Reloads the file; <digest>: its content's digest when the caller has it, or NULL. */
+static void reload(struct app *app, const char *why, const uint8_t *digest)
 {
 	struct ruleset *rs;
 
-	(void)file_digest(app->file, app->digest);
+	if (digest)
+		memcpy(app->digest, digest, sizeof(app->digest));
+	else
+		(void)file_digest(app->file, app->digest);
 
 	rs = load(app->file, app->gen + 1, true);
 	if (!rs) {
@@ -129,7 +133,7 @@ static void sighup_cb(struct ev_loop *loop, ev_signal *w, int revents)
 {
 	(void)loop;
 	(void)revents;
-	reload(w->data, "SIGHUP");
+	reload(w->data, "SIGHUP", NULL);
 }
 
 static void settle_cb(struct ev_loop *loop, ev_timer *t, int revents)
@@ -142,9 +146,10 @@ static void settle_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	if (!agent_rules(app->agent)->cfg->watch)
 		return;
 	/* unchanged content (touched, or rewritten identically): nothing to do */
-	if (file_digest(app->file, d) == 0 && memcmp(d, app->digest, sizeof(d)) == 0)
-		return;
-	reload(app, "file changed");
+	if (file_digest(app->file, d) < 0)
+		reload(app, "file changed", NULL);
+	else if (memcmp(d, app->digest, sizeof(d)) != 0)
+		reload(app, "file changed", d);
 }
 
 /*
@@ -269,13 +274,6 @@ static int run_agent(const char *file, struct ruleset *rs, const struct agent_op
 	return 0;
 }
 
-static double mono(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* The master's view of one worker. */
 struct worker {

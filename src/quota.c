@@ -109,7 +109,7 @@ struct qkey {
 struct quota {
 	struct ev_loop *loop;           /* ref */
 	struct store *store;            /* ref */
-	struct quota_opts o;            /* key_prefix owned */
+	struct quota_opts o;            /* key_prefix not kept: see hb_key */
 	bool leasing;                   /* some limit has a budget: heartbeats run */
 	struct qkey **buckets;          /* owned */
 	size_t nbuckets;                /* power of two */
@@ -127,13 +127,6 @@ struct quota {
 static void grant_send(struct quota *qt, struct qkey *e);
 static void heartbeat_tick(struct ev_loop *loop, ev_timer *t, int revents);
 
-static double mono(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* Requests per second for <e>: a sliding window counter over RATE_WINDOW. */
 static void rate_note(struct qkey *e, double now)
@@ -224,11 +217,8 @@ static void query_of(const struct qkey *e, struct store_query *q)
 	const char *k = e->keys;
 	size_t i;
 
+	store_query_init(q);
 	q->n = e->n;
-	q->want = 0;
-	q->batch = BATCH_GRANT;
-	q->lease_us = 0;
-	q->min_units = 0;
 	for (i = 0; i < e->n; i++) {
 		size_t l = strlen(k);
 
@@ -718,9 +708,8 @@ void quota_configure(struct quota *qt, const struct quota_opts *o, bool leasing)
 {
 	double sw;
 
-	free((char *)qt->o.key_prefix);
 	qt->o = *o;
-	qt->o.key_prefix = xstrdup(o->key_prefix);
+	qt->o.key_prefix = NULL; /* the caller's; only hb_key is built from it */
 	if (!qt->leasing || !leasing)
 		qt->st.gateways = 0; /* unknown: exact until a heartbeat answers */
 	qt->leasing = leasing;
@@ -785,7 +774,6 @@ void quota_free(struct quota *qt)
 		}
 	}
 	free(qt->buckets);
-	free((char *)qt->o.key_prefix);
 	free(qt);
 }
 

@@ -146,14 +146,6 @@ const struct rule_tier *ruleset_tier_find(const struct ruleset *rs, const char *
 	return NULL;
 }
 
-/* The tier called <name> (<len> bytes, untrusted), or the default tier. */
-const struct rule_tier *ruleset_tier(const struct ruleset *rs, const char *name, size_t len)
-{
-	const struct rule_tier *t = ruleset_tier_find(rs, name, len);
-
-	return t ? t : &rs->tiers[rs->default_tier];
-}
-
 /*
  * The first endpoint (in configuration order) that the request matches: by
  * its route id when both the request and the endpoint have one, otherwise by

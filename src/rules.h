@@ -63,7 +63,6 @@ struct ruleset {
 struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen);
 struct ruleset *ruleset_ref(struct ruleset *rs);
 void ruleset_unref(struct ruleset *rs);
-const struct rule_tier *ruleset_tier(const struct ruleset *rs, const char *name, size_t len);
 const struct rule_tier *ruleset_tier_find(const struct ruleset *rs, const char *name, size_t len);
 const struct rule_endpoint *ruleset_endpoint(const struct ruleset *rs, const char *route,
 					     size_t route_len, const char *method,

@@ -151,13 +151,13 @@ struct store_node {
 	unsigned backoff_ms;
 	struct list parked;             /* store_cmd.park: redirected here, waiting for READY */
 	unsigned out;                   /* commands sent on ac, callbacks still owed */
-	double last_progress;           /* mono_now() of the last reply or first send */
+	double last_progress;           /* mono() of the last reply or first send */
 	unsigned nslots;                /* slots routed here */
 	bool seed;                      /* the configured address: never retired */
 	bool retired;                   /* left the topology: closed once idle */
 	bool mark;                      /* scratch for topology_apply() */
 	unsigned failures;              /* consecutive timeouts and errors */
-	double breaker_until;           /* open until (mono_now); then one probe */
+	double breaker_until;           /* open until (mono); then one probe */
 	bool breaker_open;              /* open, or half-open while probing */
 	bool probing;                   /* half-open: the probe is in flight */
 	uint64_t log_suppressed;        /* trouble not logged */
@@ -173,7 +173,7 @@ struct store_cmd {
 	store_done_fn cb;               /* decisions: NULL once the caller was answered */
 	store_str_fn str_cb;            /* lookups: NULL once the caller was answered */
 	void *arg;                      /* ref: caller's */
-	double deadline;                /* mono_now() based */
+	double deadline;                /* mono() based */
 	enum cmd_kind kind;
 	unsigned redirects;             /* MOVED/ASK followed */
 	bool retried;                   /* NOSCRIPT retry done */
@@ -181,7 +181,8 @@ struct store_cmd {
 	bool parked;                    /* on at->parked, owned by us, not by hiredis */
 	char *hkey, *hfield;            /* owned: HGET key and field; heartbeat key and id */
 	unsigned window_ms;             /* heartbeat liveness window */
-	struct store_query q;           /* decisions: kept for re-sends */
+	struct store_query q;           /* decisions: kept for re-sends; last, and only
+					 * allocated up to its last key (cmd_new) */
 };
 
 struct store {
@@ -208,7 +209,7 @@ struct store {
 	unsigned breakers_open;         /* nodes with an open breaker */
 	bool refresh_wanted;            /* a CLUSTER SLOTS is due */
 	struct store_node *refresh_node; /* ref: where the one in flight went, or NULL */
-	double refresh_last;            /* mono_now() it was sent */
+	double refresh_last;            /* mono() it was sent */
 	unsigned refresh_rr;            /* rotates the choice of node */
 };
 
@@ -218,16 +219,8 @@ static void refresh_request(struct store *s);
 static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval);
 static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata);
 static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents);
-static double mono_now(void);
 
 /* Seconds on the monotonic clock: deadlines must not move with the wall clock. */
-static double mono_now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 const char *store_status_str(int st)
 {
@@ -302,7 +295,7 @@ static void breaker_record(struct store_node *n, enum store_status st)
 		}
 		breaker_set(n, true);
 		n->probing = false;
-		n->breaker_until = mono_now() + s->breaker_cooldown_s;
+		n->breaker_until = mono() + s->breaker_cooldown_s;
 	}
 }
 
@@ -311,7 +304,7 @@ static bool breaker_allows(struct store_node *n)
 {
 	if (!n->breaker_open)
 		return true;
-	if (n->probing || mono_now() < n->breaker_until)
+	if (n->probing || mono() < n->breaker_until)
 		return false;
 	n->probing = true;
 	return true;
@@ -319,13 +312,17 @@ static bool breaker_allows(struct store_node *n)
 
 /* ---- commands ------------------------------------------------------------ */
 
-static struct store_cmd *cmd_new(struct store *s, enum cmd_kind kind)
+/*
+ * A new command of <kind>; <qsize> bytes of room for its query (a decision:
+ * STORE_QUERY_SIZE, up to its last key), 0 for the others.
+ */
+static struct store_cmd *cmd_new(struct store *s, enum cmd_kind kind, size_t qsize)
 {
-	struct store_cmd *c = xcalloc(1, sizeof(*c));
+	struct store_cmd *c = xcalloc(1, offsetof(struct store_cmd, q) + qsize);
 
 	c->s = s;
 	c->kind = kind;
-	c->deadline = mono_now() + s->command_timeout_ms / 1000.;
+	c->deadline = mono() + s->command_timeout_ms / 1000.;
 	list_init(&c->node);
 	list_init(&c->park);
 	s->stats.pending++;
@@ -354,7 +351,7 @@ static bool cmd_live(const struct store_cmd *c)
  */
 static void cmd_timer_arm(struct store *s)
 {
-	double now = mono_now(), at;
+	double now = mono(), at;
 
 	ev_timer_stop(s->loop, &s->cmd_timer);
 	if (s->freeing || list_empty(&s->waiting))
@@ -375,8 +372,10 @@ static void cmd_answer_full(struct store_cmd *c, enum store_status st,
 	struct store *s = c->s;
 	store_done_fn cb = c->cb;
 	store_str_fn str_cb = c->str_cb;
-	bool head = s->waiting.next == &c->node;
 
+	/* the command timer may now be early for the new oldest command: it
+	 * finds nothing expired then and re-arms (cheaper than re-arming here on
+	 * every reply) */
 	list_del(&c->node);
 	if (!cmd_live(c))
 		return;
@@ -386,8 +385,6 @@ static void cmd_answer_full(struct store_cmd *c, enum store_status st,
 		s->stats.failed[st]++;
 	if (c->at)
 		breaker_record(c->at, st);
-	if (head)
-		cmd_timer_arm(s);
 	if (cb)
 		cb(st, r, c->arg);
 	else
@@ -454,7 +451,7 @@ static int cmd_dispatch_nocb(struct store_node *n, struct store_cmd *c)
 static void cmd_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	struct store *s = container_of(t, struct store, cmd_timer);
-	double now = mono_now();
+	double now = mono();
 
 	(void)loop;
 	(void)revents;
@@ -794,7 +791,7 @@ sent:
 	if (ret != REDIS_OK)
 		return -1;
 	if (!n->out++)
-		n->last_progress = mono_now();
+		n->last_progress = mono();
 	c->at = n;
 	s->stats.sent++;
 	return 0;
@@ -890,7 +887,7 @@ static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 
 	n->out--;
 	if (rep)
-		n->last_progress = mono_now();
+		n->last_progress = mono();
 	if (!cmd_live(c)) {
 		/* the caller was answered already (deadline or shutdown) */
 		if (rep)
@@ -1119,7 +1116,7 @@ static struct store_node *refresh_pick(struct store *s)
 static void refresh_kick(struct store *s)
 {
 	const char *argv[2] = {"CLUSTER", "SLOTS"};
-	double now = mono_now();
+	double now = mono();
 	struct store_node *n;
 
 	if (!s->refresh_wanted || s->refresh_node || s->freeing ||
@@ -1161,7 +1158,7 @@ static void load_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	s->sha[40] = 0;
 	ev_timer_stop(s->loop, &n->conn_timer);
 	n->state = ND_READY;
-	n->last_progress = mono_now();
+	n->last_progress = mono();
 	/* a new connection earns a probe at once rather than after the cool-down */
 	n->breaker_until = 0;
 	n->backoff_ms = BACKOFF_MIN_MS;
@@ -1286,7 +1283,7 @@ static void node_connect(struct store_node *n)
 static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	struct store *s = container_of(t, struct store, tick);
-	double now = mono_now(), every;
+	double now = mono(), every;
 	struct list *l, *tmp;
 
 	(void)loop;
@@ -1379,10 +1376,10 @@ int store_decide(struct store *s, const struct store_query *q, store_done_fn cb,
 		return -(int)st;
 	}
 	BUG_ON(q->n < 1 || q->n > STORE_MAX_LIMITS);
-	c = cmd_new(s, CMD_DECIDE);
+	c = cmd_new(s, CMD_DECIDE, STORE_QUERY_SIZE(q));
 	c->cb = cb;
 	c->arg = arg;
-	c->q = *q;
+	memcpy(&c->q, q, STORE_QUERY_SIZE(q));
 	return store_submit(n, c);
 }
 
@@ -1399,7 +1396,7 @@ static int submit_str(struct store *s, enum cmd_kind kind, const char *key, cons
 		s->stats.failed[st]++;
 		return -(int)st;
 	}
-	c = cmd_new(s, kind);
+	c = cmd_new(s, kind, 0);
 	c->str_cb = cb;
 	c->arg = arg;
 	c->hkey = xstrdup(key);

@@ -71,9 +71,23 @@ struct store_query {
 	int64_t lease_us;                               /* lease lifetime wanted (batch) */
 	int64_t min_units;                              /* grant: fewest units worth it (0, 1 = any) */
 	int64_t cost[STORE_MAX_LIMITS];                 /* tokens per limit; < 0 refunds */
-	char keys[STORE_MAX_LIMITS][STORE_KEY_MAX];     /* NUL-terminated keys */
 	struct limit_params params[STORE_MAX_LIMITS];
+	char keys[STORE_MAX_LIMITS][STORE_KEY_MAX];     /* NUL-terminated keys; last, so a
+							 * copy can stop after keys[n - 1] */
 };
+
+/* Bytes of <q> that matter: everything up to its last key. */
+#define STORE_QUERY_SIZE(q) (offsetof(struct store_query, keys) + (q)->n * STORE_KEY_MAX)
+
+/* Starts a single decision (no batch) of no limits in <q>; keys are not touched. */
+static inline void store_query_init(struct store_query *q)
+{
+	q->n = 0;
+	q->want = 0;
+	q->batch = BATCH_GRANT;
+	q->lease_us = 0;
+	q->min_units = 0;
+}
 
 struct store_result {
 	bool allowed;

@@ -320,12 +320,6 @@ size_t topk_size(const struct topk *t)
 	return t->n;
 }
 
-/* Returns K. */
-size_t topk_capacity(const struct topk *t)
-{
-	return t->k;
-}
-
 /* Returns the bytes held by <t>, fixed from topk_new() on. */
 size_t topk_memory(const struct topk *t)
 {

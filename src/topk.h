@@ -44,7 +44,6 @@ size_t topk_list(const struct topk *t, struct topk_entry *out, size_t max);
 
 uint64_t topk_total(const struct topk *t);
 size_t topk_size(const struct topk *t);
-size_t topk_capacity(const struct topk *t);
 size_t topk_memory(const struct topk *t);
 
 #endif /* AGENT_TOPK_H */

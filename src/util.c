@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static void oom(void)
 {
@@ -109,4 +110,13 @@ void hex_encode(const uint8_t *in, size_t len, char *out)
 		out[2 * i + 1] = digits[in[i] & 15];
 	}
 	out[2 * len] = 0;
+}
+
+/* Seconds of CLOCK_MONOTONIC: for deadlines and durations, never the wall clock. */
+double mono(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }

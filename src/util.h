@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Allocation wrappers that abort on OOM, and small parsing helpers. */
+/* Allocation wrappers that abort on OOM, small parsing helpers, the monotonic clock. */
 #ifndef AGENT_UTIL_H
 #define AGENT_UTIL_H
 
@@ -16,6 +16,7 @@ char *xasprintf(const char *fmt, ...) PRINTF(1, 2);
 
 int parse_duration_ms(const char *s, uint64_t *ms) MUSTCHECK;
 void hex_encode(const uint8_t *in, size_t len, char *out);
+double mono(void);
 
 #define FREE_AND_NULL(p)                                                                    \
 	do {                                                                                \

@@ -24,6 +24,9 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tools"))
+from rlharness import LcList, redis_cmd, to_libconfig  # noqa: E402,F401  (re-exported)
+from rlharness import resp_read as _resp_read  # noqa: E402,F401  (re-exported)
 
 REPO = HERE.parent.parent
 HAPROXY_DIR = REPO / "haproxy"
@@ -89,6 +92,7 @@ class Proc:
         self.cwd = cwd
         self.p = None
         self.expect_exit_zero = True
+        self.is_agent = False           # set by Agent: its SIGTERM exit status is checked
         self.start()
 
     def start(self):
@@ -172,7 +176,7 @@ class ProcGroup:
         problems = []
         for p in reversed(self.procs):
             rc = p.stop()
-            if p.name.startswith("agent") and p.expect_exit_zero and rc not in (0, None):
+            if p.is_agent and p.expect_exit_zero and rc not in (0, None):
                 problems.append("%s exited with %r on SIGTERM (expected 0)" % (p.name, rc))
         for p in self.procs:
             text = p.log_text()
@@ -272,14 +276,7 @@ class Redis:
 
     def cmd(self, *args, timeout=2.0):
         """Run one command with a minimal RESP client; return the decoded reply."""
-        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
-            req = b"*%d\r\n" % len(args)
-            for a in args:
-                a = a if isinstance(a, bytes) else str(a).encode()
-                req += b"$%d\r\n%s\r\n" % (len(a), a)
-            s.sendall(req)
-            f = s.makefile("rb")
-            return _resp_read(f)
+        return redis_cmd(self.port, *args, timeout=timeout)
 
     def ping(self):
         try:
@@ -296,31 +293,6 @@ def _can_connect(host, port):
         return False
 
 
-def _resp_read(f):
-    line = f.readline()
-    if not line:
-        raise OSError("redis closed the connection")
-    kind, rest = line[:1], line[1:-2]
-    if kind == b"+":
-        return rest.decode()
-    if kind == b"-":
-        raise RuntimeError("redis error: " + rest.decode())
-    if kind == b":":
-        return int(rest)
-    if kind == b"$":
-        n = int(rest)
-        if n < 0:
-            return None
-        data = f.read(n + 2)[:-2]
-        return data.decode(errors="replace")
-    if kind == b"*":
-        n = int(rest)
-        if n < 0:
-            return None
-        return [_resp_read(f) for _ in range(n)]
-    raise RuntimeError("bad RESP line %r" % line)
-
-
 @pytest.fixture
 def redis(procs, tmp):
     return Redis(procs, tmp)
@@ -328,41 +300,6 @@ def redis(procs, tmp):
 
 # ---------------------------------------------------------------------------------------
 # Agent
-
-class LcList(list):
-    """A libconfig *list* `( a, b )`, whose elements may be groups (e.g. `endpoints`).
-    to_libconfig renders a plain Python list or tuple as an array `[ a, b ]`."""
-
-
-def to_libconfig(value, indent=0):
-    """Render a Python dict as a libconfig file body: dict -> group `{ }`, LcList ->
-    list `( )`, other list/tuple -> array `[ ]`, and scalars."""
-    pad = "  " * indent
-
-    def scalar(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, int):
-            return str(v)
-        if isinstance(v, float):
-            return repr(v)
-        if isinstance(v, str):
-            return '"%s"' % v.replace("\\", "\\\\").replace('"', '\\"')
-        raise TypeError(v)
-
-    def render(v, ind):
-        if isinstance(v, dict):
-            inner = "".join("%s%s = %s;\n" % ("  " * (ind + 1), k, render(x, ind + 1))
-                            for k, x in v.items())
-            return "{\n%s%s}" % (inner, "  " * ind)
-        if isinstance(v, LcList):
-            return "( %s )" % ", ".join(render(x, ind) for x in v)
-        if isinstance(v, (list, tuple)):
-            return "[ %s ]" % ", ".join(render(x, ind) for x in v)
-        return scalar(v)
-
-    return "".join("%s%s = %s;\n" % (pad, k, render(v, indent)) for k, v in value.items())
-
 
 # Limits used by default: periods of a minute or more, so that a slow machine does not
 # refill a token in the middle of a test.
@@ -454,6 +391,7 @@ class Agent:
         self.conf_path.write_text(to_libconfig(cfg))
         self.proc = procs.spawn(name, [SPOA_BIN, "-f", self.conf_path] + list(args),
                                 env=agent_env())
+        self.proc.is_agent = True
         self._ready()
 
     def _ready(self):

@@ -3,20 +3,12 @@ without a Redis call, until its Retry-After; then Redis decides again."""
 import time
 
 import spop_client as sc
+from test_quota import script_calls
 
 # 2 per 6 s: after two requests the third waits 3 s, far longer than the local answers take
 LIMITS = {"b2": {"rate": 2, "period": "6s"}, "anon_h": {"rate": 100, "period": "1h"}}
 CFG = dict(limits=LIMITS, tiers={"t": {"limits": ["b2"]}}, default_tier="t",
            anonymous={"limits": ["anon_h"]})
-
-
-def script_calls(redis):
-    info = redis.cmd("INFO", "commandstats")
-    n = 0
-    for line in info.splitlines():
-        if line.startswith("cmdstat_evalsha:") or line.startswith("cmdstat_eval:"):
-            n += int(line.split("calls=")[1].split(",")[0])
-    return n
 
 
 def test_denied_key_answered_locally_until_retry(agent, redis):

@@ -75,21 +75,9 @@ def with_anon(over):
     return over
 
 
-def reload_with(a, **over):
-    """Rewrite the agent's config with top-level entries replaced (completed by
-    with_anon) and send SIGHUP."""
-    cfg = dict(a.cfg)
-    for k, v in with_anon(over).items():
-        if v is None:
-            cfg.pop(k, None)
-        else:
-            cfg[k] = v
-    a.cfg = cfg
-    a.reload()
-
-
 def write_config(a, path=None, **over):
-    """Like reload_with, without the signal (for the file watch); to <path> if given."""
+    """Rewrite the agent's config with top-level entries replaced (completed by
+    with_anon; None removes one), to <path> if given, without a signal (the file watch)."""
     cfg = dict(a.cfg)
     for k, v in with_anon(over).items():
         if v is None:
@@ -98,6 +86,12 @@ def write_config(a, path=None, **over):
             cfg[k] = v
     a.cfg = cfg
     (path or a.conf_path).write_text(to_libconfig(cfg))
+
+
+def reload_with(a, **over):
+    """write_config, then SIGHUP."""
+    write_config(a, **over)
+    a.reload()
 
 
 def lim(rate, period, **kw):

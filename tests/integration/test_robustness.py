@@ -105,6 +105,7 @@ def test_slow_reader_does_not_block_others(ag):
             time.sleep(0.02)
         except OSError:
             break
+    assert sent > len(batch), "the hog must have queued NOTIFYs (%d bytes sent)" % sent
     try:
         t0 = time.monotonic()
         with sc.SpopClient(ag.addr) as c:

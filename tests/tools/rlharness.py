@@ -12,8 +12,8 @@ log file of a private temporary directory, and guarantees they are gone when the
   * a watchdog (SIGALRM) bounds the whole run;
   * the temporary directory (tempfile.mkdtemp) is removed at the end.
 
-Not importable from pytest fixtures on purpose: tests/integration/conftest.py needs pytest,
-these scripts must run with a bare /usr/bin/python3.
+Standard library only, so these scripts run with a bare /usr/bin/python3; the pytest
+fixtures (tests/integration/conftest.py) import its Redis client and libconfig renderer.
 """
 
 import atexit
@@ -323,10 +323,11 @@ def redis_cmd(port, *args, timeout=2.0):
             a = a if isinstance(a, bytes) else str(a).encode()
             req += b"$%d\r\n%s\r\n" % (len(a), a)
         s.sendall(req)
-        return _resp_read(s.makefile("rb"))
+        return resp_read(s.makefile("rb"))
 
 
-def _resp_read(f):
+def resp_read(f):
+    """One RESP2 reply from the binary file <f>: str, int, None, list; errors raise."""
     line = f.readline()
     if not line.endswith(b"\r\n"):
         raise OSError("redis closed the connection")
@@ -342,7 +343,7 @@ def _resp_read(f):
         return None if n < 0 else f.read(n + 2)[:-2].decode(errors="replace")
     if kind == b"*":
         n = int(rest)
-        return None if n < 0 else [_resp_read(f) for _ in range(n)]
+        return None if n < 0 else [resp_read(f) for _ in range(n)]
     raise RuntimeError("bad RESP line %r" % line)
 
 
@@ -355,13 +356,21 @@ def start_upstream(h, name="upstream"):
     return h.start_listening(name, mk)
 
 
+class LcList(list):
+    """A libconfig *list* `( a, b )`, whose elements may be groups (e.g. `endpoints`).
+    to_libconfig renders a plain Python list or tuple as an array `[ a, b ]`."""
+
+
 def to_libconfig(cfg, ind=0):
-    """A dict as a libconfig document (groups, lists, strings, ints, floats, bools)."""
+    """A dict as a libconfig document: dict -> group `{ }`, LcList -> list `( )`, other
+    list/tuple -> array `[ ]`, strings, ints (64-bit with L), floats, bools."""
     def val(v, ind):
         if isinstance(v, dict):
             inner = "".join("%s%s = %s;\n" % ("  " * (ind + 1), k, val(x, ind + 1))
                             for k, x in v.items())
             return "{\n%s%s}" % (inner, "  " * ind)
+        if isinstance(v, LcList):
+            return "( %s )" % ", ".join(val(x, ind) for x in v)
         if isinstance(v, (list, tuple)):
             return "[ %s ]" % ", ".join(val(x, ind) for x in v)
         if isinstance(v, bool):
@@ -373,7 +382,8 @@ def to_libconfig(cfg, ind=0):
         if isinstance(v, str):
             return '"%s"' % v.replace("\\", "\\\\").replace('"', '\\"')
         raise TypeError("libconfig: %r" % (v,))
-    return "".join("%s = %s;\n" % (k, val(v, ind)) for k, v in cfg.items())
+    pad = "  " * ind
+    return "".join("%s%s = %s;\n" % (pad, k, val(v, ind)) for k, v in cfg.items())
 
 
 def start_agent(h, agent_bin, cfg, name="agent"):

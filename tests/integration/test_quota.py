@@ -306,6 +306,25 @@ def test_shadow_limit_enforced_after_reload_is_not_served_locally(agent, redis):
     assert counts(answers)[0] <= 10, "the enforced limit (50, charged while shadow) denies"
 
 
+def test_sigterm_reports_prechecked_usage(agent, redis):
+    """A graceful stop reports what pre-checks admitted and had not reported yet."""
+    cfg = quota_cfg({"algorithm": "fixed_window", "rate": 1000, "period": "1d"}, budget=0.2,
+                    leases=False, flush_ms=60000)
+    a = agent(redis=redis, metrics=True, **cfg)
+    wait_gateways(a)
+    key = "rl:{k:%s}:q" % hashlib.sha256(b"term").hexdigest()[:32]
+    admitted = counts(pipeline(a.addr, [sc.rl_message(key="term")] * 40, conns=1,
+                               window=1))[0]
+    for _ in range(40):             # end with usage not reported yet
+        if scrape(a).get("spoa_ratelimit_precheck_unreported") > 0:
+            break
+        admitted += counts(pipeline(a.addr, [sc.rl_message(key="term")], conns=1))[0]
+    assert scrape(a).get("spoa_ratelimit_precheck_unreported") > 0
+    assert int(redis.cmd("GET", key).split(":")[1]) < admitted
+    assert a.stop() == 0
+    assert int(redis.cmd("GET", key).split(":")[1]) == admitted
+
+
 def test_lease_expires_and_is_not_spent_after(agent, redis):
     cfg = quota_cfg({"rate": 100000, "period": "1h"}, budget=0.05, lease_ms=300,
                     precheck=False)

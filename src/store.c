@@ -80,147 +80,21 @@
  */
 #include "store.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include <ev.h>
 #include <hiredis/adapters/libev.h>
-#include <hiredis/async.h>
-#include <hiredis/hiredis.h>
 
 #include "crc16.h"
-#include "list.h"
 #include "log.h"
 #include "scripts.h"
+#include "store_int.h"
 #include "util.h"
 
-#define BACKOFF_MIN_MS    50
-#define BACKOFF_MAX_MS    500
-#define MAX_NODES         1024  /* connections we keep, retired ones included */
-#define MAX_REDIRECTS     5     /* MOVED/ASK followed per command */
-#define TICK_S            0.1   /* housekeeping period */
-#define REFRESH_EVERY_S   5.0   /* periodic topology refresh of a cluster */
-#define REFRESH_HOLE_S    1.0   /* ... while some slots have no owner */
-#define REFRESH_MIN_S     0.1   /* never more often than this */
-#define REFRESH_TIMEOUT_S 1.0   /* a CLUSTER SLOTS unanswered this long is lost */
-
-enum store_mode {
-	MODE_UNKNOWN = 0,       /* CLUSTER SLOTS not answered yet */
-	MODE_SINGLE  = 1,       /* one Redis: every slot is the seed's */
-	MODE_CLUSTER = 2,       /* slot map from CLUSTER SLOTS */
-	MODE_COUNT              /* sentinel */
-};
-
-enum node_state {
-	ND_DISCONNECTED = 0,
-	ND_CONNECTING   = 1,
-	ND_LOADING      = 2,
-	ND_READY        = 3,
-	ND_COUNT                /* sentinel */
-};
-
-enum cmd_kind {
-	CMD_DECIDE = 0,         /* the rate-limit script */
-	CMD_HGET   = 1,         /* a lookup */
-	CMD_HEARTBEAT = 2,      /* the gateway heartbeat script */
-	CMD_COUNT               /* sentinel */
-};
-
-/* A node address: numeric and canonical (inet_ntop), or a unix socket. */
-struct endpoint {
-	char host[INET6_ADDRSTRLEN];    /* "" for unix */
-	int port;
-	const char *unix_path;          /* ref: owned by a node, or NULL */
-};
-
-/* One Redis: a connection and everything about its health. */
-struct store_node {
-	struct list link;               /* in store.nodes */
-	struct store *s;                /* ref: owner */
-	char *host;                     /* owned: canonical ip, or NULL for unix */
-	int port;
-	char *unix_path;                /* owned or NULL */
-	char *name;                     /* owned: "ip:port", "[ip6]:port" or "unix:/path" */
-	enum node_state state;
-	redisAsyncContext *ac;          /* owned by hiredis; NULL when disconnected */
-	ev_timer conn_timer;            /* connect deadline / reconnect backoff */
-	unsigned backoff_ms;
-	struct list parked;             /* store_cmd.park: redirected here, waiting for READY */
-	unsigned out;                   /* commands sent on ac, callbacks still owed */
-	double last_progress;           /* mono() of the last reply or first send */
-	unsigned nslots;                /* slots routed here */
-	bool seed;                      /* the configured address: never retired */
-	bool retired;                   /* left the topology: closed once idle */
-	bool mark;                      /* scratch for topology_apply() */
-	unsigned failures;              /* consecutive timeouts and errors */
-	double breaker_until;           /* open until (mono); then one probe */
-	bool breaker_open;              /* open, or half-open while probing */
-	bool probing;                   /* half-open: the probe is in flight */
-	uint64_t log_suppressed;        /* trouble not logged */
-	ev_tstamp log_last;
-};
-
-/* One query, from store_decide()/store_hget() to its answer and its reply. */
-struct store_cmd {
-	struct list node;               /* in store.waiting until answered or expired */
-	struct list park;               /* in store_node.parked while parked */
-	struct store *s;                /* ref: owner */
-	struct store_node *at;          /* ref: node sent to or parked at; valid while live */
-	store_done_fn cb;               /* decisions: NULL once the caller was answered */
-	store_str_fn str_cb;            /* lookups: NULL once the caller was answered */
-	void *arg;                      /* ref: caller's */
-	double deadline;                /* mono() based */
-	enum cmd_kind kind;
-	unsigned redirects;             /* MOVED/ASK followed */
-	bool retried;                   /* NOSCRIPT retry done */
-	bool asking;                    /* ASK: send ASKING before it */
-	bool parked;                    /* on at->parked, owned by us, not by hiredis */
-	char *hkey, *hfield;            /* owned: HGET key and field; heartbeat key and id */
-	unsigned window_ms;             /* heartbeat liveness window */
-	struct store_query q;           /* decisions: kept for re-sends; last, and only
-					 * allocated up to its last key (cmd_new) */
-};
-
-struct store {
-	struct ev_loop *loop;           /* ref */
-	struct store_node *seed;        /* ref: in nodes, the configured address */
-	char *user;                     /* owned or NULL */
-	char *password;                 /* owned or NULL */
-	unsigned connect_timeout_ms;
-	unsigned command_timeout_ms;
-	unsigned max_pending;
-	enum store_mode mode;
-	struct list nodes;              /* store_node.link, owned */
-	struct store_node **slots;      /* owned array of CRC16_SLOTS refs: owner or NULL */
-	struct store_node **scratch;    /* owned array of CRC16_SLOTS: next map */
-	ev_timer cmd_timer;             /* deadline of the oldest waiting command */
-	ev_timer tick;                  /* housekeeping */
-	char sha[41];                   /* digest of the script, from SCRIPT LOAD */
-	struct list waiting;            /* store_cmd.node, oldest first */
-	struct store_stats stats;
-	bool freeing;
-	double stall_s;                 /* no reply for this long with commands out: reconnect */
-	unsigned breaker_failures;      /* threshold */
-	double breaker_cooldown_s;
-	unsigned breakers_open;         /* nodes with an open breaker */
-	bool refresh_wanted;            /* a CLUSTER SLOTS is due */
-	struct store_node *refresh_node; /* ref: where the one in flight went, or NULL */
-	double refresh_last;            /* mono() it was sent */
-	unsigned refresh_rr;            /* rotates the choice of node */
-};
-
-static void node_connect(struct store_node *n);
-static void node_lost(struct store_node *n);
-static void refresh_request(struct store *s);
 static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval);
 static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata);
-static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents);
-
-/* Seconds on the monotonic clock: deadlines must not move with the wall clock. */
 
 const char *store_status_str(int st)
 {
@@ -232,27 +106,10 @@ const char *store_status_str(int st)
 	return names[st];
 }
 
-/* Logs trouble with node <n> at most once a second, counting what was dropped. */
-static void store_log_trouble(struct store_node *n, const char *what, const char *detail)
-{
-	ev_tstamp now = ev_now(n->s->loop);
-
-	if (now - n->log_last < 1.0) {
-		n->log_suppressed++;
-		return;
-	}
-	if (n->log_suppressed)
-		LOG(LOG_WARN, "redis %s %s: %s (%llu similar messages suppressed)", n->name, what,
-		    detail, (unsigned long long)n->log_suppressed);
-	else
-		LOG(LOG_WARN, "redis %s %s: %s", n->name, what, detail);
-	n->log_suppressed = 0;
-	n->log_last = now;
-}
 
 /* ---- circuit breaker (per node) ---------------------------------------- */
 
-static void breaker_set(struct store_node *n, bool open)
+void breaker_set(struct store_node *n, bool open)
 {
 	struct store *s = n->s;
 
@@ -272,7 +129,7 @@ static void breaker_set(struct store_node *n, bool open)
  * behind a sick Redis. After the cool-down one query goes through as a probe:
  * its success closes the breaker, its failure opens it again.
  */
-static void breaker_record(struct store_node *n, enum store_status st)
+void breaker_record(struct store_node *n, enum store_status st)
 {
 	struct store *s = n->s;
 
@@ -330,7 +187,7 @@ static struct store_cmd *cmd_new(struct store *s, enum cmd_kind kind, size_t qsi
 }
 
 /* Frees <c>, which is on no list any more and owed by no hiredis callback. */
-static void cmd_free(struct store_cmd *c)
+void cmd_free(struct store_cmd *c)
 {
 	BUG_ON(c->parked);
 	c->s->stats.pending--;
@@ -391,7 +248,7 @@ static void cmd_answer_full(struct store_cmd *c, enum store_status st,
 		str_cb(st, val, len, c->arg);
 }
 
-static void cmd_answer(struct store_cmd *c, enum store_status st, const struct store_result *r)
+void cmd_answer(struct store_cmd *c, enum store_status st, const struct store_result *r)
 {
 	cmd_answer_full(c, st, r, NULL, 0);
 }
@@ -406,7 +263,7 @@ static void cmd_unpark(struct store_cmd *c)
 }
 
 /* Answers every command parked at <n> with <st> and frees them. Invokes user callbacks. */
-static void node_fail_parked(struct store_node *n, enum store_status st)
+void node_fail_parked(struct store_node *n, enum store_status st)
 {
 	while (!list_empty(&n->parked)) {
 		struct store_cmd *c = LIST_ELEM(n->parked.next, struct store_cmd, park);
@@ -418,7 +275,7 @@ static void node_fail_parked(struct store_node *n, enum store_status st)
 }
 
 /* Sends what was parked at <n>, now ready. Invokes user callbacks only on failure. */
-static void node_send_parked(struct store_node *n)
+void node_send_parked(struct store_node *n)
 {
 	while (!list_empty(&n->parked)) {
 		struct store_cmd *c = LIST_ELEM(n->parked.next, struct store_cmd, park);
@@ -436,7 +293,7 @@ static void node_send_parked(struct store_node *n)
  * Returns 0, or -1 when <n> can take nothing (<c> untouched). Never invokes
  * user callbacks.
  */
-static int cmd_dispatch_nocb(struct store_node *n, struct store_cmd *c)
+int cmd_dispatch_nocb(struct store_node *n, struct store_cmd *c)
 {
 	if (n->state == ND_READY)
 		return cmd_send(n, c, c->retried);
@@ -499,216 +356,6 @@ static int parse_result(const redisReply *rep, size_t n, bool batch, struct stor
 	return 0;
 }
 
-/* ---- nodes -------------------------------------------------------------- */
-
-/*
- * Fills <ep> from <host> (<hostlen> bytes, not NUL-terminated; brackets
- * allowed) and <port>. An empty host means the node <from>, which we are
- * talking to. Returns 0, or -1 when the host is no numeric address ("?", a
- * name) or the port is out of range.
- */
-static int endpoint_make(struct endpoint *ep, const struct store_node *from, const char *host,
-			 size_t hostlen, long port)
-{
-	char buf[INET6_ADDRSTRLEN + 2];
-	unsigned char a[sizeof(struct in6_addr)];
-
-	memset(ep, 0, sizeof(*ep));
-	if (port < 1 || port > 65535)
-		return -1;
-	ep->port = (int)port;
-	if (!hostlen) {
-		if (!from)
-			return -1;
-		if (from->unix_path) {
-			/* a unix seed in a cluster: the node we asked, whatever its port */
-			ep->unix_path = from->unix_path;
-			return 0;
-		}
-		snprintf(ep->host, sizeof(ep->host), "%s", from->host);
-		return 0;
-	}
-	if (hostlen > 2 && host[0] == '[' && host[hostlen - 1] == ']') {
-		host++;
-		hostlen -= 2;
-	}
-	if (hostlen >= sizeof(buf))
-		return -1;
-	memcpy(buf, host, hostlen);
-	buf[hostlen] = 0;
-	if (inet_pton(AF_INET, buf, a) == 1)
-		return inet_ntop(AF_INET, a, ep->host, sizeof(ep->host)) ? 0 : -1;
-	if (inet_pton(AF_INET6, buf, a) == 1)
-		return inet_ntop(AF_INET6, a, ep->host, sizeof(ep->host)) ? 0 : -1;
-	return -1;
-}
-
-static struct store_node *node_find(struct store *s, const struct endpoint *ep)
-{
-	struct list *l;
-
-	for (l = s->nodes.next; l != &s->nodes; l = l->next) {
-		struct store_node *n = LIST_ELEM(l, struct store_node, link);
-
-		if (ep->unix_path ? n->unix_path && strcmp(n->unix_path, ep->unix_path) == 0
-				  : n->host && n->port == ep->port && strcmp(n->host, ep->host) == 0)
-			return n;
-	}
-	return NULL;
-}
-
-/* Creates the node for <ep> and starts connecting. Never invokes user callbacks. */
-static struct store_node *node_new(struct store *s, const struct endpoint *ep, bool seed)
-{
-	struct store_node *n = xcalloc(1, sizeof(*n));
-
-	n->s = s;
-	n->seed = seed;
-	if (ep->unix_path) {
-		n->unix_path = xstrdup(ep->unix_path);
-		n->name = xasprintf("unix:%s", n->unix_path);
-	} else {
-		n->host = xstrdup(ep->host);
-		n->port = ep->port;
-		n->name = xasprintf(strchr(n->host, ':') ? "[%s]:%d" : "%s:%d", n->host, n->port);
-	}
-	n->backoff_ms = BACKOFF_MIN_MS;
-	list_init(&n->parked);
-	ev_timer_init(&n->conn_timer, conn_timer_cb, 0., 0.);
-	list_append(&s->nodes, &n->link);
-	s->stats.nodes++;
-	return n;
-}
-
-/*
- * The node for <ep>, created (and connecting) if new; NULL when MAX_NODES are
- * known already. A retired node found again is taken back.
- */
-static struct store_node *node_get(struct store *s, const struct endpoint *ep)
-{
-	struct store_node *n = node_find(s, ep);
-
-	if (n) {
-		if (n->retired) {
-			n->retired = false;
-			if (n->state == ND_DISCONNECTED && !ev_is_active(&n->conn_timer))
-				node_connect(n);
-		}
-		return n;
-	}
-	if (s->stats.nodes >= MAX_NODES) {
-		store_log_trouble(s->seed, "topology", "too many nodes, ignoring new ones");
-		return NULL;
-	}
-	n = node_new(s, ep, false);
-	node_connect(n);
-	return n;
-}
-
-/* Routes <slot> to <n> (NULL: nobody), keeping the slot counts right. */
-static void slot_set(struct store *s, unsigned slot, struct store_node *n)
-{
-	struct store_node *old = s->slots[slot];
-
-	if (old == n)
-		return;
-	if (old)
-		old->nslots--;
-	else
-		s->stats.slots_covered++;
-	if (n)
-		n->nslots++;
-	else
-		s->stats.slots_covered--;
-	s->slots[slot] = n;
-}
-
-/*
- * <n> left the topology: nothing new goes to it; the tick closes it once the
- * replies it owes are in. Parked commands are answered DOWN (user callbacks).
- */
-static void node_retire(struct store_node *n)
-{
-	if (n->seed || n->retired)
-		return;
-	BUG_ON(n->nslots);
-	n->retired = true;
-	LOG(LOG_NOTICE, "redis %s left the topology", n->name);
-	if (n->state == ND_DISCONNECTED)
-		ev_timer_stop(n->s->loop, &n->conn_timer);
-	node_fail_parked(n, STORE_DOWN);
-}
-
-/*
- * Closes <n>'s connection now: every command out on it is called back with
- * NULL (answered DOWN, or SHUTDOWN when freeing). Must not run inside one of
- * <n>'s own hiredis callbacks (only timers and store_free() call it).
- */
-static void node_close(struct store_node *n)
-{
-	redisAsyncContext *ac = n->ac;
-
-	n->ac = NULL; /* our callbacks ignore this context from now on */
-	n->state = ND_DISCONNECTED;
-	if (ac)
-		redisAsyncFree(ac);
-}
-
-/* Frees <n>: idle, off the map, connection closed here. */
-static void node_free(struct store_node *n)
-{
-	struct store *s = n->s;
-
-	BUG_ON(n->nslots || !list_empty(&n->parked));
-	ev_timer_stop(s->loop, &n->conn_timer);
-	node_close(n);
-	if (s->refresh_node == n)
-		s->refresh_node = NULL;
-	breaker_set(n, false);
-	list_del(&n->link);
-	s->stats.nodes--;
-	free(n->host);
-	free(n->unix_path);
-	free(n->name);
-	free(n);
-}
-
-static void node_schedule_reconnect(struct store_node *n)
-{
-	struct store *s = n->s;
-	unsigned cap = BACKOFF_MAX_MS;
-
-	n->state = ND_DISCONNECTED;
-	n->ac = NULL;
-	ev_timer_stop(s->loop, &n->conn_timer);
-	if (s->freeing || n->retired)
-		return;
-	/* a seed that is no master of the cluster is only a way back in: no hurry */
-	if (n->seed && !n->nslots && s->mode == MODE_CLUSTER)
-		cap = (unsigned)(REFRESH_EVERY_S * 1000);
-	ev_timer_set(&n->conn_timer, n->backoff_ms / 1000., 0.);
-	ev_timer_start(s->loop, &n->conn_timer);
-	n->backoff_ms *= 2;
-	if (n->backoff_ms > cap)
-		n->backoff_ms = cap;
-}
-
-/*
- * <n>'s connection is gone (or never came): reconnect later, answer what was
- * parked there (user callbacks), and look at the topology again if it owned
- * slots of a cluster.
- */
-static void node_lost(struct store_node *n)
-{
-	struct store *s = n->s;
-
-	node_schedule_reconnect(n);
-	if (s->freeing)
-		return;
-	if (n->nslots && s->mode == MODE_CLUSTER)
-		refresh_request(s);
-	node_fail_parked(n, STORE_DOWN);
-}
 
 /* ---- sending ------------------------------------------------------------- */
 
@@ -797,85 +444,6 @@ sent:
 	return 0;
 }
 
-/* ---- replies ------------------------------------------------------------- */
-
-/*
- * Follows the MOVED or ASK error <err> that node <from> sent for the live
- * command <c>. Returns false when <err> is no redirection. Otherwise <c> has
- * been re-sent or parked elsewhere, or answered (ERROR, DOWN) and freed, and
- * true is returned. Invokes user callbacks when it answers.
- */
-static bool cmd_redirect(struct store_node *from, struct store_cmd *c, const char *err)
-{
-	struct store *s = from->s;
-	struct store_node *to;
-	struct endpoint ep;
-	const char *p, *colon;
-	char *end;
-	unsigned long slot;
-	long port;
-	bool ask;
-
-	if (strncmp(err, "MOVED ", 6) == 0) {
-		ask = false;
-		p = err + 6;
-	} else if (strncmp(err, "ASK ", 4) == 0) {
-		ask = true;
-		p = err + 4;
-	} else {
-		return false;
-	}
-	LOG(LOG_DEBUG, "redis %s: %s", from->name, err);
-	/* the node answered: it is healthy, whatever its slots */
-	breaker_record(from, STORE_OK);
-	errno = 0;
-	slot = strtoul(p, &end, 10);
-	if (errno || end == p || *end != ' ' || slot >= CRC16_SLOTS)
-		goto bad;
-	p = end + 1;
-	colon = strrchr(p, ':');
-	if (!colon)
-		goto bad;
-	errno = 0;
-	port = strtol(colon + 1, &end, 10);
-	if (errno || end == colon + 1 || *end)
-		goto bad;
-	if (endpoint_make(&ep, from, p, (size_t)(colon - p), port) < 0)
-		goto bad;
-	if (c->redirects >= MAX_REDIRECTS) {
-		store_log_trouble(from, "redirect", "too many redirections");
-		goto fail;
-	}
-	to = node_get(s, &ep);
-	if (!to)
-		goto fail;
-	c->redirects++;
-	c->asking = ask;
-	if (ask) {
-		s->stats.ask++;
-	} else {
-		s->stats.moved++;
-		if (s->mode != MODE_CLUSTER) {
-			LOG(LOG_NOTICE, "redis %s sent MOVED: cluster mode", from->name);
-			s->mode = MODE_CLUSTER;
-			s->stats.cluster = true;
-		}
-		slot_set(s, (unsigned)slot, to);
-		refresh_request(s);
-	}
-	if (cmd_dispatch_nocb(to, c) == 0)
-		return true;
-	c->at = to; /* its breaker, not the one of the node that redirected */
-	cmd_answer(c, STORE_DOWN, NULL);
-	cmd_free(c);
-	return true;
-bad:
-	store_log_trouble(from, "redirect", err);
-fail:
-	cmd_answer(c, STORE_ERROR, NULL);
-	cmd_free(c);
-	return true;
-}
 
 static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 {
@@ -946,333 +514,6 @@ static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	cmd_free(c);
 }
 
-/* ---- topology ------------------------------------------------------------ */
-
-/* One CLUSTER SLOTS entry: { start, end, { host, port, ... }, replicas... }. */
-static bool slots_entry_ok(const redisReply *e)
-{
-	const redisReply *m;
-
-	if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
-	    e->element[0]->type != REDIS_REPLY_INTEGER ||
-	    e->element[1]->type != REDIS_REPLY_INTEGER)
-		return false;
-	if (e->element[0]->integer < 0 || e->element[1]->integer >= CRC16_SLOTS ||
-	    e->element[0]->integer > e->element[1]->integer)
-		return false;
-	m = e->element[2];
-	if (m->type != REDIS_REPLY_ARRAY || m->elements < 2)
-		return false;
-	if (m->element[0]->type != REDIS_REPLY_STRING && m->element[0]->type != REDIS_REPLY_NIL)
-		return false;
-	return m->element[1]->type == REDIS_REPLY_INTEGER;
-}
-
-/*
- * Makes the CLUSTER SLOTS array <rep> from node <src> the slot map: masters
- * only, new ones connected, those no longer in it retired. A malformed reply
- * changes nothing. Invokes user callbacks (commands parked at retired nodes).
- */
-static void topology_apply(struct store *s, struct store_node *src, const redisReply *rep)
-{
-	unsigned masters = 0, changed = 0, i;
-	struct list *l, *tmp;
-	size_t k;
-
-	for (k = 0; k < rep->elements; k++) {
-		if (!slots_entry_ok(rep->element[k])) {
-			store_log_trouble(src, "CLUSTER SLOTS", "unexpected reply shape");
-			return;
-		}
-	}
-	for (l = s->nodes.next; l != &s->nodes; l = l->next)
-		LIST_ELEM(l, struct store_node, link)->mark = false;
-	memset(s->scratch, 0, CRC16_SLOTS * sizeof(*s->scratch));
-	for (k = 0; k < rep->elements; k++) {
-		const redisReply *e = rep->element[k], *m = e->element[2];
-		bool str = m->element[0]->type == REDIS_REPLY_STRING;
-		struct store_node *n;
-		struct endpoint ep;
-		long long slot;
-
-		/* NULL or "": the node we asked (unknown or own endpoint) */
-		if (endpoint_make(&ep, src, str ? m->element[0]->str : "", str ? m->element[0]->len : 0,
-				  (long)m->element[1]->integer) < 0) {
-			store_log_trouble(src, "CLUSTER SLOTS",
-					  "a master has no numeric address: its slots are left out");
-			continue;
-		}
-		n = node_get(s, &ep);
-		if (!n)
-			continue;
-		if (!n->mark)
-			masters++;
-		n->mark = true;
-		for (slot = e->element[0]->integer; slot <= e->element[1]->integer; slot++)
-			s->scratch[slot] = n;
-	}
-	for (i = 0; i < CRC16_SLOTS; i++) {
-		if (s->slots[i] != s->scratch[i]) {
-			changed++;
-			slot_set(s, i, s->scratch[i]);
-		}
-	}
-	if (s->mode != MODE_CLUSTER)
-		LOG(LOG_NOTICE, "redis %s: cluster mode", src->name);
-	s->mode = MODE_CLUSTER;
-	s->stats.cluster = true;
-	if (changed) {
-		s->stats.topology_changes++;
-		LOG(LOG_NOTICE, "redis cluster: %u masters, %u/%u slots covered, %u slots changed owner",
-		    masters, s->stats.slots_covered, CRC16_SLOTS, changed);
-	}
-	list_for_each_safe(l, tmp, &s->nodes) {
-		struct store_node *n = LIST_ELEM(l, struct store_node, link);
-
-		if (!n->mark && !n->nslots)
-			node_retire(n);
-	}
-}
-
-/*
- * <src> answered CLUSTER SLOTS with an error: from the seed, that is a single
- * Redis: every slot goes to it, every other node is retired.
- */
-static void topology_single(struct store *s, struct store_node *src, const char *why)
-{
-	struct list *l, *tmp;
-	unsigned i;
-
-	if (src != s->seed) {
-		store_log_trouble(src, "CLUSTER SLOTS", why);
-		return;
-	}
-	for (i = 0; i < CRC16_SLOTS; i++)
-		slot_set(s, i, s->seed);
-	if (s->mode != MODE_SINGLE)
-		LOG(LOG_NOTICE, "redis %s: single Redis (%s)", src->name, why);
-	s->mode = MODE_SINGLE;
-	s->stats.cluster = false;
-	list_for_each_safe(l, tmp, &s->nodes) {
-		struct store_node *n = LIST_ELEM(l, struct store_node, link);
-
-		if (!n->nslots)
-			node_retire(n);
-	}
-}
-
-static void slots_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
-{
-	struct store_node *n = ac->data;
-	struct store *s = n->s;
-	redisReply *rep = reply;
-
-	(void)privdata;
-	if (s->refresh_node != n || s->freeing)
-		return; /* expired (another one may be out) or shutting down */
-	s->refresh_node = NULL;
-	if (!rep) {
-		s->refresh_wanted = true;
-	} else if (rep->type == REDIS_REPLY_ARRAY) {
-		topology_apply(s, n, rep);
-	} else if (rep->type == REDIS_REPLY_ERROR) {
-		/* "ERR This instance has cluster support disabled"; any other error
-		 * (no permission, renamed command) before we know: a single Redis
-		 * too, and a MOVED would still switch us to cluster mode */
-		if (strstr(rep->str, "cluster support disabled") || s->mode == MODE_UNKNOWN)
-			topology_single(s, n, rep->str);
-		else
-			store_log_trouble(n, "CLUSTER SLOTS", rep->str);
-	} else {
-		store_log_trouble(n, "CLUSTER SLOTS", "unexpected reply");
-		s->refresh_wanted = s->mode == MODE_UNKNOWN;
-	}
-}
-
-/* Where to send CLUSTER SLOTS: a ready node, healthy masters first, rotating. */
-static struct store_node *refresh_pick(struct store *s)
-{
-	struct store_node *best = NULL;
-	unsigned i = 0, start = s->refresh_rr++ % (s->stats.nodes ? s->stats.nodes : 1);
-	int best_rank = -1;
-	struct list *l;
-
-	for (l = s->nodes.next; l != &s->nodes; l = l->next, i++) {
-		struct store_node *n = LIST_ELEM(l, struct store_node, link);
-		int rank;
-
-		if (n->state != ND_READY || !n->ac)
-			continue;
-		rank = (n->breaker_open ? 0 : 4) + (n->nslots ? 2 : 0) + (i >= start ? 1 : 0);
-		if (rank > best_rank) {
-			best = n;
-			best_rank = rank;
-		}
-	}
-	return best;
-}
-
-/* Sends the CLUSTER SLOTS that is due, if one may go now. Never invokes user callbacks. */
-static void refresh_kick(struct store *s)
-{
-	const char *argv[2] = {"CLUSTER", "SLOTS"};
-	double now = mono();
-	struct store_node *n;
-
-	if (!s->refresh_wanted || s->refresh_node || s->freeing ||
-	    now - s->refresh_last < REFRESH_MIN_S)
-		return; /* the tick or the next ready node comes back to it */
-	n = refresh_pick(s);
-	if (!n || redisAsyncCommandArgv(n->ac, slots_reply_cb, NULL, 2, argv, NULL) != REDIS_OK)
-		return;
-	s->refresh_wanted = false;
-	s->refresh_node = n;
-	s->refresh_last = now;
-	s->stats.refreshes++;
-}
-
-static void refresh_request(struct store *s)
-{
-	s->refresh_wanted = true;
-	refresh_kick(s);
-}
-
-/* ---- connections --------------------------------------------------------- */
-
-static void load_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
-{
-	struct store_node *n = ac->data;
-	struct store *s = n->s;
-	redisReply *rep = reply;
-
-	(void)privdata;
-	if (!rep || n->ac != ac)
-		return;
-	if (rep->type != REDIS_REPLY_STRING || rep->len != 40) {
-		store_log_trouble(n, "SCRIPT LOAD", rep->type == REDIS_REPLY_ERROR ? rep->str
-										: "bad reply");
-		redisAsyncDisconnect(ac);
-		return;
-	}
-	memcpy(s->sha, rep->str, 40);
-	s->sha[40] = 0;
-	ev_timer_stop(s->loop, &n->conn_timer);
-	n->state = ND_READY;
-	n->last_progress = mono();
-	/* a new connection earns a probe at once rather than after the cool-down */
-	n->breaker_until = 0;
-	n->backoff_ms = BACKOFF_MIN_MS;
-	s->stats.connects++;
-	LOG(LOG_NOTICE, "redis %s connected, script %s", n->name, s->sha);
-	/* the seed of a single (or unknown) Redis: is it a cluster now? */
-	if (n->seed && s->mode != MODE_CLUSTER)
-		refresh_request(s);
-	else
-		refresh_kick(s); /* one may have waited for a ready node */
-	node_send_parked(n);
-}
-
-static void auth_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
-{
-	struct store_node *n = ac->data;
-	redisReply *rep = reply;
-
-	(void)privdata;
-	if (rep && rep->type == REDIS_REPLY_ERROR && n->ac == ac) {
-		store_log_trouble(n, "AUTH", rep->str);
-		redisAsyncDisconnect(ac);
-	}
-}
-
-static void connect_cb(const redisAsyncContext *cac, int status)
-{
-	redisAsyncContext *ac = (redisAsyncContext *)cac;
-	struct store_node *n = ac->data;
-	struct store *s = n->s;
-
-	if (n->ac != ac)
-		return;
-	if (status != REDIS_OK) {
-		/* hiredis frees the context after this callback */
-		store_log_trouble(n, "connect", ac->errstr);
-		node_lost(n);
-		return;
-	}
-	/* the connect deadline keeps running: it covers AUTH and SCRIPT LOAD too */
-	n->state = ND_LOADING;
-	if (n->host)
-		(void)redisEnableKeepAlive(&ac->c); /* TCP only: unix sockets refuse it */
-	if (s->password) {
-		const char *argv[3] = {"AUTH", s->user ? s->user : s->password, s->password};
-		int argc = s->user ? 3 : 2;
-
-		redisAsyncCommandArgv(ac, auth_reply_cb, NULL, argc, argv, NULL);
-	}
-	{
-		const char *argv[3] = {"SCRIPT", "LOAD", script_ratelimit};
-		size_t lens[3] = {6, 4, script_ratelimit_len};
-
-		redisAsyncCommandArgv(ac, load_reply_cb, NULL, 3, argv, lens);
-	}
-}
-
-static void disconnect_cb(const redisAsyncContext *cac, int status)
-{
-	struct store_node *n = cac->data;
-
-	if (n->ac != cac)
-		return;
-	if (status != REDIS_OK)
-		store_log_trouble(n, "connection lost", cac->errstr);
-	/* hiredis frees the context after this callback; pending commands were
-	 * already called back with a NULL reply */
-	node_lost(n);
-}
-
-static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
-{
-	struct store_node *n = container_of(t, struct store_node, conn_timer);
-
-	(void)loop;
-	(void)revents;
-	if (n->state == ND_CONNECTING || n->state == ND_LOADING) {
-		store_log_trouble(n, "connect", "timed out");
-		node_close(n);
-		node_lost(n);
-		return;
-	}
-	if (n->state == ND_DISCONNECTED && !n->retired)
-		node_connect(n);
-}
-
-/* Starts connecting <n>; failures end in node_lost() (which may call users back). */
-static void node_connect(struct store_node *n)
-{
-	struct store *s = n->s;
-	redisAsyncContext *ac;
-
-	ac = n->unix_path ? redisAsyncConnectUnix(n->unix_path) : redisAsyncConnect(n->host, n->port);
-	if (!ac) {
-		node_lost(n);
-		return;
-	}
-	if (ac->err) {
-		store_log_trouble(n, "connect", ac->errstr);
-		redisAsyncFree(ac);
-		node_lost(n);
-		return;
-	}
-	ac->data = n;
-	n->ac = ac;
-	n->state = ND_CONNECTING;
-	redisLibevAttach(s->loop, ac);
-	redisAsyncSetConnectCallback(ac, connect_cb);
-	redisAsyncSetDisconnectCallback(ac, disconnect_cb);
-	/* the deadline covers connect + AUTH + SCRIPT LOAD */
-	ev_timer_stop(s->loop, &n->conn_timer);
-	ev_timer_set(&n->conn_timer, s->connect_timeout_ms / 1000., 0.);
-	ev_timer_start(s->loop, &n->conn_timer);
-}
 
 /*
  * Housekeeping: a node with commands out and no reply for stall_s is alive
@@ -1459,44 +700,6 @@ const struct store_stats *store_stats(const struct store *s)
 	return &s->stats;
 }
 
-/* Reads the seed address "ip:port", "[ip6]:port" or "unix:/path" into <ep>. */
-static int seed_endpoint(const char *addr, struct endpoint *ep, char *err, size_t errlen)
-{
-	const char *colon;
-	char *end;
-	long port;
-
-	memset(ep, 0, sizeof(*ep));
-	if (strncmp(addr, "unix:", 5) == 0) {
-		if (!addr[5]) {
-			snprintf(err, errlen, "redis address '%s': empty path", addr);
-			return -1;
-		}
-		ep->unix_path = addr + 5;
-		return 0;
-	}
-	colon = strrchr(addr, ':');
-	if (!colon || colon == addr) {
-		snprintf(err, errlen, "redis address '%s': expected ip:port or unix:/path", addr);
-		return -1;
-	}
-	errno = 0;
-	port = strtol(colon + 1, &end, 10);
-	if (errno || *end || port < 1 || port > 65535) {
-		snprintf(err, errlen, "redis address '%s': bad port", addr);
-		return -1;
-	}
-	/* hiredis 0.14.1 resolves names with a blocking getaddrinfo() on every
-	 * connect: only numeric addresses keep the loop from ever blocking */
-	if (endpoint_make(ep, NULL, addr, (size_t)(colon - addr), port) < 0) {
-		snprintf(err, errlen,
-			 "redis address '%s': use a numeric IP address or unix:/path "
-			 "(names would block the event loop)",
-			 addr);
-		return -1;
-	}
-	return 0;
-}
 
 /*
  * Creates a store for <opts> on <loop> and starts connecting to the seed

@@ -1,0 +1,324 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Redis store: the mode and the slot map (see the DESIGN in store.c): CLUSTER
+ * SLOTS and its refresh schedule, MOVED and ASK redirections.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <hiredis/adapters/libev.h>
+
+#include "crc16.h"
+#include "log.h"
+#include "scripts.h"
+#include "store_int.h"
+#include "util.h"
+
+/* Routes <slot> to <n> (NULL: nobody), keeping the slot counts right. */
+void slot_set(struct store *s, unsigned slot, struct store_node *n)
+{
+	struct store_node *old = s->slots[slot];
+
+	if (old == n)
+		return;
+	if (old)
+		old->nslots--;
+	else
+		s->stats.slots_covered++;
+	if (n)
+		n->nslots++;
+	else
+		s->stats.slots_covered--;
+	s->slots[slot] = n;
+}
+
+/*
+ * <n> left the topology: nothing new goes to it; the tick closes it once the
+ * replies it owes are in. Parked commands are answered DOWN (user callbacks).
+ */
+void node_retire(struct store_node *n)
+{
+	if (n->seed || n->retired)
+		return;
+	BUG_ON(n->nslots);
+	n->retired = true;
+	LOG(LOG_NOTICE, "redis %s left the topology", n->name);
+	if (n->state == ND_DISCONNECTED)
+		ev_timer_stop(n->s->loop, &n->conn_timer);
+	node_fail_parked(n, STORE_DOWN);
+}
+
+
+/* ---- replies ------------------------------------------------------------- */
+
+/*
+ * Follows the MOVED or ASK error <err> that node <from> sent for the live
+ * command <c>. Returns false when <err> is no redirection. Otherwise <c> has
+ * been re-sent or parked elsewhere, or answered (ERROR, DOWN) and freed, and
+ * true is returned. Invokes user callbacks when it answers.
+ */
+bool cmd_redirect(struct store_node *from, struct store_cmd *c, const char *err)
+{
+	struct store *s = from->s;
+	struct store_node *to;
+	struct endpoint ep;
+	const char *p, *colon;
+	char *end;
+	unsigned long slot;
+	long port;
+	bool ask;
+
+	if (strncmp(err, "MOVED ", 6) == 0) {
+		ask = false;
+		p = err + 6;
+	} else if (strncmp(err, "ASK ", 4) == 0) {
+		ask = true;
+		p = err + 4;
+	} else {
+		return false;
+	}
+	LOG(LOG_DEBUG, "redis %s: %s", from->name, err);
+	/* the node answered: it is healthy, whatever its slots */
+	breaker_record(from, STORE_OK);
+	errno = 0;
+	slot = strtoul(p, &end, 10);
+	if (errno || end == p || *end != ' ' || slot >= CRC16_SLOTS)
+		goto bad;
+	p = end + 1;
+	colon = strrchr(p, ':');
+	if (!colon)
+		goto bad;
+	errno = 0;
+	port = strtol(colon + 1, &end, 10);
+	if (errno || end == colon + 1 || *end)
+		goto bad;
+	if (endpoint_make(&ep, from, p, (size_t)(colon - p), port) < 0)
+		goto bad;
+	if (c->redirects >= MAX_REDIRECTS) {
+		store_log_trouble(from, "redirect", "too many redirections");
+		goto fail;
+	}
+	to = node_get(s, &ep);
+	if (!to)
+		goto fail;
+	c->redirects++;
+	c->asking = ask;
+	if (ask) {
+		s->stats.ask++;
+	} else {
+		s->stats.moved++;
+		if (s->mode != MODE_CLUSTER) {
+			LOG(LOG_NOTICE, "redis %s sent MOVED: cluster mode", from->name);
+			s->mode = MODE_CLUSTER;
+			s->stats.cluster = true;
+		}
+		slot_set(s, (unsigned)slot, to);
+		refresh_request(s);
+	}
+	if (cmd_dispatch_nocb(to, c) == 0)
+		return true;
+	c->at = to; /* its breaker, not the one of the node that redirected */
+	cmd_answer(c, STORE_DOWN, NULL);
+	cmd_free(c);
+	return true;
+bad:
+	store_log_trouble(from, "redirect", err);
+fail:
+	cmd_answer(c, STORE_ERROR, NULL);
+	cmd_free(c);
+	return true;
+}
+
+
+/* ---- topology ------------------------------------------------------------ */
+
+/* One CLUSTER SLOTS entry: { start, end, { host, port, ... }, replicas... }. */
+static bool slots_entry_ok(const redisReply *e)
+{
+	const redisReply *m;
+
+	if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
+	    e->element[0]->type != REDIS_REPLY_INTEGER ||
+	    e->element[1]->type != REDIS_REPLY_INTEGER)
+		return false;
+	if (e->element[0]->integer < 0 || e->element[1]->integer >= CRC16_SLOTS ||
+	    e->element[0]->integer > e->element[1]->integer)
+		return false;
+	m = e->element[2];
+	if (m->type != REDIS_REPLY_ARRAY || m->elements < 2)
+		return false;
+	if (m->element[0]->type != REDIS_REPLY_STRING && m->element[0]->type != REDIS_REPLY_NIL)
+		return false;
+	return m->element[1]->type == REDIS_REPLY_INTEGER;
+}
+
+/*
+ * Makes the CLUSTER SLOTS array <rep> from node <src> the slot map: masters
+ * only, new ones connected, those no longer in it retired. A malformed reply
+ * changes nothing. Invokes user callbacks (commands parked at retired nodes).
+ */
+static void topology_apply(struct store *s, struct store_node *src, const redisReply *rep)
+{
+	unsigned masters = 0, changed = 0, i;
+	struct list *l, *tmp;
+	size_t k;
+
+	for (k = 0; k < rep->elements; k++) {
+		if (!slots_entry_ok(rep->element[k])) {
+			store_log_trouble(src, "CLUSTER SLOTS", "unexpected reply shape");
+			return;
+		}
+	}
+	for (l = s->nodes.next; l != &s->nodes; l = l->next)
+		LIST_ELEM(l, struct store_node, link)->mark = false;
+	memset(s->scratch, 0, CRC16_SLOTS * sizeof(*s->scratch));
+	for (k = 0; k < rep->elements; k++) {
+		const redisReply *e = rep->element[k], *m = e->element[2];
+		bool str = m->element[0]->type == REDIS_REPLY_STRING;
+		struct store_node *n;
+		struct endpoint ep;
+		long long slot;
+
+		/* NULL or "": the node we asked (unknown or own endpoint) */
+		if (endpoint_make(&ep, src, str ? m->element[0]->str : "", str ? m->element[0]->len : 0,
+				  (long)m->element[1]->integer) < 0) {
+			store_log_trouble(src, "CLUSTER SLOTS",
+					  "a master has no numeric address: its slots are left out");
+			continue;
+		}
+		n = node_get(s, &ep);
+		if (!n)
+			continue;
+		if (!n->mark)
+			masters++;
+		n->mark = true;
+		for (slot = e->element[0]->integer; slot <= e->element[1]->integer; slot++)
+			s->scratch[slot] = n;
+	}
+	for (i = 0; i < CRC16_SLOTS; i++) {
+		if (s->slots[i] != s->scratch[i]) {
+			changed++;
+			slot_set(s, i, s->scratch[i]);
+		}
+	}
+	if (s->mode != MODE_CLUSTER)
+		LOG(LOG_NOTICE, "redis %s: cluster mode", src->name);
+	s->mode = MODE_CLUSTER;
+	s->stats.cluster = true;
+	if (changed) {
+		s->stats.topology_changes++;
+		LOG(LOG_NOTICE, "redis cluster: %u masters, %u/%u slots covered, %u slots changed owner",
+		    masters, s->stats.slots_covered, CRC16_SLOTS, changed);
+	}
+	list_for_each_safe(l, tmp, &s->nodes) {
+		struct store_node *n = LIST_ELEM(l, struct store_node, link);
+
+		if (!n->mark && !n->nslots)
+			node_retire(n);
+	}
+}
+
+/*
+ * <src> answered CLUSTER SLOTS with an error: from the seed, that is a single
+ * Redis: every slot goes to it, every other node is retired.
+ */
+static void topology_single(struct store *s, struct store_node *src, const char *why)
+{
+	struct list *l, *tmp;
+	unsigned i;
+
+	if (src != s->seed) {
+		store_log_trouble(src, "CLUSTER SLOTS", why);
+		return;
+	}
+	for (i = 0; i < CRC16_SLOTS; i++)
+		slot_set(s, i, s->seed);
+	if (s->mode != MODE_SINGLE)
+		LOG(LOG_NOTICE, "redis %s: single Redis (%s)", src->name, why);
+	s->mode = MODE_SINGLE;
+	s->stats.cluster = false;
+	list_for_each_safe(l, tmp, &s->nodes) {
+		struct store_node *n = LIST_ELEM(l, struct store_node, link);
+
+		if (!n->nslots)
+			node_retire(n);
+	}
+}
+
+static void slots_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct store_node *n = ac->data;
+	struct store *s = n->s;
+	redisReply *rep = reply;
+
+	(void)privdata;
+	if (s->refresh_node != n || s->freeing)
+		return; /* expired (another one may be out) or shutting down */
+	s->refresh_node = NULL;
+	if (!rep) {
+		s->refresh_wanted = true;
+	} else if (rep->type == REDIS_REPLY_ARRAY) {
+		topology_apply(s, n, rep);
+	} else if (rep->type == REDIS_REPLY_ERROR) {
+		/* "ERR This instance has cluster support disabled"; any other error
+		 * (no permission, renamed command) before we know: a single Redis
+		 * too, and a MOVED would still switch us to cluster mode */
+		if (strstr(rep->str, "cluster support disabled") || s->mode == MODE_UNKNOWN)
+			topology_single(s, n, rep->str);
+		else
+			store_log_trouble(n, "CLUSTER SLOTS", rep->str);
+	} else {
+		store_log_trouble(n, "CLUSTER SLOTS", "unexpected reply");
+		s->refresh_wanted = s->mode == MODE_UNKNOWN;
+	}
+}
+
+/* Where to send CLUSTER SLOTS: a ready node, healthy masters first, rotating. */
+static struct store_node *refresh_pick(struct store *s)
+{
+	struct store_node *best = NULL;
+	unsigned i = 0, start = s->refresh_rr++ % (s->stats.nodes ? s->stats.nodes : 1);
+	int best_rank = -1;
+	struct list *l;
+
+	for (l = s->nodes.next; l != &s->nodes; l = l->next, i++) {
+		struct store_node *n = LIST_ELEM(l, struct store_node, link);
+		int rank;
+
+		if (n->state != ND_READY || !n->ac)
+			continue;
+		rank = (n->breaker_open ? 0 : 4) + (n->nslots ? 2 : 0) + (i >= start ? 1 : 0);
+		if (rank > best_rank) {
+			best = n;
+			best_rank = rank;
+		}
+	}
+	return best;
+}
+
+/* Sends the CLUSTER SLOTS that is due, if one may go now. Never invokes user callbacks. */
+void refresh_kick(struct store *s)
+{
+	const char *argv[2] = {"CLUSTER", "SLOTS"};
+	double now = mono();
+	struct store_node *n;
+
+	if (!s->refresh_wanted || s->refresh_node || s->freeing ||
+	    now - s->refresh_last < REFRESH_MIN_S)
+		return; /* the tick or the next ready node comes back to it */
+	n = refresh_pick(s);
+	if (!n || redisAsyncCommandArgv(n->ac, slots_reply_cb, NULL, 2, argv, NULL) != REDIS_OK)
+		return;
+	s->refresh_wanted = false;
+	s->refresh_node = n;
+	s->refresh_last = now;
+	s->stats.refreshes++;
+}
+
+void refresh_request(struct store *s)
+{
+	s->refresh_wanted = true;
+	refresh_kick(s);
+}

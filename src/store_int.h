@@ -1,0 +1,165 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The Redis store's insides, shared by its files (see store.c for the design):
+ *   store.c          commands, deadlines, admission, breaker, the API
+ *   store_node.c     one connection: connect, AUTH + SCRIPT LOAD, reconnect, addresses
+ *   store_cluster.c  mode, slot map, CLUSTER SLOTS, MOVED/ASK
+ * Nothing here is part of the store's API (store.h).
+ */
+#ifndef AGENT_STORE_INT_H
+#define AGENT_STORE_INT_H
+
+#include <arpa/inet.h>
+#include <stdbool.h>
+
+#include <ev.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+
+#include "list.h"
+#include "store.h"
+
+#define BACKOFF_MIN_MS    50
+#define BACKOFF_MAX_MS    500
+#define MAX_NODES         1024  /* connections we keep, retired ones included */
+#define MAX_REDIRECTS     5     /* MOVED/ASK followed per command */
+#define TICK_S            0.1   /* housekeeping period */
+#define REFRESH_EVERY_S   5.0   /* periodic topology refresh of a cluster */
+#define REFRESH_HOLE_S    1.0   /* ... while some slots have no owner */
+#define REFRESH_MIN_S     0.1   /* never more often than this */
+#define REFRESH_TIMEOUT_S 1.0   /* a CLUSTER SLOTS unanswered this long is lost */
+
+enum store_mode {
+	MODE_UNKNOWN = 0,       /* CLUSTER SLOTS not answered yet */
+	MODE_SINGLE  = 1,       /* one Redis: every slot is the seed's */
+	MODE_CLUSTER = 2,       /* slot map from CLUSTER SLOTS */
+	MODE_COUNT              /* sentinel */
+};
+
+enum node_state {
+	ND_DISCONNECTED = 0,
+	ND_CONNECTING   = 1,
+	ND_LOADING      = 2,
+	ND_READY        = 3,
+	ND_COUNT                /* sentinel */
+};
+
+enum cmd_kind {
+	CMD_DECIDE = 0,         /* the rate-limit script */
+	CMD_HGET   = 1,         /* a lookup */
+	CMD_HEARTBEAT = 2,      /* the gateway heartbeat script */
+	CMD_COUNT               /* sentinel */
+};
+
+/* A node address: numeric and canonical (inet_ntop), or a unix socket. */
+struct endpoint {
+	char host[INET6_ADDRSTRLEN];    /* "" for unix */
+	int port;
+	const char *unix_path;          /* ref: owned by a node, or NULL */
+};
+
+/* One Redis: a connection and everything about its health. */
+struct store_node {
+	struct list link;               /* in store.nodes */
+	struct store *s;                /* ref: owner */
+	char *host;                     /* owned: canonical ip, or NULL for unix */
+	int port;
+	char *unix_path;                /* owned or NULL */
+	char *name;                     /* owned: "ip:port", "[ip6]:port" or "unix:/path" */
+	enum node_state state;
+	redisAsyncContext *ac;          /* owned by hiredis; NULL when disconnected */
+	ev_timer conn_timer;            /* connect deadline / reconnect backoff */
+	unsigned backoff_ms;
+	struct list parked;             /* store_cmd.park: redirected here, waiting for READY */
+	unsigned out;                   /* commands sent on ac, callbacks still owed */
+	double last_progress;           /* mono() of the last reply or first send */
+	unsigned nslots;                /* slots routed here */
+	bool seed;                      /* the configured address: never retired */
+	bool retired;                   /* left the topology: closed once idle */
+	bool mark;                      /* scratch for topology_apply() */
+	unsigned failures;              /* consecutive timeouts and errors */
+	double breaker_until;           /* open until (mono); then one probe */
+	bool breaker_open;              /* open, or half-open while probing */
+	bool probing;                   /* half-open: the probe is in flight */
+	uint64_t log_suppressed;        /* trouble not logged */
+	ev_tstamp log_last;
+};
+
+/* One query, from store_decide()/store_hget() to its answer and its reply. */
+struct store_cmd {
+	struct list node;               /* in store.waiting until answered or expired */
+	struct list park;               /* in store_node.parked while parked */
+	struct store *s;                /* ref: owner */
+	struct store_node *at;          /* ref: node sent to or parked at; valid while live */
+	store_done_fn cb;               /* decisions: NULL once the caller was answered */
+	store_str_fn str_cb;            /* lookups: NULL once the caller was answered */
+	void *arg;                      /* ref: caller's */
+	double deadline;                /* mono() based */
+	enum cmd_kind kind;
+	unsigned redirects;             /* MOVED/ASK followed */
+	bool retried;                   /* NOSCRIPT retry done */
+	bool asking;                    /* ASK: send ASKING before it */
+	bool parked;                    /* on at->parked, owned by us, not by hiredis */
+	char *hkey, *hfield;            /* owned: HGET key and field; heartbeat key and id */
+	unsigned window_ms;             /* heartbeat liveness window */
+	struct store_query q;           /* decisions: kept for re-sends; last, and only
+					 * allocated up to its last key (cmd_new) */
+};
+
+struct store {
+	struct ev_loop *loop;           /* ref */
+	struct store_node *seed;        /* ref: in nodes, the configured address */
+	char *user;                     /* owned or NULL */
+	char *password;                 /* owned or NULL */
+	unsigned connect_timeout_ms;
+	unsigned command_timeout_ms;
+	unsigned max_pending;
+	enum store_mode mode;
+	struct list nodes;              /* store_node.link, owned */
+	struct store_node **slots;      /* owned array of CRC16_SLOTS refs: owner or NULL */
+	struct store_node **scratch;    /* owned array of CRC16_SLOTS: next map */
+	ev_timer cmd_timer;             /* deadline of the oldest waiting command */
+	ev_timer tick;                  /* housekeeping */
+	char sha[41];                   /* digest of the script, from SCRIPT LOAD */
+	struct list waiting;            /* store_cmd.node, oldest first */
+	struct store_stats stats;
+	bool freeing;
+	double stall_s;                 /* no reply for this long with commands out: reconnect */
+	unsigned breaker_failures;      /* threshold */
+	double breaker_cooldown_s;
+	unsigned breakers_open;         /* nodes with an open breaker */
+	bool refresh_wanted;            /* a CLUSTER SLOTS is due */
+	struct store_node *refresh_node; /* ref: where the one in flight went, or NULL */
+	double refresh_last;            /* mono() it was sent */
+	unsigned refresh_rr;            /* rotates the choice of node */
+};
+
+/* store.c */
+void breaker_set(struct store_node *n, bool open);
+void breaker_record(struct store_node *n, enum store_status st);
+void cmd_answer(struct store_cmd *c, enum store_status st, const struct store_result *r);
+void cmd_free(struct store_cmd *c);
+int cmd_dispatch_nocb(struct store_node *n, struct store_cmd *c);
+void node_fail_parked(struct store_node *n, enum store_status st);
+void node_send_parked(struct store_node *n);
+
+/* store_node.c */
+void store_log_trouble(struct store_node *n, const char *what, const char *detail);
+int endpoint_make(struct endpoint *ep, const struct store_node *from, const char *host,
+		  size_t hostlen, long port);
+struct store_node *node_get(struct store *s, const struct endpoint *ep);
+struct store_node *node_new(struct store *s, const struct endpoint *ep, bool seed);
+void node_close(struct store_node *n);
+void node_free(struct store_node *n);
+void node_lost(struct store_node *n);
+void node_connect(struct store_node *n);
+int seed_endpoint(const char *addr, struct endpoint *ep, char *err, size_t errlen);
+
+/* store_cluster.c */
+void slot_set(struct store *s, unsigned slot, struct store_node *n);
+void node_retire(struct store_node *n);
+bool cmd_redirect(struct store_node *from, struct store_cmd *c, const char *err);
+void refresh_request(struct store *s);
+void refresh_kick(struct store *s);
+
+#endif /* AGENT_STORE_INT_H */

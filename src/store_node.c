@@ -1,0 +1,395 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Redis store: one node's connection (see the DESIGN in store.c): connect with
+ * our own deadline, AUTH and SCRIPT LOAD pipelined, reconnection with a capped
+ * backoff, node addresses.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <hiredis/adapters/libev.h>
+
+#include "crc16.h"
+#include "log.h"
+#include "scripts.h"
+#include "store_int.h"
+#include "util.h"
+
+static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents);
+
+/* Logs trouble with node <n> at most once a second, counting what was dropped. */
+void store_log_trouble(struct store_node *n, const char *what, const char *detail)
+{
+	ev_tstamp now = ev_now(n->s->loop);
+
+	if (now - n->log_last < 1.0) {
+		n->log_suppressed++;
+		return;
+	}
+	if (n->log_suppressed)
+		LOG(LOG_WARN, "redis %s %s: %s (%llu similar messages suppressed)", n->name, what,
+		    detail, (unsigned long long)n->log_suppressed);
+	else
+		LOG(LOG_WARN, "redis %s %s: %s", n->name, what, detail);
+	n->log_suppressed = 0;
+	n->log_last = now;
+}
+
+
+/* ---- nodes -------------------------------------------------------------- */
+
+/*
+ * Fills <ep> from <host> (<hostlen> bytes, not NUL-terminated; brackets
+ * allowed) and <port>. An empty host means the node <from>, which we are
+ * talking to. Returns 0, or -1 when the host is no numeric address ("?", a
+ * name) or the port is out of range.
+ */
+int endpoint_make(struct endpoint *ep, const struct store_node *from, const char *host,
+		  size_t hostlen, long port)
+{
+	char buf[INET6_ADDRSTRLEN + 2];
+	unsigned char a[sizeof(struct in6_addr)];
+
+	memset(ep, 0, sizeof(*ep));
+	if (port < 1 || port > 65535)
+		return -1;
+	ep->port = (int)port;
+	if (!hostlen) {
+		if (!from)
+			return -1;
+		if (from->unix_path) {
+			/* a unix seed in a cluster: the node we asked, whatever its port */
+			ep->unix_path = from->unix_path;
+			return 0;
+		}
+		snprintf(ep->host, sizeof(ep->host), "%s", from->host);
+		return 0;
+	}
+	if (hostlen > 2 && host[0] == '[' && host[hostlen - 1] == ']') {
+		host++;
+		hostlen -= 2;
+	}
+	if (hostlen >= sizeof(buf))
+		return -1;
+	memcpy(buf, host, hostlen);
+	buf[hostlen] = 0;
+	if (inet_pton(AF_INET, buf, a) == 1)
+		return inet_ntop(AF_INET, a, ep->host, sizeof(ep->host)) ? 0 : -1;
+	if (inet_pton(AF_INET6, buf, a) == 1)
+		return inet_ntop(AF_INET6, a, ep->host, sizeof(ep->host)) ? 0 : -1;
+	return -1;
+}
+
+static struct store_node *node_find(struct store *s, const struct endpoint *ep)
+{
+	struct list *l;
+
+	for (l = s->nodes.next; l != &s->nodes; l = l->next) {
+		struct store_node *n = LIST_ELEM(l, struct store_node, link);
+
+		if (ep->unix_path ? n->unix_path && strcmp(n->unix_path, ep->unix_path) == 0
+				  : n->host && n->port == ep->port && strcmp(n->host, ep->host) == 0)
+			return n;
+	}
+	return NULL;
+}
+
+/* Creates the node for <ep> and starts connecting. Never invokes user callbacks. */
+struct store_node *node_new(struct store *s, const struct endpoint *ep, bool seed)
+{
+	struct store_node *n = xcalloc(1, sizeof(*n));
+
+	n->s = s;
+	n->seed = seed;
+	if (ep->unix_path) {
+		n->unix_path = xstrdup(ep->unix_path);
+		n->name = xasprintf("unix:%s", n->unix_path);
+	} else {
+		n->host = xstrdup(ep->host);
+		n->port = ep->port;
+		n->name = xasprintf(strchr(n->host, ':') ? "[%s]:%d" : "%s:%d", n->host, n->port);
+	}
+	n->backoff_ms = BACKOFF_MIN_MS;
+	list_init(&n->parked);
+	ev_timer_init(&n->conn_timer, conn_timer_cb, 0., 0.);
+	list_append(&s->nodes, &n->link);
+	s->stats.nodes++;
+	return n;
+}
+
+/*
+ * The node for <ep>, created (and connecting) if new; NULL when MAX_NODES are
+ * known already. A retired node found again is taken back.
+ */
+struct store_node *node_get(struct store *s, const struct endpoint *ep)
+{
+	struct store_node *n = node_find(s, ep);
+
+	if (n) {
+		if (n->retired) {
+			n->retired = false;
+			if (n->state == ND_DISCONNECTED && !ev_is_active(&n->conn_timer))
+				node_connect(n);
+		}
+		return n;
+	}
+	if (s->stats.nodes >= MAX_NODES) {
+		store_log_trouble(s->seed, "topology", "too many nodes, ignoring new ones");
+		return NULL;
+	}
+	n = node_new(s, ep, false);
+	node_connect(n);
+	return n;
+}
+
+
+/*
+ * Closes <n>'s connection now: every command out on it is called back with
+ * NULL (answered DOWN, or SHUTDOWN when freeing). Must not run inside one of
+ * <n>'s own hiredis callbacks (only timers and store_free() call it).
+ */
+void node_close(struct store_node *n)
+{
+	redisAsyncContext *ac = n->ac;
+
+	n->ac = NULL; /* our callbacks ignore this context from now on */
+	n->state = ND_DISCONNECTED;
+	if (ac)
+		redisAsyncFree(ac);
+}
+
+/* Frees <n>: idle, off the map, connection closed here. */
+void node_free(struct store_node *n)
+{
+	struct store *s = n->s;
+
+	BUG_ON(n->nslots || !list_empty(&n->parked));
+	ev_timer_stop(s->loop, &n->conn_timer);
+	node_close(n);
+	if (s->refresh_node == n)
+		s->refresh_node = NULL;
+	breaker_set(n, false);
+	list_del(&n->link);
+	s->stats.nodes--;
+	free(n->host);
+	free(n->unix_path);
+	free(n->name);
+	free(n);
+}
+
+static void node_schedule_reconnect(struct store_node *n)
+{
+	struct store *s = n->s;
+	unsigned cap = BACKOFF_MAX_MS;
+
+	n->state = ND_DISCONNECTED;
+	n->ac = NULL;
+	ev_timer_stop(s->loop, &n->conn_timer);
+	if (s->freeing || n->retired)
+		return;
+	/* a seed that is no master of the cluster is only a way back in: no hurry */
+	if (n->seed && !n->nslots && s->mode == MODE_CLUSTER)
+		cap = (unsigned)(REFRESH_EVERY_S * 1000);
+	ev_timer_set(&n->conn_timer, n->backoff_ms / 1000., 0.);
+	ev_timer_start(s->loop, &n->conn_timer);
+	n->backoff_ms *= 2;
+	if (n->backoff_ms > cap)
+		n->backoff_ms = cap;
+}
+
+/*
+ * <n>'s connection is gone (or never came): reconnect later, answer what was
+ * parked there (user callbacks), and look at the topology again if it owned
+ * slots of a cluster.
+ */
+void node_lost(struct store_node *n)
+{
+	struct store *s = n->s;
+
+	node_schedule_reconnect(n);
+	if (s->freeing)
+		return;
+	if (n->nslots && s->mode == MODE_CLUSTER)
+		refresh_request(s);
+	node_fail_parked(n, STORE_DOWN);
+}
+
+
+/* ---- connections --------------------------------------------------------- */
+
+static void load_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct store_node *n = ac->data;
+	struct store *s = n->s;
+	redisReply *rep = reply;
+
+	(void)privdata;
+	if (!rep || n->ac != ac)
+		return;
+	if (rep->type != REDIS_REPLY_STRING || rep->len != 40) {
+		store_log_trouble(n, "SCRIPT LOAD", rep->type == REDIS_REPLY_ERROR ? rep->str
+										: "bad reply");
+		redisAsyncDisconnect(ac);
+		return;
+	}
+	memcpy(s->sha, rep->str, 40);
+	s->sha[40] = 0;
+	ev_timer_stop(s->loop, &n->conn_timer);
+	n->state = ND_READY;
+	n->last_progress = mono();
+	/* a new connection earns a probe at once rather than after the cool-down */
+	n->breaker_until = 0;
+	n->backoff_ms = BACKOFF_MIN_MS;
+	s->stats.connects++;
+	LOG(LOG_NOTICE, "redis %s connected, script %s", n->name, s->sha);
+	/* the seed of a single (or unknown) Redis: is it a cluster now? */
+	if (n->seed && s->mode != MODE_CLUSTER)
+		refresh_request(s);
+	else
+		refresh_kick(s); /* one may have waited for a ready node */
+	node_send_parked(n);
+}
+
+static void auth_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct store_node *n = ac->data;
+	redisReply *rep = reply;
+
+	(void)privdata;
+	if (rep && rep->type == REDIS_REPLY_ERROR && n->ac == ac) {
+		store_log_trouble(n, "AUTH", rep->str);
+		redisAsyncDisconnect(ac);
+	}
+}
+
+static void connect_cb(const redisAsyncContext *cac, int status)
+{
+	redisAsyncContext *ac = (redisAsyncContext *)cac;
+	struct store_node *n = ac->data;
+	struct store *s = n->s;
+
+	if (n->ac != ac)
+		return;
+	if (status != REDIS_OK) {
+		/* hiredis frees the context after this callback */
+		store_log_trouble(n, "connect", ac->errstr);
+		node_lost(n);
+		return;
+	}
+	/* the connect deadline keeps running: it covers AUTH and SCRIPT LOAD too */
+	n->state = ND_LOADING;
+	if (n->host)
+		(void)redisEnableKeepAlive(&ac->c); /* TCP only: unix sockets refuse it */
+	if (s->password) {
+		const char *argv[3] = {"AUTH", s->user ? s->user : s->password, s->password};
+		int argc = s->user ? 3 : 2;
+
+		redisAsyncCommandArgv(ac, auth_reply_cb, NULL, argc, argv, NULL);
+	}
+	{
+		const char *argv[3] = {"SCRIPT", "LOAD", script_ratelimit};
+		size_t lens[3] = {6, 4, script_ratelimit_len};
+
+		redisAsyncCommandArgv(ac, load_reply_cb, NULL, 3, argv, lens);
+	}
+}
+
+static void disconnect_cb(const redisAsyncContext *cac, int status)
+{
+	struct store_node *n = cac->data;
+
+	if (n->ac != cac)
+		return;
+	if (status != REDIS_OK)
+		store_log_trouble(n, "connection lost", cac->errstr);
+	/* hiredis frees the context after this callback; pending commands were
+	 * already called back with a NULL reply */
+	node_lost(n);
+}
+
+static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct store_node *n = container_of(t, struct store_node, conn_timer);
+
+	(void)loop;
+	(void)revents;
+	if (n->state == ND_CONNECTING || n->state == ND_LOADING) {
+		store_log_trouble(n, "connect", "timed out");
+		node_close(n);
+		node_lost(n);
+		return;
+	}
+	if (n->state == ND_DISCONNECTED && !n->retired)
+		node_connect(n);
+}
+
+/* Starts connecting <n>; failures end in node_lost() (which may call users back). */
+void node_connect(struct store_node *n)
+{
+	struct store *s = n->s;
+	redisAsyncContext *ac;
+
+	ac = n->unix_path ? redisAsyncConnectUnix(n->unix_path) : redisAsyncConnect(n->host, n->port);
+	if (!ac) {
+		node_lost(n);
+		return;
+	}
+	if (ac->err) {
+		store_log_trouble(n, "connect", ac->errstr);
+		redisAsyncFree(ac);
+		node_lost(n);
+		return;
+	}
+	ac->data = n;
+	n->ac = ac;
+	n->state = ND_CONNECTING;
+	redisLibevAttach(s->loop, ac);
+	redisAsyncSetConnectCallback(ac, connect_cb);
+	redisAsyncSetDisconnectCallback(ac, disconnect_cb);
+	/* the deadline covers connect + AUTH + SCRIPT LOAD */
+	ev_timer_stop(s->loop, &n->conn_timer);
+	ev_timer_set(&n->conn_timer, s->connect_timeout_ms / 1000., 0.);
+	ev_timer_start(s->loop, &n->conn_timer);
+}
+
+
+/* Reads the seed address "ip:port", "[ip6]:port" or "unix:/path" into <ep>. */
+int seed_endpoint(const char *addr, struct endpoint *ep, char *err, size_t errlen)
+{
+	const char *colon;
+	char *end;
+	long port;
+
+	memset(ep, 0, sizeof(*ep));
+	if (strncmp(addr, "unix:", 5) == 0) {
+		if (!addr[5]) {
+			snprintf(err, errlen, "redis address '%s': empty path", addr);
+			return -1;
+		}
+		ep->unix_path = addr + 5;
+		return 0;
+	}
+	colon = strrchr(addr, ':');
+	if (!colon || colon == addr) {
+		snprintf(err, errlen, "redis address '%s': expected ip:port or unix:/path", addr);
+		return -1;
+	}
+	errno = 0;
+	port = strtol(colon + 1, &end, 10);
+	if (errno || *end || port < 1 || port > 65535) {
+		snprintf(err, errlen, "redis address '%s': bad port", addr);
+		return -1;
+	}
+	/* hiredis 0.14.1 resolves names with a blocking getaddrinfo() on every
+	 * connect: only numeric addresses keep the loop from ever blocking */
+	if (endpoint_make(ep, NULL, addr, (size_t)(colon - addr), port) < 0) {
+		snprintf(err, errlen,
+			 "redis address '%s': use a numeric IP address or unix:/path "
+			 "(names would block the event loop)",
+			 addr);
+		return -1;
+	}
+	return 0;
+}

@@ -940,6 +940,11 @@ static void publish(struct agent *a)
 		ms->c[MC_REDIS_PENDING] = st->pending;
 		ms->c[MC_BREAKER_OPEN] = st->breaker_open ? 1 : 0;
 		ms->c[MC_BREAKER_OPENED] = st->breaker_opened;
+		ms->c[MC_REDIS_CONCURRENCY] = st->concurrency_limit;
+		ms->c[MC_REDIS_QUEUED] = st->queued;
+		ms->c[MC_REDIS_SHED] = st->shed;
+		for (i = 0; i < STORE_EC_COUNT; i++)
+			ms->c[MC_REDIS_ERR_OOM + i] = st->errors[i];
 	}
 	if (a->quota) {
 		const struct quota_stats *q = quota_stats(a->quota);
@@ -978,6 +983,29 @@ static void publish_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	publish(container_of(t, struct agent, publish));
 }
 
+/* What answers while Redis cannot: the failure policies of the limits, for /ready. */
+static const char *agent_fallback_str(const struct agent *a)
+{
+	static const char *const what[8] = {
+		"no limits",
+		"fail-open limits allow",
+		"fail-closed limits deny",
+		"fail-open limits allow, fail-closed limits deny",
+		"local fallback limits apply",
+		"local fallback limits apply, fail-open limits allow",
+		"local fallback limits apply, fail-closed limits deny",
+		"local fallback limits apply, fail-open limits allow, fail-closed limits deny"};
+	const struct agent_config *c = a->rs->cfg;
+	unsigned seen = 0;
+	size_t i;
+
+	for (i = 0; i < c->nlimits; i++)
+		seen |= c->limits[i].on_failure == FAIL_OPEN     ? 1
+			: c->limits[i].on_failure == FAIL_CLOSED ? 2
+								 : 4;
+	return what[seen];
+}
+
 /* Ready to decide: rules loaded, and Redis reachable or a fallback configured. */
 static bool agent_ready(const struct agent *a)
 {
@@ -1009,10 +1037,13 @@ static void http_cb(const char *path, struct http_reply *r, void *arg)
 		http_reply_printf(r, "ok\n");
 	} else if (strcmp(path, "/ready") == 0) {
 		bool ok = agent_ready(a);
+		char why[256];
 
 		http_reply_status(r, ok ? 200 : 503, "text/plain");
 		http_reply_printf(r, "%s\n", ok ? "ready" : "not ready: redis unreachable and no "
 							  "fallback configured");
+		if (a->store && !store_health(a->store, why, sizeof(why)))
+			http_reply_printf(r, "degraded: %s; %s\n", why, agent_fallback_str(a));
 	} else {
 		http_reply_status(r, 404, "text/plain");
 		http_reply_printf(r, "not found\n");
@@ -1111,6 +1142,8 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 			.max_pending = rs->cfg->redis.max_pending,
 			.breaker_failures = rs->cfg->breaker_failures,
 			.breaker_cooldown_ms = rs->cfg->breaker_cooldown_ms,
+			.queue_timeout_ms = rs->cfg->redis.queue_timeout_ms,
+			.max_concurrency = rs->cfg->redis.max_concurrency,
 		};
 
 		if (store_new(loop, &so, &a->store, err, sizeof(err)) < 0) {
@@ -1133,6 +1166,12 @@ fail:
 	return -1;
 }
 
+/* Two optional strings are equal (both NULL, or the same text). */
+static bool streq_null(const char *x, const char *y)
+{
+	return x == y || (x && y && strcmp(x, y) == 0);
+}
+
 /*
  * Replaces the ruleset with <rs> (takes the caller's reference). Settings that
  * need a restart (listeners, store) keep their old values.
@@ -1151,6 +1190,20 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 	    o->redis.command_timeout_ms != n->redis.command_timeout_ms ||
 	    o->redis.connect_timeout_ms != n->redis.connect_timeout_ms)
 		LOG(LOG_WARN, "reload: store settings changed, ignored until restart");
+	if (!streq_null(o->redis.user, n->redis.user))
+		LOG(LOG_WARN, "reload: 'redis.user' changed, ignored until restart");
+	if (!streq_null(o->redis.password, n->redis.password))
+		LOG(LOG_WARN, "reload: 'redis.password' changed, ignored until restart");
+	if (o->redis.max_pending != n->redis.max_pending)
+		LOG(LOG_WARN, "reload: 'redis.max_pending' changed, ignored until restart");
+	if (o->redis.queue_timeout_ms != n->redis.queue_timeout_ms)
+		LOG(LOG_WARN, "reload: 'redis.queue_timeout_ms' changed, ignored until restart");
+	if (o->redis.max_concurrency != n->redis.max_concurrency)
+		LOG(LOG_WARN, "reload: 'redis.max_concurrency' changed, ignored until restart");
+	if (o->breaker_failures != n->breaker_failures)
+		LOG(LOG_WARN, "reload: 'redis.breaker_failures' changed, ignored until restart");
+	if (o->breaker_cooldown_ms != n->breaker_cooldown_ms)
+		LOG(LOG_WARN, "reload: 'redis.breaker_cooldown_ms' changed, ignored until restart");
 	if (o->store != n->store)
 		rs->cfg->store = o->store;
 	if (rs->cfg->tier_hash && rs->cfg->store != STORE_KIND_REDIS)
@@ -1193,7 +1246,7 @@ void agent_log_stats(const struct agent *a)
 
 	LOG(LOG_NOTICE,
 	    "stats: conns=%llu notify=%llu acks=%llu allowed=%llu denied=%llu degraded=%llu "
-	    "(down=%llu timeout=%llu busy=%llu error=%llu) orphans=%llu",
+	    "(down=%llu timeout=%llu busy=%llu error=%llu overload=%llu breaker=%llu) orphans=%llu",
 	    (unsigned long long)ss->conns_active, (unsigned long long)ss->notify,
 	    (unsigned long long)ss->acks, (unsigned long long)a->outcomes[OUT_ALLOWED],
 	    (unsigned long long)a->outcomes[OUT_DENIED],
@@ -1201,7 +1254,9 @@ void agent_log_stats(const struct agent *a)
 	    (unsigned long long)a->degraded_by[STORE_DOWN],
 	    (unsigned long long)a->degraded_by[STORE_TIMEOUT],
 	    (unsigned long long)a->degraded_by[STORE_BUSY],
-	    (unsigned long long)a->degraded_by[STORE_ERROR], (unsigned long long)ss->orphans);
+	    (unsigned long long)a->degraded_by[STORE_ERROR],
+	    (unsigned long long)a->degraded_by[STORE_OVERLOAD],
+	    (unsigned long long)a->degraded_by[STORE_BREAKER], (unsigned long long)ss->orphans);
 }
 
 /*

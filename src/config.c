@@ -531,7 +531,8 @@ static void load_root(struct loader *ld, config_t *lc)
 	static const char *const known_redis[] = {"address", "user", "password", "key_prefix",
 						  "connect_timeout_ms", "command_timeout_ms",
 						  "max_pending", "breaker_failures",
-						  "breaker_cooldown_ms", NULL};
+						  "breaker_cooldown_ms", "queue_timeout_ms",
+						  "max_concurrency", NULL};
 	static const char *const known_resp[] = {"legacy_headers", NULL};
 	struct agent_config *cfg = ld->cfg;
 	config_setting_t *root = config_root_setting(lc);
@@ -595,6 +596,11 @@ static void load_root(struct loader *ld, config_t *lc)
 	get_uint(ld, s, "connect_timeout_ms", 1, 60000, &cfg->redis.connect_timeout_ms);
 	get_uint(ld, s, "command_timeout_ms", 1, 60000, &cfg->redis.command_timeout_ms);
 	get_uint(ld, s, "max_pending", 1, 1000000, &cfg->redis.max_pending);
+	/* 0: the command timeout */
+	cfg->redis.queue_timeout_ms = 0;
+	cfg->redis.max_concurrency = 256;
+	get_uint(ld, s, "queue_timeout_ms", 1, 60000, &cfg->redis.queue_timeout_ms);
+	get_uint(ld, s, "max_concurrency", 2, 100000, &cfg->redis.max_concurrency);
 	cfg->breaker_failures = 5;
 	cfg->breaker_cooldown_ms = 500;
 	get_uint(ld, s, "breaker_failures", 1, 1000000, &cfg->breaker_failures);

@@ -88,6 +88,8 @@ struct agent_config {
 		unsigned connect_timeout_ms;
 		unsigned command_timeout_ms;
 		unsigned max_pending;
+		unsigned queue_timeout_ms; /* longest wait for room to send (0: command timeout) */
+		unsigned max_concurrency;  /* ceiling of a node's adaptive concurrency limit */
 	} redis;
 	struct cfg_limit *limits;       /* owned array */
 	size_t nlimits;

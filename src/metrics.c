@@ -432,6 +432,25 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 		   "Workers whose Redis circuit breaker is open.", MC_BREAKER_OPEN);
 	family_u64(r, m, "spoa_ratelimit_redis_breaker_opened_total", PROM_COUNTER,
 		   "Times a circuit breaker opened.", MC_BREAKER_OPENED);
+	family_u64(r, m, "spoa_ratelimit_redis_concurrency_limit", PROM_GAUGE,
+		   "Adaptive limits on commands in flight, summed over Redis nodes and workers.",
+		   MC_REDIS_CONCURRENCY);
+	family_u64(r, m, "spoa_ratelimit_redis_queued", PROM_GAUGE,
+		   "Commands waiting for room under the concurrency limit.", MC_REDIS_QUEUED);
+	family_u64(r, m, "spoa_ratelimit_redis_shed_total", PROM_COUNTER,
+		   "Commands not sent within their queue budget (answered by the failure ladder, "
+		   "reason overload).",
+		   MC_REDIS_SHED);
+	prom_family(r, "spoa_ratelimit_redis_errors_total", PROM_COUNTER,
+		    "Redis error replies (and replies of the wrong shape), by class.");
+	{
+		static const struct labelled ec[] = {
+			{"oom", MC_REDIS_ERR_OOM},         {"busy", MC_REDIS_ERR_BUSY},
+			{"loading", MC_REDIS_ERR_LOADING}, {"readonly", MC_REDIS_ERR_READONLY},
+			{"other", MC_REDIS_ERR_OTHER}};
+
+		samples_u64(r, m, "spoa_ratelimit_redis_errors_total", "class", ec, ARRAY_SIZE(ec));
+	}
 	prom_family(r, "spoa_ratelimit_local_keys", PROM_GAUGE,
 		    "Entries kept in process memory, by store.");
 	{

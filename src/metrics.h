@@ -51,6 +51,14 @@ enum met_counter {
 	MC_REDIS_PENDING,       /* gauge */
 	MC_BREAKER_OPEN,        /* gauge 0/1 */
 	MC_BREAKER_OPENED,
+	MC_REDIS_CONCURRENCY,   /* gauge: sum of the nodes' concurrency limits */
+	MC_REDIS_QUEUED,        /* gauge: commands waiting for room to be sent */
+	MC_REDIS_SHED,          /* commands shed (queue budget exceeded) */
+	MC_REDIS_ERR_OOM,       /* error replies by class (enum store_errclass order) */
+	MC_REDIS_ERR_BUSY,
+	MC_REDIS_ERR_LOADING,
+	MC_REDIS_ERR_READONLY,
+	MC_REDIS_ERR_OTHER,
 	MC_MEMORY_KEYS,         /* gauge: memory store entries */
 	MC_LOCAL_KEYS,          /* gauge: local fallback entries */
 	MC_GENERATION,          /* gauge: configuration generation */

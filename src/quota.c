@@ -505,10 +505,10 @@ static void report_cb(enum store_status st, const struct store_result *res, void
 	if (st != STORE_OK) {
 		qt->st.report_failed++;
 		/* admitted is admitted: report it again when the script cannot have
-		 * run (an error reply). After a timeout or a lost connection it may
-		 * have: sending it again could charge it twice, so it is dropped
-		 * (at most n units, counted in report_lost). */
-		if (st == STORE_ERROR) {
+		 * run (an error reply, or shed before it was sent). After a timeout
+		 * or a lost connection it may have: sending it again could charge it
+		 * twice, so it is dropped (at most n units, counted in report_lost). */
+		if (st == STORE_ERROR || st == STORE_OVERLOAD) {
 			if (!e->unreported)
 				e->unreported_since = now;
 			e->unreported += units;

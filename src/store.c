@@ -98,14 +98,24 @@ static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata);
 
 const char *store_status_str(int st)
 {
-	static const char *const names[STORE_COUNT] = {"ok",   "error",    "timeout", "down",
-						       "busy", "shutdown", "breaker"};
+	static const char *const names[STORE_COUNT] = {"ok",       "error",   "timeout",
+						       "down",     "busy",    "shutdown",
+						       "breaker",  "overload"};
 
 	if (st < 0 || st >= STORE_COUNT)
 		return "?";
 	return names[st];
 }
 
+const char *store_errclass_str(int ec)
+{
+	static const char *const names[STORE_EC_COUNT] = {"oom", "busy", "loading", "readonly",
+							  "other"};
+
+	if (ec < 0 || ec >= STORE_EC_COUNT)
+		return "?";
+	return names[ec];
+}
 
 /* ---- circuit breaker (per node) ---------------------------------------- */
 
@@ -123,15 +133,34 @@ void breaker_set(struct store_node *n, bool open)
 	s->stats.breaker_open = s->breakers_open > 0;
 }
 
+/* Opens <n>'s breaker now (or again) for a cool-down, logging <why>. */
+static void breaker_open_now(struct store_node *n, const char *why)
+{
+	struct store *s = n->s;
+
+	if (!n->breaker_open) {
+		s->stats.breaker_opened++;
+		LOG(LOG_WARN, "redis %s breaker open: %s", n->name, why);
+	}
+	breaker_set(n, true);
+	n->probing = false;
+	n->breaker_until = mono() + s->breaker_cooldown_s;
+}
+
 /*
- * <breaker_failures> consecutive timeouts or errors of <n> open its breaker;
- * while open, queries for it fail at once (STORE_BREAKER) instead of queueing
- * behind a sick Redis. After the cool-down one query goes through as a probe:
- * its success closes the breaker, its failure opens it again.
+ * Records the outcome <st> of a query sent to <n>. Only Redis failures count:
+ * <breaker_failures> consecutive error replies or connection losses open the
+ * breaker; while open, queries for it fail at once (STORE_BREAKER) instead of
+ * going to a sick Redis. A missed deadline (TIMEOUT) or a shed query
+ * (OVERLOAD) says the node is slow or we are busy, not that it is broken: it
+ * neither counts nor resets, except for the probe of an open breaker, which
+ * must be answered in time. After the cool-down one query goes through as a
+ * probe: its success closes the breaker, its failure opens it again.
  */
 void breaker_record(struct store_node *n, enum store_status st)
 {
 	struct store *s = n->s;
+	char why[64];
 
 	if (st == STORE_OK) {
 		if (n->breaker_open)
@@ -141,19 +170,32 @@ void breaker_record(struct store_node *n, enum store_status st)
 		breaker_set(n, false);
 		return;
 	}
-	if (st != STORE_TIMEOUT && st != STORE_ERROR && st != STORE_DOWN)
+	if (n->probing && (st == STORE_TIMEOUT || st == STORE_ERROR || st == STORE_DOWN)) {
+		breaker_open_now(n, "probe failed");
+		return;
+	}
+	if (n->probing) {
+		/* the probe was not tried (shed): another one may go */
+		n->probing = false;
+		return;
+	}
+	if (st != STORE_ERROR && st != STORE_DOWN)
 		return;
 	n->failures++;
-	if (n->probing || (!n->breaker_open && n->failures >= s->breaker_failures)) {
-		if (!n->breaker_open) {
-			s->stats.breaker_opened++;
-			LOG(LOG_WARN, "redis %s breaker open after %u consecutive failures", n->name,
-			    n->failures);
-		}
-		breaker_set(n, true);
-		n->probing = false;
-		n->breaker_until = mono() + s->breaker_cooldown_s;
+	if (!n->breaker_open && n->failures >= s->breaker_failures) {
+		snprintf(why, sizeof(why), "%u consecutive failures", n->failures);
+		breaker_open_now(n, why);
 	}
+}
+
+/*
+ * <n> stopped answering (a stall): open its breaker at once, whatever the
+ * count of failures; its connection is being dropped.
+ */
+void breaker_trip(struct store_node *n, const char *why)
+{
+	n->failures++;
+	breaker_open_now(n, why);
 }
 
 /* May a query be sent to <n> now? Lets one probe through once the cool-down ended. */
@@ -165,6 +207,133 @@ static bool breaker_allows(struct store_node *n)
 		return false;
 	n->probing = true;
 	return true;
+}
+
+/* True when <err> starts with the error code <word> (then a space or its end). */
+static bool error_is(const char *err, const char *word)
+{
+	size_t l = strlen(word);
+
+	return strncmp(err, word, l) == 0 && (err[l] == ' ' || !err[l]);
+}
+
+/*
+ * The class of the Redis error reply <err>: its code, or for an "ERR" the
+ * code of the error a script ran into (older Redis: "ERR Error running
+ * script ...: -OOM command not allowed ...").
+ */
+enum store_errclass error_class(const char *err)
+{
+	static const struct {
+		const char *word;
+		enum store_errclass ec;
+	} words[] = {
+		{"OOM", STORE_EC_OOM},           {"BUSY", STORE_EC_BUSY},
+		{"LOADING", STORE_EC_LOADING},   {"READONLY", STORE_EC_READONLY},
+		{"MASTERDOWN", STORE_EC_READONLY},
+	};
+	const char *inner = error_is(err, "ERR") ? strstr(err, " -") : NULL;
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(words); i++)
+		if (error_is(err, words[i].word) || (inner && error_is(inner + 2, words[i].word)))
+			return words[i].ec;
+	return STORE_EC_OTHER;
+}
+
+/* Counts an error reply (or a reply of the wrong shape) of class <ec> from <n>. */
+void node_error(struct store_node *n, enum store_errclass ec)
+{
+	n->s->stats.errors[ec]++;
+	n->err_class = (int)ec;
+	n->err_at = mono();
+}
+
+/* ---- overload: adaptive concurrency limit (per node) -------------------- */
+
+/*
+ * Each node has a limit on the commands out on its connection (sent, reply
+ * still owed, late ones included: they still keep Redis busy). It follows the
+ * latency of replies, measured from the send to the reply as this agent sees
+ * it (so a busy agent counts as a slow Redis, which is the point), AIMD style:
+ *  - a reply within max(2 x the lowest latency seen, command timeout / 8),
+ *    while at least half the limit is in use, raises the limit: by one per
+ *    reply during slow start (doubling per round trip), by 1/limit once
+ *    congestion was seen (one per round trip);
+ *  - a reply slower than half the command timeout, or a command whose
+ *    deadline passed, cuts it by LIMIT_DECREASE, at most once per command
+ *    timeout (one congestion event, one cut);
+ *  - in between it holds.
+ * It stays within [LIMIT_MIN, max_concurrency]. The lowest latency is
+ * re-learnt every RTT_WINDOW_S (Redis may have moved).
+ */
+void limit_reset(struct store_node *n)
+{
+	n->limit = LIMIT_INITIAL < n->s->max_concurrency ? LIMIT_INITIAL : n->s->max_concurrency;
+	n->slow_start = true;
+	n->rtt_min = n->rtt_min_next = 0;
+	n->rtt_window_end = mono() + RTT_WINDOW_S;
+}
+
+/* Publishes the sum of the nodes' limits. */
+void limit_publish(struct store *s)
+{
+	struct list *l;
+	uint64_t sum = 0;
+
+	for (l = s->nodes.next; l != &s->nodes; l = l->next)
+		sum += (uint64_t)LIST_ELEM(l, struct store_node, link)->limit;
+	s->stats.concurrency_limit = sum;
+}
+
+/* Congestion at <n> (a missed deadline, a slow reply): cut the limit once per timeout. */
+static void limit_decrease(struct store_node *n, double now)
+{
+	struct store *s = n->s;
+
+	n->slow_start = false;
+	if (now - n->last_decrease < s->command_timeout_ms / 1000.)
+		return;
+	n->last_decrease = now;
+	n->limit *= LIMIT_DECREASE;
+	if (n->limit < LIMIT_MIN)
+		n->limit = LIMIT_MIN;
+	limit_publish(s);
+}
+
+/* A reply from <n> took <rtt> seconds. */
+static void limit_sample(struct store_node *n, double rtt, double now)
+{
+	struct store *s = n->s;
+	double timeout = s->command_timeout_ms / 1000., good;
+
+	if (now >= n->rtt_window_end) {
+		if (n->rtt_min_next > 0)
+			n->rtt_min = n->rtt_min_next;
+		n->rtt_min_next = 0;
+		n->rtt_window_end = now + RTT_WINDOW_S;
+	}
+	if (n->rtt_min_next <= 0 || rtt < n->rtt_min_next)
+		n->rtt_min_next = rtt;
+	if (n->rtt_min <= 0 || rtt < n->rtt_min)
+		n->rtt_min = rtt;
+	if (rtt > timeout / 2) {
+		limit_decrease(n, now);
+		return;
+	}
+	good = 2 * n->rtt_min > timeout / 8 ? 2 * n->rtt_min : timeout / 8;
+	if (rtt > good || n->limit >= s->max_concurrency || (n->out + 1) * 2 < n->limit)
+		return;
+	n->limit += n->slow_start ? 1. : 1. / n->limit;
+	if (n->limit > s->max_concurrency)
+		n->limit = s->max_concurrency;
+	limit_publish(s);
+}
+
+/* True when <n> has room under its limit for one more command. */
+static bool limit_room(const struct store_node *n)
+{
+	return n->out < (unsigned)n->limit;
 }
 
 /* ---- commands ------------------------------------------------------------ */
@@ -179,7 +348,6 @@ static struct store_cmd *cmd_new(struct store *s, enum cmd_kind kind, size_t qsi
 
 	c->s = s;
 	c->kind = kind;
-	c->deadline = mono() + s->command_timeout_ms / 1000.;
 	list_init(&c->node);
 	list_init(&c->park);
 	s->stats.pending++;
@@ -189,7 +357,7 @@ static struct store_cmd *cmd_new(struct store *s, enum cmd_kind kind, size_t qsi
 /* Frees <c>, which is on no list any more and owed by no hiredis callback. */
 void cmd_free(struct store_cmd *c)
 {
-	BUG_ON(c->parked);
+	BUG_ON(c->parked || c->queued);
 	c->s->stats.pending--;
 	free(c->hkey);
 	free(c->hfield);
@@ -203,17 +371,24 @@ static bool cmd_live(const struct store_cmd *c)
 }
 
 /*
- * Arms the command timer for the oldest waiting command's deadline. Stalls are
- * the tick's business.
+ * Arms the command timer for the earliest deadline: the oldest waiting
+ * command's or the oldest queued one's. Stalls are the tick's business.
  */
 static void cmd_timer_arm(struct store *s)
 {
-	double now = mono(), at;
+	double now = mono(), at = 0;
 
 	ev_timer_stop(s->loop, &s->cmd_timer);
-	if (s->freeing || list_empty(&s->waiting))
+	if (s->freeing || (list_empty(&s->waiting) && list_empty(&s->queued)))
 		return;
-	at = LIST_ELEM(s->waiting.next, struct store_cmd, node)->deadline;
+	if (!list_empty(&s->waiting))
+		at = LIST_ELEM(s->waiting.next, struct store_cmd, node)->deadline;
+	if (!list_empty(&s->queued)) {
+		double q = LIST_ELEM(s->queued.next, struct store_cmd, node)->deadline;
+
+		if (list_empty(&s->waiting) || q < at)
+			at = q;
+	}
 	ev_timer_set(&s->cmd_timer, at > now ? at - now : 0., 0.);
 	ev_timer_start(s->loop, &s->cmd_timer);
 }
@@ -240,7 +415,10 @@ static void cmd_answer_full(struct store_cmd *c, enum store_status st,
 	c->str_cb = NULL;
 	if (st != STORE_OK)
 		s->stats.failed[st]++;
-	if (c->at)
+	if (st == STORE_OVERLOAD)
+		s->stats.shed++;
+	/* only what was sent says something about a node's health */
+	if (c->at && c->sent_at > 0)
 		breaker_record(c->at, st);
 	if (cb)
 		cb(st, r, c->arg);
@@ -288,6 +466,66 @@ void node_send_parked(struct store_node *n)
 	}
 }
 
+/* Takes <c> off its node's queue: it is ours to send or free. */
+static void cmd_unqueue(struct store_cmd *c)
+{
+	if (!c->queued)
+		return;
+	list_del(&c->park);
+	c->queued = false;
+	c->at->nqueued--;
+	c->s->stats.queued--;
+}
+
+/* Answers every command queued at <n> with <st> and frees them. Invokes user callbacks. */
+void node_fail_queue(struct store_node *n, enum store_status st)
+{
+	while (!list_empty(&n->queue)) {
+		struct store_cmd *c = LIST_ELEM(n->queue.next, struct store_cmd, park);
+
+		cmd_unqueue(c);
+		cmd_answer(c, st, NULL);
+		cmd_free(c);
+	}
+}
+
+/*
+ * Sends the new command <c> on <n> now and starts its deadline, from now.
+ * Returns 0 or -1 (<c> untouched). Never invokes user callbacks.
+ */
+static int cmd_start(struct store_node *n, struct store_cmd *c)
+{
+	struct store *s = n->s;
+
+	if (cmd_send(n, c, false) < 0)
+		return -1;
+	c->deadline = c->sent_at + s->command_timeout_ms / 1000.;
+	/* the timer follows the earliest deadline: arm it when this one is the
+	 * only waiting command (a queued one may have armed it earlier: fine) */
+	list_append(&s->waiting, &c->node);
+	if (s->waiting.next == &c->node)
+		cmd_timer_arm(s);
+	return 0;
+}
+
+/*
+ * Sends what was queued at <n> while it has room under its limit, oldest
+ * first. Invokes user callbacks (a send that fails is answered DOWN).
+ */
+static void node_send_queue(struct store_node *n)
+{
+	while (!list_empty(&n->queue) && n->state == ND_READY && limit_room(n)) {
+		struct store_cmd *c = LIST_ELEM(n->queue.next, struct store_cmd, park);
+
+		cmd_unqueue(c);
+		list_del(&c->node);
+		if (cmd_start(n, c) < 0) {
+			cmd_answer(c, STORE_DOWN, NULL);
+			cmd_free(c);
+		}
+	}
+}
+
 /*
  * Sends <c> to <n> now if it is ready, or parks it there while it connects.
  * Returns 0, or -1 when <n> can take nothing (<c> untouched). Never invokes
@@ -319,24 +557,53 @@ static void cmd_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 		if (c->deadline > now)
 			break;
 		cmd_unpark(c);
+		/* sent and unanswered in time: congestion at that node */
+		if (!parked && c->at)
+			limit_decrease(c->at, now);
 		cmd_answer(c, STORE_TIMEOUT, NULL);
 		if (parked)
 			cmd_free(c);
 	}
+	/* queued too long: shed, the excess only */
+	while (!list_empty(&s->queued)) {
+		struct store_cmd *c = LIST_ELEM(s->queued.next, struct store_cmd, node);
+
+		if (c->deadline > now)
+			break;
+		cmd_unqueue(c);
+		cmd_answer(c, STORE_OVERLOAD, NULL);
+		cmd_free(c);
+	}
 	cmd_timer_arm(s);
 }
 
-/* Parses the script's flat integer array into <r>. Returns 0 or -1. */
-static int parse_result(const redisReply *rep, size_t n, bool batch, struct store_result *r)
+/* Bounds of the integers a script reply may carry: beyond, the reply is nonsense. */
+#define REPLY_US_MAX     ((long long)1 << 52)  /* a Redis time: ~142 years in us */
+#define REPLY_MS_MAX     ((long long)1 << 40)  /* a duration: ~34 years in ms */
+#define REPLY_TOKENS_MAX ((long long)1 << 32)  /* tokens left: x a rate (< 2^30) fits */
+
+/* True when <e> is an integer within [lo, hi]. */
+static bool int_in(const redisReply *e, long long lo, long long hi)
 {
-	size_t i;
+	return e->type == REDIS_REPLY_INTEGER && e->integer >= lo && e->integer <= hi;
+}
+
+/*
+ * Parses the script's flat integer array, the answer to <q>, into <r>. Every
+ * integer is checked against its range (flags 0 or 1, times and durations
+ * non-negative and bounded, a grant within what was asked), so nothing the
+ * agent computes from it can overflow. Returns 0 or -1.
+ */
+static int parse_result(const redisReply *rep, const struct store_query *q,
+			struct store_result *r)
+{
+	bool batch = q->want > 0;
+	size_t i, n = q->n;
 
 	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 3 + 4 * n + (batch ? 2 : 0))
 		return -1;
-	for (i = 0; i < rep->elements; i++)
-		if (rep->element[i]->type != REDIS_REPLY_INTEGER)
-			return -1;
-	if ((size_t)rep->element[1]->integer != n)
+	if (!int_in(rep->element[0], 0, 1) || !int_in(rep->element[1], (long long)n, (long long)n) ||
+	    !int_in(rep->element[2], 0, REPLY_US_MAX))
 		return -1;
 	r->allowed = rep->element[0]->integer == 1;
 	r->n = n;
@@ -344,18 +611,25 @@ static int parse_result(const redisReply *rep, size_t n, bool batch, struct stor
 	for (i = 0; i < n; i++) {
 		redisReply **e = rep->element + 3 + 4 * i;
 
+		if (!int_in(e[0], 0, 1) || !int_in(e[1], -REPLY_TOKENS_MAX, REPLY_TOKENS_MAX) ||
+		    !int_in(e[2], 0, REPLY_MS_MAX) || !int_in(e[3], 0, REPLY_MS_MAX))
+			return -1;
 		r->v[i].allowed = e[0]->integer == 1;
 		r->v[i].remaining = e[1]->integer;
 		r->v[i].retry_ms = e[2]->integer;
 		r->v[i].reset_ms = e[3]->integer;
 	}
-	r->granted = batch ? rep->element[3 + 4 * n]->integer : (r->allowed ? 1 : 0);
-	r->lease_ms = batch ? rep->element[4 + 4 * n]->integer : 0;
-	if (r->granted < 0 || r->lease_ms < 0)
-		return -1;
+	r->granted = r->allowed ? 1 : 0;
+	r->lease_ms = 0;
+	if (batch) {
+		if (!int_in(rep->element[3 + 4 * n], 0, q->want) ||
+		    !int_in(rep->element[4 + 4 * n], 0, REPLY_MS_MAX))
+			return -1;
+		r->granted = rep->element[3 + 4 * n]->integer;
+		r->lease_ms = rep->element[4 + 4 * n]->integer;
+	}
 	return 0;
 }
-
 
 /* ---- sending ------------------------------------------------------------- */
 
@@ -437,25 +711,25 @@ static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval)
 sent:
 	if (ret != REDIS_OK)
 		return -1;
+	c->sent_at = mono();
 	if (!n->out++)
-		n->last_progress = mono();
+		n->last_progress = c->sent_at;
 	c->at = n;
 	s->stats.sent++;
 	return 0;
 }
 
 
-static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+/*
+ * The reply <rep> (NULL: connection gone) of node <n> to the command <c>:
+ * answers its caller unless the deadline did, frees it unless re-sent.
+ * Invokes user callbacks.
+ */
+static void cmd_reply(struct store_node *n, struct store_cmd *c, const redisReply *rep)
 {
-	struct store_cmd *c = privdata;
-	struct store_node *n = ac->data;
 	struct store *s = n->s;
-	redisReply *rep = reply;
 	struct store_result res;
 
-	n->out--;
-	if (rep)
-		n->last_progress = mono();
 	if (!cmd_live(c)) {
 		/* the caller was answered already (deadline or shutdown) */
 		if (rep)
@@ -481,16 +755,18 @@ static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 		if (strncmp(rep->str, "CLUSTERDOWN", 11) == 0 && s->mode == MODE_CLUSTER)
 			refresh_request(s);
 		store_log_trouble(n, c->kind == CMD_DECIDE ? "script error" : "lookup", rep->str);
+		node_error(n, error_class(rep->str));
 		cmd_answer(c, STORE_ERROR, NULL);
 	} else if (c->kind == CMD_HEARTBEAT) {
 		char num[24];
 
-		if (rep->type == REDIS_REPLY_INTEGER) {
+		if (int_in(rep, 0, INT32_MAX)) {
 			s->stats.replies++;
 			snprintf(num, sizeof(num), "%lld", (long long)rep->integer);
 			cmd_answer_full(c, STORE_OK, NULL, num, strlen(num));
 		} else {
 			store_log_trouble(n, "heartbeat", "bad reply");
+			node_error(n, STORE_EC_OTHER);
 			cmd_answer(c, STORE_ERROR, NULL);
 		}
 	} else if (c->kind == CMD_HGET) {
@@ -502,16 +778,42 @@ static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 			cmd_answer_full(c, STORE_OK, NULL, NULL, 0);
 		} else {
 			store_log_trouble(n, "lookup", "bad reply");
+			node_error(n, STORE_EC_OTHER);
 			cmd_answer(c, STORE_ERROR, NULL);
 		}
-	} else if (parse_result(rep, c->q.n, c->q.want > 0, &res) < 0) {
+	} else if (parse_result(rep, &c->q, &res) < 0) {
 		store_log_trouble(n, "reply", "unexpected reply shape");
+		node_error(n, STORE_EC_OTHER);
 		cmd_answer(c, STORE_ERROR, NULL);
 	} else {
 		s->stats.replies++;
 		cmd_answer(c, STORE_OK, &res);
 	}
 	cmd_free(c);
+}
+
+/*
+ * hiredis calls this once per command sent: with its reply, or NULL when the
+ * connection is gone. A reply in time is a latency sample for the node's
+ * limit, and the room it frees lets queued commands go.
+ */
+static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct store_cmd *c = privdata;
+	struct store_node *n = ac->data;
+	redisReply *rep = reply;
+	double now;
+
+	n->out--;
+	if (rep) {
+		now = mono();
+		n->last_progress = now;
+		if (cmd_live(c) && c->sent_at > 0)
+			limit_sample(n, now - c->sent_at, now);
+	}
+	cmd_reply(n, c, rep);
+	if (rep && n->ac == ac && !n->s->freeing)
+		node_send_queue(n);
 }
 
 
@@ -534,10 +836,12 @@ static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 
 		if (n->ac && n->state == ND_READY && n->out && now - n->last_progress >= s->stall_s) {
 			store_log_trouble(n, "stalled", "no reply in time, reconnecting");
+			breaker_trip(n, "stalled, no reply in time");
 			node_close(n);
 			node_lost(n);
 		}
-		if (n->retired && !n->out && list_empty(&n->parked) && s->refresh_node != n)
+		if (n->retired && !n->out && list_empty(&n->parked) && list_empty(&n->queue) &&
+		    s->refresh_node != n)
 			node_free(n);
 	}
 	if (s->refresh_node && now - s->refresh_last >= REFRESH_TIMEOUT_S) {
@@ -579,21 +883,32 @@ static struct store_node *store_admit(struct store *s, unsigned slot, enum store
 	return n;
 }
 
-/* Sends the new command <c> to <n> and starts its deadline. Returns 0 or -STORE_DOWN. */
+/*
+ * Sends the new command <c> to <n> now if <n> has room under its limit and
+ * nothing queued (or <c> is the probe of its breaker), its deadline starting
+ * now; otherwise queues it for at most the queue budget. Returns 0 or
+ * -STORE_DOWN (<c> freed). Never invokes user callbacks.
+ */
 static int store_submit(struct store_node *n, struct store_cmd *c)
 {
 	struct store *s = n->s;
 
-	if (cmd_send(n, c, false) < 0) {
+	if (n->probing || (list_empty(&n->queue) && limit_room(n))) {
+		if (cmd_start(n, c) == 0)
+			return 0;
 		n->probing = false;
 		cmd_free(c);
 		s->stats.failed[STORE_DOWN]++;
 		return -STORE_DOWN;
 	}
-	/* the timer follows the oldest waiting command: arm it when this one is
-	 * the only one */
-	list_append(&s->waiting, &c->node);
-	if (s->waiting.next == &c->node)
+	c->at = n;
+	c->queued = true;
+	c->deadline = mono() + s->queue_s;
+	list_append(&n->queue, &c->park);
+	list_append(&s->queued, &c->node);
+	n->nqueued++;
+	s->stats.queued++;
+	if (s->queued.next == &c->node)
 		cmd_timer_arm(s);
 	return 0;
 }
@@ -695,6 +1010,43 @@ bool store_key_ready(const struct store *s, const char *key)
 	return n && n->state == ND_READY && !n->breaker_open && !s->freeing;
 }
 
+/*
+ * Describes in <buf> what is wrong with the nodes that own slots: an open
+ * breaker, error replies within the last TROUBLE_S. Returns true (and an
+ * empty <buf>) when nothing is.
+ */
+bool store_health(const struct store *s, char *buf, size_t len)
+{
+	const struct list *l;
+	double now = mono();
+	size_t off = 0;
+	int w;
+
+	if (len)
+		buf[0] = 0;
+	for (l = s->nodes.next; l != &s->nodes; l = l->next) {
+		const struct store_node *n = LIST_ELEM(l, struct store_node, link);
+		bool err = n->err_class >= 0 && now - n->err_at < TROUBLE_S;
+		char cls[16];
+		size_t i;
+
+		if ((!n->nslots && !n->seed) || (!err && !n->breaker_open))
+			continue;
+		snprintf(cls, sizeof(cls), "%s", store_errclass_str(n->err_class));
+		for (i = 0; cls[i]; i++)
+			cls[i] = (char)(cls[i] - 'a' + 'A');
+		w = snprintf(buf + off, len > off ? len - off : 0, "%sredis %s%s%s%s%s",
+			     off ? ", " : "", n->name, err ? " " : "",
+			     err ? (n->err_class == STORE_EC_OTHER ? "errors" : cls) : "",
+			     err && n->breaker_open ? "," : "", n->breaker_open ? " breaker open" : "");
+		if (w > 0)
+			off += (size_t)w;
+		if (off >= len)
+			break;
+	}
+	return off == 0;
+}
+
 const struct store_stats *store_stats(const struct store *s)
 {
 	return &s->stats;
@@ -722,6 +1074,10 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 	s->max_pending = opts->max_pending ? opts->max_pending : 10000;
 	s->breaker_failures = opts->breaker_failures ? opts->breaker_failures : 5;
 	s->breaker_cooldown_s = (opts->breaker_cooldown_ms ? opts->breaker_cooldown_ms : 500) / 1000.;
+	s->queue_s = (opts->queue_timeout_ms ? opts->queue_timeout_ms : s->command_timeout_ms) / 1000.;
+	s->max_concurrency = opts->max_concurrency ? opts->max_concurrency : 256;
+	if (s->max_concurrency < LIMIT_MIN)
+		s->max_concurrency = LIMIT_MIN;
 	/* a stall is 20 command timeouts, at least 1 s and at most 5 s */
 	s->stall_s = s->command_timeout_ms * 20 / 1000.;
 	if (s->stall_s < 1.)
@@ -730,6 +1086,7 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 		s->stall_s = 5.;
 	list_init(&s->nodes);
 	list_init(&s->waiting);
+	list_init(&s->queued);
 	s->slots = xcalloc(CRC16_SLOTS, sizeof(*s->slots));
 	s->scratch = xcalloc(CRC16_SLOTS, sizeof(*s->scratch));
 	ev_timer_init(&s->cmd_timer, cmd_timer_cb, 0., 0.);
@@ -762,8 +1119,10 @@ void store_free(struct store *s)
 		ev_timer_stop(s->loop, &n->conn_timer);
 		node_close(n);
 	}
-	for (l = s->nodes.next; l != &s->nodes; l = l->next)
+	for (l = s->nodes.next; l != &s->nodes; l = l->next) {
 		node_fail_parked(LIST_ELEM(l, struct store_node, link), STORE_SHUTDOWN);
+		node_fail_queue(LIST_ELEM(l, struct store_node, link), STORE_SHUTDOWN);
+	}
 	while (!list_empty(&s->waiting))
 		cmd_answer(LIST_ELEM(s->waiting.next, struct store_cmd, node), STORE_SHUTDOWN, NULL);
 	for (i = 0; i < CRC16_SLOTS; i++)

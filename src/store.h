@@ -9,6 +9,13 @@
  * connection per master, routes each query by the hash slot of its first key,
  * follows MOVED/ASK and refreshes the topology by itself.
  *
+ * Overload control: each node has an adaptive limit on the commands in flight
+ * on its connection, driven by the measured reply latency; queries beyond it
+ * wait in a bounded FIFO and are answered STORE_OVERLOAD when they cannot be
+ * sent within their queue budget. Only Redis failures (connection errors,
+ * error replies, a node that stopped answering) open a node's breaker, never
+ * a deadline missed while the node keeps answering.
+ *
  * Every query either fails at once (store_decide() returns a negative status
  * and no callback ever comes) or gets exactly one completion callback later.
  * A reply that arrives after its deadline is discarded.
@@ -37,7 +44,18 @@ enum store_status {
 	STORE_BUSY     = 4,     /* too many commands in flight */
 	STORE_SHUTDOWN = 5,     /* the store is being freed */
 	STORE_BREAKER  = 6,     /* circuit breaker open: not even tried */
+	STORE_OVERLOAD = 7,     /* shed: could not be sent within its queue budget */
 	STORE_COUNT             /* sentinel */
+};
+
+/* Classes of Redis error replies (counted; a Redis failure for the breaker). */
+enum store_errclass {
+	STORE_EC_OOM      = 0,  /* -OOM: maxmemory reached with noeviction */
+	STORE_EC_BUSY     = 1,  /* -BUSY: a script or module runs too long */
+	STORE_EC_LOADING  = 2,  /* -LOADING: loading its dataset */
+	STORE_EC_READONLY = 3,  /* -READONLY, -MASTERDOWN: a replica, or its master lost */
+	STORE_EC_OTHER    = 4,  /* any other error, or a reply of the wrong shape */
+	STORE_EC_COUNT          /* sentinel */
 };
 
 struct store_opts {
@@ -50,6 +68,8 @@ struct store_opts {
 	unsigned max_pending;           /* commands in flight, all nodes together */
 	unsigned breaker_failures;      /* consecutive failures that open a node's breaker (5) */
 	unsigned breaker_cooldown_ms;   /* how long it stays open before a probe (500) */
+	unsigned queue_timeout_ms;      /* longest wait for room to send (command_timeout_ms) */
+	unsigned max_concurrency;       /* ceiling of a node's adaptive concurrency limit (256) */
 };
 
 /* Batch modes (struct store_query.want > 0). */
@@ -110,6 +130,10 @@ struct store_stats {
 	uint64_t late;                  /* replies after their deadline */
 	uint64_t noscript;              /* NOSCRIPT retries */
 	uint64_t failed[STORE_COUNT];   /* outcomes other than OK, by status */
+	uint64_t errors[STORE_EC_COUNT]; /* error replies by class */
+	uint64_t shed;                  /* queries answered OVERLOAD (queue budget exceeded) */
+	uint64_t queued;                /* queries waiting for room to be sent now */
+	uint64_t concurrency_limit;     /* sum of the nodes' concurrency limits now */
 	uint64_t connects;              /* successful connections */
 	uint64_t pending;               /* commands in flight now */
 	uint64_t breaker_opened;        /* times a node's breaker opened */
@@ -132,7 +156,9 @@ int store_heartbeat(struct store *s, const char *key, const char *id, unsigned w
 		    store_str_fn cb, void *arg);
 bool store_ready(const struct store *s);
 bool store_key_ready(const struct store *s, const char *key);
+bool store_health(const struct store *s, char *buf, size_t len);
 const struct store_stats *store_stats(const struct store *s);
 const char *store_status_str(int st);
+const char *store_errclass_str(int ec);
 
 #endif /* AGENT_STORE_H */

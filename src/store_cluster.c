@@ -48,6 +48,7 @@ void node_retire(struct store_node *n)
 	if (n->state == ND_DISCONNECTED)
 		ev_timer_stop(n->s->loop, &n->conn_timer);
 	node_fail_parked(n, STORE_DOWN);
+	node_fail_queue(n, STORE_DOWN);
 }
 
 
@@ -157,9 +158,10 @@ static bool slots_entry_ok(const redisReply *e)
 /*
  * Makes the CLUSTER SLOTS array <rep> from node <src> the slot map: masters
  * only, new ones connected, those no longer in it retired. A malformed reply
- * changes nothing. Invokes user callbacks (commands parked at retired nodes).
+ * changes nothing and returns false. Invokes user callbacks (commands parked
+ * at retired nodes).
  */
-static void topology_apply(struct store *s, struct store_node *src, const redisReply *rep)
+static bool topology_apply(struct store *s, struct store_node *src, const redisReply *rep)
 {
 	unsigned masters = 0, changed = 0, i;
 	struct list *l, *tmp;
@@ -168,7 +170,8 @@ static void topology_apply(struct store *s, struct store_node *src, const redisR
 	for (k = 0; k < rep->elements; k++) {
 		if (!slots_entry_ok(rep->element[k])) {
 			store_log_trouble(src, "CLUSTER SLOTS", "unexpected reply shape");
-			return;
+			node_error(src, STORE_EC_OTHER);
+			return false;
 		}
 	}
 	for (l = s->nodes.next; l != &s->nodes; l = l->next)
@@ -218,6 +221,7 @@ static void topology_apply(struct store *s, struct store_node *src, const redisR
 		if (!n->mark && !n->nslots)
 			node_retire(n);
 	}
+	return true;
 }
 
 /*
@@ -260,7 +264,10 @@ static void slots_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	if (!rep) {
 		s->refresh_wanted = true;
 	} else if (rep->type == REDIS_REPLY_ARRAY) {
-		topology_apply(s, n, rep);
+		/* nonsense before the mode is known: ask again (the tick does), or
+		 * the store would never be ready */
+		if (!topology_apply(s, n, rep) && s->mode == MODE_UNKNOWN)
+			s->refresh_wanted = true;
 	} else if (rep->type == REDIS_REPLY_ERROR) {
 		/* "ERR This instance has cluster support disabled"; any other error
 		 * (no permission, renamed command) before we know: a single Redis
@@ -271,7 +278,9 @@ static void slots_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 			store_log_trouble(n, "CLUSTER SLOTS", rep->str);
 	} else {
 		store_log_trouble(n, "CLUSTER SLOTS", "unexpected reply");
-		s->refresh_wanted = s->mode == MODE_UNKNOWN;
+		node_error(n, STORE_EC_OTHER);
+		if (s->mode == MODE_UNKNOWN)
+			s->refresh_wanted = true;
 	}
 }
 

@@ -28,6 +28,11 @@
 #define REFRESH_HOLE_S    1.0   /* ... while some slots have no owner */
 #define REFRESH_MIN_S     0.1   /* never more often than this */
 #define REFRESH_TIMEOUT_S 1.0   /* a CLUSTER SLOTS unanswered this long is lost */
+#define LIMIT_MIN         2     /* a node's concurrency limit never goes below */
+#define LIMIT_INITIAL     32    /* ... starts at (slow start from there) */
+#define LIMIT_DECREASE    0.8   /* multiplicative decrease on congestion */
+#define RTT_WINDOW_S      10.0  /* the minimum latency is re-learnt this often */
+#define TROUBLE_S         10.0  /* an error reply makes a node unhealthy this long */
 
 enum store_mode {
 	MODE_UNKNOWN = 0,       /* CLUSTER SLOTS not answered yet */
@@ -81,6 +86,16 @@ struct store_node {
 	double breaker_until;           /* open until (mono); then one probe */
 	bool breaker_open;              /* open, or half-open while probing */
 	bool probing;                   /* half-open: the probe is in flight */
+	double limit;                   /* adaptive concurrency limit: commands out on ac */
+	bool slow_start;                /* no congestion seen yet: the limit doubles per round */
+	double rtt_min;                 /* lowest reply latency seen (s), 0 = none yet */
+	double rtt_min_next;            /* ... in the current window, 0 = none yet */
+	double rtt_window_end;          /* mono() when rtt_min becomes rtt_min_next */
+	double last_decrease;           /* mono() of the last multiplicative decrease */
+	struct list queue;              /* store_cmd.park: waiting for room under the limit */
+	unsigned nqueued;
+	int err_class;                  /* enum store_errclass of the last error reply, -1 none */
+	double err_at;                  /* mono() of that reply */
 	uint64_t log_suppressed;        /* trouble not logged */
 	ev_tstamp log_last;
 };
@@ -88,18 +103,22 @@ struct store_node {
 /* One query, from store_decide()/store_hget() to its answer and its reply. */
 struct store_cmd {
 	struct list node;               /* in store.waiting until answered or expired */
-	struct list park;               /* in store_node.parked while parked */
+	struct list park;               /* in store_node.parked while parked, or in
+					 * store_node.queue while queued */
 	struct store *s;                /* ref: owner */
 	struct store_node *at;          /* ref: node sent to or parked at; valid while live */
 	store_done_fn cb;               /* decisions: NULL once the caller was answered */
 	store_str_fn str_cb;            /* lookups: NULL once the caller was answered */
 	void *arg;                      /* ref: caller's */
-	double deadline;                /* mono() based */
+	double deadline;                /* mono() based: reply deadline once sent, queue
+					 * deadline while queued */
+	double sent_at;                 /* mono() of the last send, 0 before */
 	enum cmd_kind kind;
 	unsigned redirects;             /* MOVED/ASK followed */
 	bool retried;                   /* NOSCRIPT retry done */
 	bool asking;                    /* ASK: send ASKING before it */
 	bool parked;                    /* on at->parked, owned by us, not by hiredis */
+	bool queued;                    /* on at->queue and store.queued, owned by us */
 	char *hkey, *hfield;            /* owned: HGET key and field; heartbeat key and id */
 	unsigned window_ms;             /* heartbeat liveness window */
 	struct store_query q;           /* decisions: kept for re-sends; last, and only
@@ -122,6 +141,9 @@ struct store {
 	ev_timer tick;                  /* housekeeping */
 	char sha[41];                   /* digest of the script, from SCRIPT LOAD */
 	struct list waiting;            /* store_cmd.node, oldest first */
+	struct list queued;             /* store_cmd.node of queued commands, oldest first */
+	double queue_s;                 /* queue budget of a command */
+	unsigned max_concurrency;       /* ceiling of the nodes' limits */
 	struct store_stats stats;
 	bool freeing;
 	double stall_s;                 /* no reply for this long with commands out: reconnect */
@@ -142,6 +164,12 @@ void cmd_free(struct store_cmd *c);
 int cmd_dispatch_nocb(struct store_node *n, struct store_cmd *c);
 void node_fail_parked(struct store_node *n, enum store_status st);
 void node_send_parked(struct store_node *n);
+void node_fail_queue(struct store_node *n, enum store_status st);
+void limit_reset(struct store_node *n);
+void limit_publish(struct store *s);
+void breaker_trip(struct store_node *n, const char *why);
+enum store_errclass error_class(const char *err);
+void node_error(struct store_node *n, enum store_errclass ec);
 
 /* store_node.c */
 void store_log_trouble(struct store_node *n, const char *what, const char *detail);

@@ -113,9 +113,13 @@ struct store_node *node_new(struct store *s, const struct endpoint *ep, bool see
 	}
 	n->backoff_ms = BACKOFF_MIN_MS;
 	list_init(&n->parked);
+	list_init(&n->queue);
+	n->err_class = -1;
+	limit_reset(n);
 	ev_timer_init(&n->conn_timer, conn_timer_cb, 0., 0.);
 	list_append(&s->nodes, &n->link);
 	s->stats.nodes++;
+	limit_publish(s);
 	return n;
 }
 
@@ -165,7 +169,7 @@ void node_free(struct store_node *n)
 {
 	struct store *s = n->s;
 
-	BUG_ON(n->nslots || !list_empty(&n->parked));
+	BUG_ON(n->nslots || !list_empty(&n->parked) || !list_empty(&n->queue));
 	ev_timer_stop(s->loop, &n->conn_timer);
 	node_close(n);
 	if (s->refresh_node == n)
@@ -173,6 +177,7 @@ void node_free(struct store_node *n)
 	breaker_set(n, false);
 	list_del(&n->link);
 	s->stats.nodes--;
+	limit_publish(s);
 	free(n->host);
 	free(n->unix_path);
 	free(n->name);
@@ -214,6 +219,7 @@ void node_lost(struct store_node *n)
 	if (n->nslots && s->mode == MODE_CLUSTER)
 		refresh_request(s);
 	node_fail_parked(n, STORE_DOWN);
+	node_fail_queue(n, STORE_DOWN);
 }
 
 

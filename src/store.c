@@ -50,29 +50,45 @@
  * still come (a MOVED among them is followed), and it is closed once idle (or
  * stalled).
  *
- * Deadlines: every command joins one FIFO with its deadline; one timer tracks
- * the oldest. Every command gets the same timeout, so the FIFO head is always
- * the oldest deadline whichever node the command went to, even after
- * redirections. When it expires the caller is answered STORE_TIMEOUT at once
- * and the command is marked abandoned: hiredis still owns its callback, which
- * later frees it without calling anyone ("late" replies); a parked command is
- * freed at once.
+ * Admission: each node has an adaptive concurrency limit (see limit_sample())
+ * on the commands out on its connection. A new command is sent at once when
+ * its node has room and nothing queued; otherwise it joins the node's FIFO
+ * queue and the store's FIFO of queue deadlines (queue_s after it arrived).
+ * Every reply frees room and sends the oldest queued commands. A command
+ * still queued at its queue deadline is shed: answered STORE_OVERLOAD and
+ * freed. The probe of an open breaker skips the queue.
+ *
+ * Deadlines: a command's deadline is command_timeout_ms from when it is sent.
+ * Every sent command joins one FIFO with its deadline; one timer tracks the
+ * earliest of its head and the queue's head. Every command gets the same
+ * timeout, so the FIFO head is always the oldest deadline whichever node the
+ * command went to, even after redirections (which keep the deadline). When it
+ * expires the caller is answered STORE_TIMEOUT at once, the node's limit is
+ * cut, and the command is marked abandoned: hiredis still owns its callback,
+ * which later frees it without calling anyone ("late" replies); a parked
+ * command is freed at once.
  *
  * Housekeeping tick (TICK_S): stalls (commands out on a node and nothing back
- * for stall_s: the connection is dropped, its waiters answered DOWN, a
- * reconnect starts), retired nodes closed once idle, refresh schedule.
+ * for stall_s: the breaker opens, the connection is dropped, its waiters
+ * answered DOWN, a reconnect starts), retired nodes closed once idle, refresh
+ * schedule.
  * Connections are only ever closed from timers, never from inside a hiredis
  * callback.
  *
- * Circuit breaker, per node: <breaker_failures> consecutive failures of
- * queries sent to one node stop queries to that node (BREAKER) for a
- * cool-down; then one query goes through as a probe; its success closes the
- * breaker. A node that answers with a redirection is healthy.
+ * Circuit breaker, per node: <breaker_failures> consecutive Redis failures of
+ * queries sent to one node (error replies, lost connections; a missed deadline
+ * is congestion, handled by the limit, not a failure) stop queries to that
+ * node (BREAKER) for a cool-down; a stall opens it at once; then one query
+ * goes through as a probe; its success closes the breaker. A node that
+ * answers with a redirection is healthy. Error replies are counted by class
+ * (OOM, BUSY, LOADING, READONLY/MASTERDOWN, other) and the last one is kept
+ * for store_health().
  *
- * Bounded: at most max_pending commands in flight over all nodes (abandoned and
- * parked ones included, so a stalled Redis cannot make us buffer without end),
- * beyond that queries fail at once with STORE_BUSY; at most MAX_NODES nodes;
- * at most MAX_REDIRECTS redirections per command.
+ * Bounded: at most max_pending commands in flight or queued over all nodes
+ * (abandoned and parked ones included, so a stalled Redis cannot make us
+ * buffer without end), beyond that queries fail at once with STORE_BUSY; at
+ * most MAX_NODES nodes; at most MAX_REDIRECTS redirections per command; every
+ * integer of a reply range-checked before use.
  *
  * Exactly-once: a query accepted by store_decide() gets one callback, from the
  * reply, the deadline, the disconnection or the shutdown, whichever comes

@@ -1,0 +1,233 @@
+"""Overload control and Redis failures: a slow or stalling Redis and a busy agent shed only
+the excess (no circuit breaker), while a broken Redis (error replies such as OOM, a
+connection lost, no answer at all) opens it; replies are distrusted (topology, integers)."""
+
+import re
+import subprocess
+import threading
+
+import spop_client as sc
+from conftest import SPOA_BIN, Redis, wait_until
+from fake_redis import ERR_NO_CLUSTER, FakeRedis, resp_array, resp_int, script_reply
+
+SPOP_LOAD = SPOA_BIN.parent / "spop-load"
+
+
+class DebugRedis(Redis):
+    """A Redis that accepts DEBUG SLEEP from loopback clients (Redis 7 refuses it by
+    default)."""
+
+    def argv(self):
+        return super().argv() + ["--enable-debug-command", "local"]
+
+
+def metric(a, name, **labels):
+    """The value of one sample of <name> with exactly <labels> on agent <a> (0 if absent)."""
+    status, body = a.http("/metrics")
+    assert status == 200, (status, body)
+    want = ",".join('%s="%s"' % kv for kv in sorted(labels.items()))
+    for line in body.splitlines():
+        m = re.match(r"^([a-z_]+)(?:\{([^}]*)\})? (\S+)$", line)
+        if not m or m.group(1) != name:
+            continue
+        got = ",".join(sorted((m.group(2) or "").split(","))) if m.group(2) else ""
+        if got == want:
+            return float(m.group(3))
+    return 0
+
+
+def degraded_by(a):
+    """Degraded answers by reason, from /metrics."""
+    status, body = a.http("/metrics")
+    assert status == 200
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^spoa_ratelimit_degraded_total\{reason="(\w+)"\} (\S+)$', body, re.M)}
+
+
+def run_load(a, *args):
+    """build/spop-load against agent <a>: its summary line as a dict of numbers."""
+    host, port = a.addr
+    out = subprocess.run([str(SPOP_LOAD), "-a", "%s:%d" % (host, port)] + [str(x) for x in args],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("decisions=")][-1]
+    return {k: float(v) for k, v in re.findall(r"(\w+)=([0-9.]+)", line)}
+
+
+# ---------------------------------------------------------------------------------------
+# Slow, stalling, saturated: shed the excess, never the whole traffic
+
+def test_short_stalls_under_paced_load_open_no_breaker(agent, procs, tmp):
+    """Redis stalls for 30 ms (DEBUG SLEEP) every 250 ms under 2,000 decisions/s with the
+    default 5 ms command timeout: the decisions caught in a stall are degraded (timeout or
+    overload), but no breaker opens, so the degraded answers stay within twice the
+    requests that arrived during the stalls (the breaker used to turn each stall into
+    500 ms of unprotected answers for everyone)."""
+    redis = DebugRedis(procs, tmp)
+    a = agent(redis=redis, metrics=True, redis_cfg={"command_timeout_ms": 5})
+    before = degraded_by(a)             # the harness's probes while connecting
+    stalls, stop = [0], threading.Event()
+
+    def staller():
+        while not stop.wait(0.25):
+            redis.cmd("DEBUG", "SLEEP", "0.03")
+            stalls[0] += 1
+    t = threading.Thread(target=staller, daemon=True)
+    t.start()
+    try:
+        r = run_load(a, "-r", 2000, "-d", 6, "-c", 4, "-p", 32, "-k", 1000, "-K", "stall-")
+    finally:
+        stop.set()
+        t.join(5)
+    assert stalls[0] >= 10, stalls
+    assert r["unanswered"] == 0 and r["decisions"] >= 0.9 * r["sent"], r
+    deg = {k: v - before.get(k, 0) for k, v in degraded_by(a).items()}
+    assert metric(a, "spoa_ratelimit_redis_breaker_opened_total") == 0, (deg, r)
+    assert deg.get("breaker", 0) == 0, deg
+    # requests that arrived during the stalls: 2000/s x 30 ms each
+    in_stalls = stalls[0] * 2000 * 0.03
+    assert r["degraded"] <= 2 * in_stalls, (r, stalls, deg)
+    print("stalls:", stalls[0], r, deg)
+    assert a.alive()
+
+
+def test_closed_loop_beyond_capacity_opens_no_breaker(agent, redis):
+    """4 connections x 32 NOTIFYs in flight, as fast as the agent answers, against a
+    healthy Redis with a 5 ms command timeout: whatever cannot fit is shed (overload) or
+    late (timeout) and counted with its reason; the breaker never opens."""
+    a = agent(redis=redis, metrics=True, redis_cfg={"command_timeout_ms": 5})
+    before = degraded_by(a)             # the harness's probes while connecting
+    r = run_load(a, "-c", 4, "-p", 32, "-d", 4, "-k", 1000, "-K", "closed-")
+    deg = {k: v - before.get(k, 0) for k, v in degraded_by(a).items()}
+    assert r["decisions"] > 0, r
+    assert metric(a, "spoa_ratelimit_redis_breaker_opened_total") == 0, (deg, r)
+    assert deg.get("breaker", 0) == 0, deg
+    # every degraded answer has its reason, and a shed command is a degraded answer (or
+    # several: decisions of one key waiting on one Redis call share its outcome)
+    assert sum(deg.values()) >= r["degraded"], (deg, r)
+    print("closed loop:", r, deg)
+    shed = metric(a, "spoa_ratelimit_redis_shed_total")
+    assert deg.get("overload", 0) >= shed and (shed > 0) == (deg.get("overload", 0) > 0), deg
+    assert set(k for k, v in deg.items() if v) <= {"overload", "timeout"}, deg
+    assert metric(a, "spoa_ratelimit_redis_queued") == 0
+    assert metric(a, "spoa_ratelimit_redis_concurrency_limit") >= 2
+    assert a.alive()
+
+
+# ---------------------------------------------------------------------------------------
+# Broken: error replies are Redis failures
+
+def test_redis_oom_opens_breaker_and_shows_in_metrics_and_ready(agent, redis):
+    """A Redis at maxmemory with noeviction answers every script call with OOM: each is a
+    Redis failure (degraded, class oom), the breaker opens, /ready's body says so (still
+    200: the 200/503 decision is unchanged); with memory back, limiting resumes."""
+    a = agent(redis=redis, metrics=True, redis_cfg={"breaker_cooldown_ms": 200})
+    status, body = a.http("/ready")
+    assert status == 200 and "degraded" not in body, body
+    redis.cmd("CONFIG", "SET", "maxmemory-policy", "noeviction")
+    redis.cmd("CONFIG", "SET", "maxmemory", "1")
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        for i in range(8):
+            v = c.request(1 + 2 * i, 1, [sc.rl_message(key="oom-%d" % i)])
+            assert v.get("degraded") == 1, v
+        assert metric(a, "spoa_ratelimit_redis_errors_total", **{"class": "oom"}) >= 5
+        assert metric(a, "spoa_ratelimit_redis_breaker_opened_total") >= 1
+        deg = degraded_by(a)
+        assert deg.get("error", 0) >= 5 and deg.get("breaker", 0) >= 1, deg
+        status, body = a.http("/ready")
+        assert status == 200, body
+        assert "degraded: redis %s OOM" % redis.address in body, body
+        assert "breaker open" in body, body
+        redis.cmd("CONFIG", "SET", "maxmemory", "0")
+        sid = [101]
+
+        def exact():
+            sid[0] += 2
+            v = c.request(sid[0], 1, [sc.rl_message(key="oom-after")])
+            return v.get("degraded") is None and v
+        wait_until(exact, 10, 0.05, "decisions with Redis again")
+    assert "breaker closed" in a.proc.log_text()
+    assert a.alive()
+
+
+# ---------------------------------------------------------------------------------------
+# Distrusted replies (a fake Redis)
+
+def test_malformed_cluster_slots_before_mode_known_is_retried(agent):
+    """The seed answers its first CLUSTER SLOTS with an array of nonsense: the store asks
+    again instead of staying without a mode (never ready); a cluster-disabled error then
+    makes it a single Redis, and decisions are made."""
+    garbage = resp_array([resp_array([resp_int(1)])])
+    fr = FakeRedis(slots=[garbage, garbage, ERR_NO_CLUSTER])
+    try:
+        a = agent(redis=fr)                 # waits until decisions are not degraded
+        assert fr.count("CLUSTER", "SLOTS") >= 3
+        assert "single Redis" in a.proc.log_text()
+        assert a.alive()
+    finally:
+        fr.close()
+
+
+def test_out_of_range_integers_in_script_reply_are_errors(agent):
+    """Script replies carrying integers out of their range (huge, negative, flags other
+    than 0/1, a grant larger than asked) are errors (degraded, reason error), never used:
+    nothing the agent computes from them overflows (the ASan/UBSan build aborts on
+    signed overflow)."""
+    big = 2 ** 63 - 1
+
+    def bad(n, now=1700000000000000):
+        ok = [1, n, now] + [1, 5, 0, 60000] * n
+        return [
+            ok[:3] + [1, big, 0, 0] * n,                # remaining huge
+            ok[:3] + [1, -big - 1, 0, 0] * n,           # remaining hugely negative
+            ok[:2] + [-1] + ok[3:],                     # Redis time negative
+            ok[:2] + [big] + ok[3:],                    # Redis time huge
+            ok[:3] + [0, 0, big, 0] * n,                # retry_ms huge
+            ok[:3] + [0, 0, 1000, -5] * n,              # reset_ms negative
+            [2] + ok[1:],                               # allowed flag 2
+            ok[:3] + [7, 5, 0, 0] * n,                  # verdict flag 7
+        ]
+    replies = []
+
+    def script(nkeys, argv):
+        if not replies:
+            replies.extend(bad(nkeys))
+            replies.append(None)                        # then a good one
+        v = replies.pop(0)
+        return script_reply(nkeys) if v is None else resp_array([resp_int(x) for x in v])
+
+    fr = FakeRedis(script=script)
+    try:
+        a = agent(redis=fr, metrics=True, wait_redis=False,
+                  redis_cfg={"breaker_failures": 100})
+        wait_until(lambda: "single Redis" in a.proc.log_text(), 10, 0.05, "store ready")
+        with sc.SpopClient(a.addr) as c:
+            c.hello()
+            for i in range(8):
+                v = c.request(1 + 2 * i, 1, [sc.rl_message(key="int-%d" % i)])
+                assert v.get("degraded") == 1, (i, v)
+            v = c.request(101, 1, [sc.rl_message(key="int-good")])
+            assert v.get("degraded") is None and v["allow"] == 1, v
+        assert degraded_by(a).get("error") == 8
+        assert metric(a, "spoa_ratelimit_redis_errors_total", **{"class": "other"}) == 8
+        assert a.alive()
+    finally:
+        fr.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Reload
+
+def test_reload_logs_restart_only_redis_settings(agent, redis):
+    """Redis settings a reload cannot apply are each logged as ignored until restart."""
+    a = agent(redis=redis)
+    for change in ({"user": "someone", "password": "secret", "max_pending": 777,
+                    "breaker_failures": 9, "breaker_cooldown_ms": 900},
+                   {"queue_timeout_ms": 7, "max_concurrency": 64}):
+        a.reload(redis=dict(a.cfg["redis"], **change))
+        for k in change:
+            wait_until(lambda: "reload: 'redis.%s' changed, ignored until restart" % k
+                       in a.proc.log_text(), 10, 0.05, "redis.%s logged" % k)
+    assert "reload (SIGHUP) failed" not in a.proc.log_text()
+    assert a.alive()

@@ -735,7 +735,6 @@ sent:
 	return 0;
 }
 
-
 /*
  * The reply <rep> (NULL: connection gone) of node <n> to the command <c>:
  * answers its caller unless the deadline did, frees it unless re-sent.
@@ -831,7 +830,6 @@ static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	if (rep && n->ac == ac && !n->s->freeing)
 		node_send_queue(n);
 }
-
 
 /*
  * Housekeeping: a node with commands out and no reply for stall_s is alive
@@ -1067,7 +1065,6 @@ const struct store_stats *store_stats(const struct store *s)
 {
 	return &s->stats;
 }
-
 
 /*
  * Creates a store for <opts> on <loop> and starts connecting to the seed

@@ -51,7 +51,6 @@ void node_retire(struct store_node *n)
 	node_fail_queue(n, STORE_DOWN);
 }
 
-
 /* ---- replies ------------------------------------------------------------- */
 
 /*
@@ -131,7 +130,6 @@ fail:
 	cmd_free(c);
 	return true;
 }
-
 
 /* ---- topology ------------------------------------------------------------ */
 

@@ -37,7 +37,6 @@ void store_log_trouble(struct store_node *n, const char *what, const char *detai
 	n->log_last = now;
 }
 
-
 /* ---- nodes -------------------------------------------------------------- */
 
 /*
@@ -148,7 +147,6 @@ struct store_node *node_get(struct store *s, const struct endpoint *ep)
 	return n;
 }
 
-
 /*
  * Closes <n>'s connection now: every command out on it is called back with
  * NULL (answered DOWN, or SHUTDOWN when freeing). Must not run inside one of
@@ -222,7 +220,6 @@ void node_lost(struct store_node *n)
 	node_fail_queue(n, STORE_DOWN);
 }
 
-
 /* ---- connections --------------------------------------------------------- */
 
 static void load_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
@@ -237,6 +234,9 @@ static void load_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	if (rep->type != REDIS_REPLY_STRING || rep->len != 40) {
 		store_log_trouble(n, "SCRIPT LOAD", rep->type == REDIS_REPLY_ERROR ? rep->str
 										: "bad reply");
+		/* e.g. LOADING while Redis reads its dataset: counted like any error */
+		node_error(n, rep->type == REDIS_REPLY_ERROR ? error_class(rep->str)
+							     : STORE_EC_OTHER);
 		redisAsyncDisconnect(ac);
 		return;
 	}
@@ -266,6 +266,7 @@ static void auth_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	(void)privdata;
 	if (rep && rep->type == REDIS_REPLY_ERROR && n->ac == ac) {
 		store_log_trouble(n, "AUTH", rep->str);
+		node_error(n, error_class(rep->str));
 		redisAsyncDisconnect(ac);
 	}
 }
@@ -359,7 +360,6 @@ void node_connect(struct store_node *n)
 	ev_timer_set(&n->conn_timer, s->connect_timeout_ms / 1000., 0.);
 	ev_timer_start(s->loop, &n->conn_timer);
 }
-
 
 /* Reads the seed address "ip:port", "[ip6]:port" or "unix:/path" into <ep>. */
 int seed_endpoint(const char *addr, struct endpoint *ep, char *err, size_t errlen)

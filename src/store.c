@@ -283,23 +283,24 @@ void node_error(struct store_node *n, enum store_errclass ec)
  * It stays within [LIMIT_MIN, max_concurrency]. The lowest latency is
  * re-learnt every RTT_WINDOW_S (Redis may have moved).
  */
+
+/* Sets <n>'s limit to <v>, keeping the published sum right (0 when <n> goes away). */
+void limit_set(struct store_node *n, double v)
+{
+	struct store *s = n->s;
+
+	s->stats.concurrency_limit -= (uint64_t)n->limit;
+	n->limit = v;
+	s->stats.concurrency_limit += (uint64_t)n->limit;
+}
+
+/* Starts <n>'s limit afresh: the initial value, slow start, no latency known. */
 void limit_reset(struct store_node *n)
 {
-	n->limit = LIMIT_INITIAL < n->s->max_concurrency ? LIMIT_INITIAL : n->s->max_concurrency;
+	limit_set(n, LIMIT_INITIAL < n->s->max_concurrency ? LIMIT_INITIAL : n->s->max_concurrency);
 	n->slow_start = true;
 	n->rtt_min = n->rtt_min_next = 0;
 	n->rtt_window_end = mono() + RTT_WINDOW_S;
-}
-
-/* Publishes the sum of the nodes' limits. */
-void limit_publish(struct store *s)
-{
-	struct list *l;
-	uint64_t sum = 0;
-
-	for (l = s->nodes.next; l != &s->nodes; l = l->next)
-		sum += (uint64_t)LIST_ELEM(l, struct store_node, link)->limit;
-	s->stats.concurrency_limit = sum;
 }
 
 /* Congestion at <n> (a missed deadline, a slow reply): cut the limit once per timeout. */
@@ -311,17 +312,14 @@ static void limit_decrease(struct store_node *n, double now)
 	if (now - n->last_decrease < s->command_timeout_ms / 1000.)
 		return;
 	n->last_decrease = now;
-	n->limit *= LIMIT_DECREASE;
-	if (n->limit < LIMIT_MIN)
-		n->limit = LIMIT_MIN;
-	limit_publish(s);
+	limit_set(n, n->limit * LIMIT_DECREASE < LIMIT_MIN ? LIMIT_MIN : n->limit * LIMIT_DECREASE);
 }
 
 /* A reply from <n> took <rtt> seconds. */
 static void limit_sample(struct store_node *n, double rtt, double now)
 {
 	struct store *s = n->s;
-	double timeout = s->command_timeout_ms / 1000., good;
+	double timeout = s->command_timeout_ms / 1000., good, v;
 
 	if (now >= n->rtt_window_end) {
 		if (n->rtt_min_next > 0)
@@ -340,10 +338,8 @@ static void limit_sample(struct store_node *n, double rtt, double now)
 	good = 2 * n->rtt_min > timeout / 8 ? 2 * n->rtt_min : timeout / 8;
 	if (rtt > good || n->limit >= s->max_concurrency || (n->out + 1) * 2 < n->limit)
 		return;
-	n->limit += n->slow_start ? 1. : 1. / n->limit;
-	if (n->limit > s->max_concurrency)
-		n->limit = s->max_concurrency;
-	limit_publish(s);
+	v = n->limit + (n->slow_start ? 1. : 1. / n->limit);
+	limit_set(n, v > s->max_concurrency ? s->max_concurrency : v);
 }
 
 /* True when <n> has room under its limit for one more command. */

@@ -118,7 +118,6 @@ struct store_node *node_new(struct store *s, const struct endpoint *ep, bool see
 	ev_timer_init(&n->conn_timer, conn_timer_cb, 0., 0.);
 	list_append(&s->nodes, &n->link);
 	s->stats.nodes++;
-	limit_publish(s);
 	return n;
 }
 
@@ -175,7 +174,7 @@ void node_free(struct store_node *n)
 	breaker_set(n, false);
 	list_del(&n->link);
 	s->stats.nodes--;
-	limit_publish(s);
+	limit_set(n, 0);
 	free(n->host);
 	free(n->unix_path);
 	free(n->name);

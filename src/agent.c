@@ -14,9 +14,18 @@
  * Redis Cluster slot and are decided by one script call. Nothing a client
  * sends can reach outside its own principal part.
  *
+ * An API key with no known tier is, by default, an anonymous client of its
+ * address: inventing keys buys nothing and costs Redis nothing.
+ *
+ * The principal's limits are decided first; an endpoint's global limits (their
+ * own hash tag) only once those allowed, so a denial is one script call.
+ *
  * The answer is a set of txn variables; on any store failure the agent answers
- * at once allow=1 degraded=1 (fail-open). Each decision holds a reference to
- * the ruleset it started with, so a reload never changes a decision midway.
+ * at once through the failure ladder (by default a coarse local limit, never
+ * no limit at all) with degraded=1, except that a denial Redis computed keeps
+ * answering from the blocked-key cache until its Retry-After. Each decision
+ * holds a reference to the ruleset it started with, so a reload never changes
+ * a decision midway.
  */
 #include "agent.h"
 

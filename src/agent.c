@@ -115,7 +115,6 @@ struct part {
 	struct store_result res;
 	bool used;
 	bool fallback;                  /* res holds the failure ladder's verdicts */
-	bool skipped;                   /* not sent: an earlier part denied */
 	uint64_t h;                     /* hash of q, for the blocked-key cache */
 	double t_sent;                  /* mono() when the query left */
 	bool has[STORE_MAX_LIMITS];     /* a verdict exists for this slot */
@@ -765,8 +764,8 @@ static void decision_next(struct decision *d)
 			if (d->parts[p].used && !d->parts[p].res.allowed)
 				break;
 		if (&d->parts[p] != pt) {
+			/* not sent, no verdict: the earlier part decided */
 			pt->used = false;
-			pt->skipped = true;
 			continue;
 		}
 		if (part_start(d, pt))
@@ -789,8 +788,10 @@ static void deny_no_address(struct decision *d)
 	set_int(req, "status", d->rs->cfg->deny_status);
 	set_int(req, "retry_after", 1);
 	d->a->outcomes[OUT_DENIED]++;
-	if (d->a->ms)
-		metrics_decision(d->a->ms, "anonymous", "-", MR_DENIED);
+	if (d->a->ms) {
+		metrics_decision(d->a->ms, d->rs->anon.name, "-", MR_DENIED);
+		prom_hist_observe(&d->a->ms->decision_lat, mono() - d->t0);
+	}
 	spoa_req_done(req);
 	decision_free(d);
 }

@@ -304,3 +304,35 @@ def test_invalid_without_address_rejected(agent_bin, tmp):
     r = subprocess.run([str(agent_bin), "-c", "-f", str(path)], capture_output=True,
                        text=True, timeout=10)
     assert r.returncode == 1 and "without_address 'allow'" in r.stderr + r.stdout, r
+
+
+def test_drain_with_a_global_part_still_to_send(agent, redis):
+    """SIGTERM while the principal's part waits on a frozen Redis: the store answers it
+    SHUTDOWN, the ladder (local) allows it, the global part cannot be sent any more and
+    its ladder (closed) denies: one ACK, and the agent exits 0 (under ASan: nothing used
+    after the store is freed)."""
+    import signal
+    import time
+    limits = {"p5": {"rate": 5, "period": "1h"},
+              "gc": {"rate": 100, "period": "1h", "on_failure": "closed"},
+              "anon5": LIMITS["anon5"]}
+    a = agent(redis=redis, redis_cfg={"command_timeout_ms": 10000},
+              **dict(GLOBAL_CFG, limits=limits, tiers={"t": {"limits": ["p5"]}},
+                     endpoints=LcList([{"name": "ep", "path_prefix": "/ep",
+                                        "global_limits": ["gc"]}])))
+    with sc.SpopClient(a.addr, timeout=10) as c:
+        c.hello()
+        assert c.request(1, 1, [sc.rl_message(key="dg", tier="t", path="/ep")])["allow"] == 1
+        redis.proc.signal(signal.SIGSTOP)
+        try:
+            c.send(sc.notify(3, 1, [sc.rl_message(key="dg", tier="t", path="/ep")]))
+            time.sleep(0.2)
+            a.proc.signal(signal.SIGTERM)
+            f = c.recv_frame(timeout=8)
+            assert f is not None and f.type == sc.T_ACK and f.sid == 3, f
+            v = sc.ack_vars(f.payload)
+            assert v["allow"] == 0 and v.get("status") == 503 and v.get("degraded") == 1, v
+        finally:
+            redis.proc.signal(signal.SIGCONT)
+    wait_until(lambda: not a.alive(), 10, 0.05, "the agent to exit")
+    assert a.proc.returncode() == 0, a.proc.log_tail()

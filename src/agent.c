@@ -14,9 +14,18 @@
  * Redis Cluster slot and are decided by one script call. Nothing a client
  * sends can reach outside its own principal part.
  *
+ * An API key with no known tier is, by default, an anonymous client of its
+ * address: inventing keys buys nothing and costs Redis nothing.
+ *
+ * The principal's limits are decided first; an endpoint's global limits (their
+ * own hash tag) only once those allowed, so a denial is one script call.
+ *
  * The answer is a set of txn variables; on any store failure the agent answers
- * at once allow=1 degraded=1 (fail-open). Each decision holds a reference to
- * the ruleset it started with, so a reload never changes a decision midway.
+ * at once through the failure ladder (by default a coarse local limit, never
+ * no limit at all) with degraded=1, except that a denial Redis computed keeps
+ * answering from the blocked-key cache until its Retry-After. Each decision
+ * holds a reference to the ruleset it started with, so a reload never changes
+ * a decision midway.
  */
 #include "agent.h"
 
@@ -76,6 +85,8 @@ struct agent {
 	uint64_t refunds;               /* charges taken back after a split denial */
 	uint64_t tier_hits, tier_misses;
 	uint64_t local_decisions;       /* failed parts decided by local fallback limits */
+	uint64_t invalid_costs;         /* costs from HAProxy out of range: charged COST_MAX */
+	uint64_t no_address;            /* anonymous requests without a source address */
 	struct metrics *metrics;        /* ref: shared region (owned by main) */
 	struct met_slot *ms;            /* ref: this process's slot */
 	struct http_server *http;       /* owned or NULL */
@@ -118,6 +129,7 @@ struct decision {
 	struct ruleset *rs;             /* one reference */
 	const struct rule_endpoint *ep; /* ref: into rs, or NULL */
 	unsigned waiting;               /* store queries not answered yet */
+	int next;                       /* next part to decide (parts go in order) */
 	size_t n;                       /* applied limits */
 	struct applied ap[MAX_APPLIED];
 	struct part parts[2];
@@ -125,13 +137,16 @@ struct decision {
 	char principal[80];
 	uint8_t digest[16];
 	struct spop_data ip;
-	int64_t cost;                   /* from HAProxy, or -1 */
+	int64_t cost;                   /* from HAProxy, or -1 (COST_MAX when invalid) */
 	bool closed;                    /* a fail-closed limit denied */
 	const struct rule_tier *tier;   /* ref: rs, the tier applied */
 	const char *tier_name;          /* ref: rs, for metrics */
 	char client[64];                /* fingerprint for top offenders */
 	double t0;                      /* when the NOTIFY arrived (mono) */
 };
+
+static void part_settle(struct decision *d, struct part *pt);
+static void decision_next(struct decision *d);
 
 /* What we read from the message. */
 struct req_args {
@@ -140,6 +155,7 @@ struct req_args {
 	struct spop_str method, path, route;
 	struct spop_data ip;            /* NULL type when absent */
 	int64_t cost;                   /* -1 when not sent */
+	bool cost_invalid;              /* sent, but not an integer in 0..COST_MAX */
 };
 
 
@@ -215,7 +231,7 @@ static const struct limit_verdict *verdict_of(const struct decision *d, size_t i
 {
 	const struct part *p = &d->parts[d->ap[i].part];
 
-	if (p->st != STORE_OK && !(p->fallback && p->has[d->ap[i].slot]))
+	if (!p->used || (p->st != STORE_OK && !(p->fallback && p->has[d->ap[i].slot])))
 		return NULL;
 	return &p->res.v[d->ap[i].slot];
 }
@@ -280,7 +296,7 @@ static void respond(struct decision *d)
 	struct spoa_req *req = d->req;
 	const struct limit_verdict *pv = NULL;
 	const struct rule_limit *l = NULL, *shadow = NULL;
-	bool allowed = true, degraded = false, any = false;
+	bool allowed = true, degraded = false, any = false, local = false, local_denied = false;
 	char buf[1024];
 	size_t i;
 	int p;
@@ -305,6 +321,11 @@ static void respond(struct decision *d)
 
 		if (!v)
 			continue;
+		if (d->parts[d->ap[i].part].st != STORE_OK && li->on_failure == FAIL_LOCAL) {
+			local = true;
+			if (!v->allowed && !li->shadow)
+				local_denied = true;
+		}
 		if (li->shadow) {
 			if (!v->allowed && !shadow)
 				shadow = li;
@@ -330,8 +351,15 @@ static void respond(struct decision *d)
 			note_denied(a, rule, d->client);
 		} else {
 			metrics_decision(a->ms, d->tier_name, rule,
-					 degraded ? MR_DEGRADED : MR_ALLOWED);
+					 !degraded ? MR_ALLOWED : (local ? MR_LOCAL : MR_DEGRADED));
 		}
+		/* what the failure ladder answered: fail-open apart from local limits */
+		if (degraded && allowed)
+			a->ms->c[local ? MC_FB_LOCAL_ALLOWED : MC_FB_OPEN]++;
+		else if (degraded && d->closed)
+			a->ms->c[MC_FB_CLOSED]++;
+		else if (degraded && local_denied)
+			a->ms->c[MC_FB_LOCAL_DENIED]++;
 		for (p = 0; p < 2; p++)
 			if (d->parts[p].used && d->parts[p].st != STORE_OK)
 				a->ms->degraded[d->parts[p].st < STORE_COUNT ? d->parts[p].st
@@ -428,10 +456,9 @@ static void decision_finish(struct decision *d)
 	bool denied = false, charged = false;
 	int p;
 
-	for (p = 0; p < 2; p++) {
-		if (d->parts[p].used && d->parts[p].st != STORE_OK)
-			fallback(d, &d->parts[p]);
-	}
+	for (p = 0; p < 2; p++)
+		if (d->parts[p].used)
+			part_settle(d, &d->parts[p]);
 	for (p = 0; p < 2; p++) {
 		if (!d->parts[p].used)
 			continue;
@@ -501,9 +528,9 @@ static bool blocked_get(struct agent *a, struct part *pt)
 	double now;
 	size_t i;
 
-	/* only while Redis answers: during an outage the failure ladder decides,
-	 * so an outage behaves the same whatever was cached */
-	if (!a->blocked || (a->store && !store_key_ready(a->store, pt->q.keys[0])))
+	/* whether Redis answers now or not: the denial is a fact Redis computed,
+	 * and nothing but a refund or a reload could end it before its time */
+	if (!a->blocked)
 		return false;
 	b = &a->blocked[pt->h % BLOCKED_SLOTS];
 	now = mono();
@@ -536,8 +563,9 @@ static void part_done_cb(enum store_status st, const struct store_result *res, v
 		pt->st = STORE_ERROR;
 	}
 	d->a->pending--;
-	if (--d->waiting == 0)
-		decision_finish(d);
+	d->waiting--;
+	part_settle(d, pt);
+	decision_next(d);
 }
 
 static void part_waiter_done(struct quota_waiter *w, enum store_status st,
@@ -588,8 +616,11 @@ static void add_limits(struct decision *d, int p, const struct rule_tier *t, con
 	}
 }
 
-/* The key part for an anonymous client: its address masked to the prefix. */
-static void principal_ip(const struct ruleset *rs, const struct spop_data *ip, char *out,
+/*
+ * The key part for an anonymous client: its address masked to the prefix.
+ * Without an address: "ip:none", and false.
+ */
+static bool principal_ip(const struct ruleset *rs, const struct spop_data *ip, char *out,
 			 size_t outlen)
 {
 	uint8_t addr[16];
@@ -612,7 +643,7 @@ static void principal_ip(const struct ruleset *rs, const struct spop_data *ip, c
 		}
 	} else {
 		snprintf(out, outlen, "ip:none");
-		return;
+		return false;
 	}
 	for (i = 0; i < len; i++) {
 		unsigned keep = bits >= 8 * (i + 1) ? 8 : (bits > 8 * i ? bits - 8 * i : 0);
@@ -621,6 +652,7 @@ static void principal_ip(const struct ruleset *rs, const struct spop_data *ip, c
 	}
 	hex_encode(addr, len, hex);
 	snprintf(out, outlen, "ip%u:%s/%u", len == 4 ? 4 : 6, hex, bits);
+	return true;
 }
 
 /* The printable address prefix of an anonymous client, for top offenders. */
@@ -656,16 +688,123 @@ static void client_ip(const struct ruleset *rs, const struct spop_data *ip, char
 }
 
 /*
- * Builds and sends the store queries of <d> for tier <tier> (NULL: anonymous),
- * then answers at once if nothing is left to wait for.
+ * Starts part <pt> of <d>: answered at once from the blocked-key cache, the
+ * memory store or a local quota, or sent to the store. Returns true when it
+ * waits for the store (part_done_cb() follows).
+ */
+static bool part_start(struct decision *d, struct part *pt)
+{
+	struct agent *a = d->a;
+	int ret;
+
+	pt->d = d;
+	pt->h = query_hash(&pt->q);
+	if (blocked_get(a, pt)) {
+		pt->st = STORE_OK;
+		return false;
+	}
+	if (a->mem) {
+		memstore_decide(a->mem, &pt->q, now_us_real(), &pt->res);
+		pt->st = STORE_OK;
+		blocked_put(a, pt);
+		return false;
+	}
+	d->waiting++;
+	a->pending++;
+	pt->t_sent = mono();
+	if (a->quota) {
+		enum store_status st = STORE_ERROR;
+		enum quota_path qp;
+
+		if (pt->cap < 0)
+			pt->cap = 0;
+		pt->w.done = part_waiter_done;
+		qp = quota_decide(a->quota, pt->h, &pt->q, pt->cap, &pt->w, &pt->res, &st);
+		if (qp == QUOTA_WAIT)
+			return true;
+		if (qp != QUOTA_BYPASS) {
+			pt->st = qp == QUOTA_LOCAL ? STORE_OK : st;
+			a->pending--;
+			d->waiting--;
+			return false;
+		}
+	}
+	ret = store_decide(a->store, &pt->q, part_done_cb, pt);
+	if (ret < 0) {
+		pt->st = (enum store_status)-ret;
+		a->pending--;
+		d->waiting--;
+		return false;
+	}
+	return true;
+}
+
+/* A part the store could not decide gets the failure ladder's verdicts (once). */
+static void part_settle(struct decision *d, struct part *pt)
+{
+	if (pt->st != STORE_OK && !pt->fallback)
+		fallback(d, pt);
+}
+
+/*
+ * Decides the parts of <d> one after the other, then finishes. The principal's
+ * part goes first; the endpoint's global part is sent only if it allowed, so a
+ * denied client costs one Redis call and never charges the global budget (a
+ * global denial after a principal's charge is still refunded).
+ */
+static void decision_next(struct decision *d)
+{
+	while (d->next < 2) {
+		struct part *pt = &d->parts[d->next++];
+		int p;
+
+		if (!pt->used)
+			continue;
+		for (p = 0; &d->parts[p] != pt; p++)
+			if (d->parts[p].used && !d->parts[p].res.allowed)
+				break;
+		if (&d->parts[p] != pt) {
+			/* not sent, no verdict: the earlier part decided */
+			pt->used = false;
+			continue;
+		}
+		if (part_start(d, pt))
+			return;
+		part_settle(d, pt);
+	}
+	decision_finish(d);
+}
+
+/*
+ * Answers an anonymous request that came without a source address under
+ * anonymous.without_address = "deny": refused with fallback.deny_status, no
+ * Redis call (every such client would otherwise share one bucket).
+ */
+static void deny_no_address(struct decision *d)
+{
+	struct spoa_req *req = d->req;
+
+	set_int(req, "allow", 0);
+	set_int(req, "status", d->rs->cfg->deny_status);
+	set_int(req, "retry_after", 1);
+	d->a->outcomes[OUT_DENIED]++;
+	if (d->a->ms) {
+		metrics_decision(d->a->ms, d->rs->anon.name, "-", MR_DENIED);
+		prom_hist_observe(&d->a->ms->decision_lat, mono() - d->t0);
+	}
+	spoa_req_done(req);
+	decision_free(d);
+}
+
+/*
+ * Builds the store queries of <d> for tier <tier> (NULL: anonymous) and
+ * decides them (see decision_next()).
  */
 static void decision_run(struct decision *d, const struct rule_tier *tier)
 {
-	struct agent *a = d->a;
 	const struct ruleset *rs = d->rs;
 	char principal[80];
 	char sfx[72];
-	int p;
 
 	if (tier) {
 		snprintf(principal, sizeof(principal), "%s", d->principal);
@@ -673,7 +812,13 @@ static void decision_run(struct decision *d, const struct rule_tier *tier)
 		snprintf(d->client, sizeof(d->client), "%.10s", d->principal);
 	} else {
 		tier = &rs->anon;
-		principal_ip(rs, &d->ip, principal, sizeof(principal));
+		if (!principal_ip(rs, &d->ip, principal, sizeof(principal))) {
+			d->a->no_address++;
+			if (rs->cfg->no_address == NO_ADDRESS_DENY) {
+				deny_no_address(d);
+				return;
+			}
+		}
 		client_ip(rs, &d->ip, d->client, sizeof(d->client));
 	}
 	d->tier = tier;
@@ -687,53 +832,7 @@ static void decision_run(struct decision *d, const struct rule_tier *tier)
 		snprintf(global, sizeof(global), "g:%s", d->ep->name);
 		add_limits(d, 1, &d->ep->global, global, "");
 	}
-	for (p = 0; p < 2; p++) {
-		struct part *pt = &d->parts[p];
-		int ret;
-
-		if (!pt->used)
-			continue;
-		pt->d = d;
-		pt->h = query_hash(&pt->q);
-		if (blocked_get(a, pt)) {
-			pt->st = STORE_OK;
-			continue;
-		}
-		if (a->mem) {
-			memstore_decide(a->mem, &pt->q, now_us_real(), &pt->res);
-			pt->st = STORE_OK;
-			blocked_put(a, pt);
-			continue;
-		}
-		d->waiting++;
-		a->pending++;
-		pt->t_sent = mono();
-		if (a->quota) {
-			enum store_status st = STORE_ERROR;
-			enum quota_path qp;
-
-			if (pt->cap < 0)
-				pt->cap = 0;
-			pt->w.done = part_waiter_done;
-			qp = quota_decide(a->quota, pt->h, &pt->q, pt->cap, &pt->w, &pt->res, &st);
-			if (qp == QUOTA_WAIT)
-				continue;
-			if (qp != QUOTA_BYPASS) {
-				pt->st = qp == QUOTA_LOCAL ? STORE_OK : st;
-				a->pending--;
-				d->waiting--;
-				continue;
-			}
-		}
-		ret = store_decide(a->store, &pt->q, part_done_cb, pt);
-		if (ret < 0) {
-			pt->st = (enum store_status)-ret;
-			a->pending--;
-			d->waiting--;
-		}
-	}
-	if (d->waiting == 0)
-		decision_finish(d);
+	decision_next(d);
 }
 
 static struct tier_slot *tier_slot(struct agent *a, const uint8_t *digest)
@@ -790,7 +889,7 @@ static void read_args(struct spop_msg *m, struct req_args *ra)
 {
 	struct spop_str name;
 	struct spop_data v;
-	int64_t i;
+	int64_t i = 0;
 
 	memset(ra, 0, sizeof(*ra));
 	ra->cost = -1;
@@ -816,8 +915,21 @@ static void read_args(struct spop_msg *m, struct req_args *ra)
 			if (str)
 				ra->route = v.v.s;
 		} else if (spop_str_eq(&name, "cost")) {
-			if (spop_data_int(&v, &i))
-				ra->cost = i < 0 ? 0 : (i > COST_MAX ? COST_MAX : i);
+			/* NULL: HAProxy had no value, as if not sent. Anything but an
+			 * integer in 0..COST_MAX is an error, never free: the maximum */
+			if (v.type == SPOP_T_NULL)
+				continue;
+			if ((v.type == SPOP_T_UINT32 || v.type == SPOP_T_UINT64)
+				    ? v.v.u <= COST_MAX
+				    : spop_data_int(&v, &i) && i >= 0 && i <= COST_MAX) {
+				ra->cost = v.type == SPOP_T_UINT32 || v.type == SPOP_T_UINT64
+						   ? (int64_t)v.v.u
+						   : i;
+				ra->cost_invalid = false;
+			} else {
+				ra->cost = COST_MAX;
+				ra->cost_invalid = true;
+			}
 		}
 	}
 }
@@ -859,6 +971,8 @@ static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 	d->rs = ruleset_ref(rs);
 	d->ip = ra.ip;
 	d->cost = ra.cost;
+	if (ra.cost_invalid)
+		a->invalid_costs++;
 	d->ep = ruleset_endpoint(rs, ra.route.p, ra.route.len, ra.method.p, ra.method.len,
 				 ra.path.p, ra.path.len);
 	if (!ra.key.len) {
@@ -930,6 +1044,8 @@ static void publish(struct agent *a)
 	ms->c[MC_REFUNDS] = a->refunds;
 	ms->c[MC_BLOCKED_HITS] = a->blocked_hits;
 	ms->c[MC_LOCAL_DECISIONS] = a->local_decisions;
+	ms->c[MC_INVALID_COSTS] = a->invalid_costs;
+	ms->c[MC_NO_ADDRESS] = a->no_address;
 	ms->c[MC_TIER_HITS] = a->tier_hits;
 	ms->c[MC_TIER_MISSES] = a->tier_misses;
 	if (a->store) {

@@ -190,7 +190,8 @@ static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_
 			l->name, alg);
 	free(alg);
 	get_bool(ld, s, "shadow", &l->shadow);
-	alg = get_str(ld, s, "on_failure", "open");
+	/* the default never leaves a limit unenforced while Redis is away */
+	alg = get_str(ld, s, "on_failure", "local");
 	if (strcmp(alg, "open") == 0)
 		l->on_failure = FAIL_OPEN;
 	else if (strcmp(alg, "closed") == 0)
@@ -256,7 +257,8 @@ static void load_tier(struct loader *ld, const config_setting_t *s, struct cfg_t
 		      const char *name)
 {
 	static const char *const known_tier[] = {"limits", NULL};
-	static const char *const known_anon[] = {"limits", "ipv4_prefix", "ipv6_prefix", NULL};
+	static const char *const known_anon[] = {"limits", "ipv4_prefix", "ipv6_prefix",
+						 "without_address", NULL};
 	const config_setting_t *list;
 	int i, n;
 
@@ -442,6 +444,21 @@ static void load_endpoints(struct loader *ld, const config_setting_t *s)
 	}
 }
 
+/* anonymous.without_address: what an anonymous request without a source address gets */
+static void load_no_address(struct loader *ld, const config_setting_t *s)
+{
+	char *str = get_str(ld, s, "without_address", "deny");
+
+	if (strcmp(str, "deny") == 0)
+		ld->cfg->no_address = NO_ADDRESS_DENY;
+	else if (strcmp(str, "shared") == 0)
+		ld->cfg->no_address = NO_ADDRESS_SHARED;
+	else
+		add_err(ld, line_of(config_setting_get_member(s, "without_address")),
+			"anonymous.without_address '%s': use \"deny\" or \"shared\"", str);
+	free(str);
+}
+
 static void load_tier_lookup(struct loader *ld, const config_setting_t *root)
 {
 	static const char *const known[] = {"redis_hash", "cache_ttl", "cache_size", NULL};
@@ -450,7 +467,8 @@ static void load_tier_lookup(struct loader *ld, const config_setting_t *root)
 	const config_setting_t *m;
 	char *str;
 
-	str = get_str(ld, root, "unknown_keys", "default_tier");
+	/* random keys must not buy a fresh budget each: per address by default */
+	str = get_str(ld, root, "unknown_keys", "anonymous");
 	if (strcmp(str, "default_tier") == 0)
 		cfg->unknown_keys = UNKNOWN_DEFAULT_TIER;
 	else if (strcmp(str, "anonymous") == 0)
@@ -657,6 +675,7 @@ static void load_root(struct loader *ld, config_t *lc)
 		if (config_setting_is_group(s)) {
 			get_uint(ld, s, "ipv4_prefix", 1, 32, &cfg->ipv4_prefix);
 			get_uint(ld, s, "ipv6_prefix", 1, 128, &cfg->ipv6_prefix);
+			load_no_address(ld, s);
 		}
 	}
 

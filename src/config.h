@@ -71,6 +71,13 @@ enum unknown_key_policy {
 	UNKNOWN_COUNT                   /* sentinel */
 };
 
+/* Anonymous requests HAProxy sent without a source address. */
+enum no_address_policy {
+	NO_ADDRESS_DENY   = 0,          /* denied with fallback.deny_status, counted */
+	NO_ADDRESS_SHARED = 1,          /* one bucket "ip:none" for all of them */
+	NO_ADDRESS_COUNT                /* sentinel */
+};
+
 struct agent_config {
 	char *file;                     /* owned: path it was read from */
 	char **listen;                  /* owned: listener addresses */
@@ -99,6 +106,7 @@ struct agent_config {
 	struct cfg_tier anon;           /* limits of anonymous clients (name "anonymous") */
 	unsigned ipv4_prefix;           /* anonymous IPv4 grouping, bits (32) */
 	unsigned ipv6_prefix;           /* anonymous IPv6 grouping, bits (64) */
+	enum no_address_policy no_address; /* anonymous requests without an address */
 	bool legacy_headers;            /* also return limit/remaining/reset */
 	struct cfg_endpoint *endpoints; /* owned array, in match order */
 	size_t nendpoints;

@@ -109,6 +109,9 @@ void metrics_decision(struct met_slot *s, const char *tier, const char *rule, in
 	case MR_SHADOW_DENIED:
 		row->shadow_denied++;
 		break;
+	case MR_LOCAL:
+		row->local++;
+		break;
 	default:
 		row->degraded++;
 		break;
@@ -269,7 +272,7 @@ static void samples_u64(struct http_reply *r, const struct metrics *m, const cha
 void metrics_render(const struct metrics *m, struct http_reply *r)
 {
 	static const char *const results[MR_COUNT] = {"allowed", "denied", "shadow_denied",
-						      "degraded"};
+						      "degraded", "local"};
 	struct met_row *rows = xcalloc(MET_ROWS * MET_WORKERS_MAX, sizeof(*rows));
 	struct prom_hist dl, rl;
 	struct merged_top *mt;
@@ -308,6 +311,7 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 			rows[j].denied += src->denied;
 			rows[j].shadow_denied += src->shadow_denied;
 			rows[j].degraded += src->degraded;
+			rows[j].local += src->local;
 		}
 	}
 
@@ -315,7 +319,7 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 		    "Decisions by tier, deciding rule and result.");
 	for (j = 0; j < nrows; j++) {
 		uint64_t v[MR_COUNT] = {rows[j].allowed, rows[j].denied, rows[j].shadow_denied,
-					rows[j].degraded};
+					rows[j].degraded, rows[j].local};
 		int k;
 
 		for (k = 0; k < MR_COUNT; k++) {
@@ -375,6 +379,23 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 	family_u64(r, m, "spoa_ratelimit_local_decisions_total", PROM_COUNTER,
 		   "Decisions made by local fallback limits while Redis failed.",
 		   MC_LOCAL_DECISIONS);
+	prom_family(r, "spoa_ratelimit_fallback_decisions_total", PROM_COUNTER,
+		    "Decisions Redis could not make, by what the failure ladder answered.");
+	{
+		static const struct labelled fb[] = {{"open", MC_FB_OPEN},
+						     {"local_allowed", MC_FB_LOCAL_ALLOWED},
+						     {"local_denied", MC_FB_LOCAL_DENIED},
+						     {"closed", MC_FB_CLOSED}};
+
+		samples_u64(r, m, "spoa_ratelimit_fallback_decisions_total", "outcome", fb,
+			    ARRAY_SIZE(fb));
+	}
+	family_u64(r, m, "spoa_ratelimit_invalid_costs_total", PROM_COUNTER,
+		   "Costs from HAProxy that were not an integer in 0..1000000 (charged 1000000).",
+		   MC_INVALID_COSTS);
+	family_u64(r, m, "spoa_ratelimit_no_address_total", PROM_COUNTER,
+		   "Anonymous requests without a source address (anonymous.without_address).",
+		   MC_NO_ADDRESS);
 	family_u64(r, m, "spoa_ratelimit_blocked_cache_hits_total", PROM_COUNTER,
 		   "Denials answered locally, without Redis, until their Retry-After.",
 		   MC_BLOCKED_HITS);

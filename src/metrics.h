@@ -82,6 +82,12 @@ enum met_counter {
 	MC_UNREPORTED,          /* gauge */
 	MC_GATEWAYS,            /* gauge: live gateways seen by this worker */
 	MC_QUOTA_FULL,
+	MC_FB_OPEN,             /* degraded decisions: allowed with no verdict (fail-open) */
+	MC_FB_LOCAL_ALLOWED,    /* ... allowed by local fallback limits */
+	MC_FB_LOCAL_DENIED,     /* ... denied by local fallback limits */
+	MC_FB_CLOSED,           /* ... denied by a fail-closed limit */
+	MC_INVALID_COSTS,       /* costs from HAProxy out of range, charged the maximum */
+	MC_NO_ADDRESS,          /* anonymous requests without a source address */
 	MC_COUNT                /* sentinel */
 };
 
@@ -89,7 +95,7 @@ enum met_counter {
 struct met_row {
 	char tier[MET_NAME];
 	char rule[MET_NAME];
-	uint64_t allowed, denied, shadow_denied, degraded;
+	uint64_t allowed, denied, shadow_denied, degraded, local;
 };
 
 /* Denied clients of one rule: a snapshot of the worker's top-K and its HLL. */
@@ -129,7 +135,8 @@ enum met_result {
 	MR_ALLOWED = 0,
 	MR_DENIED,
 	MR_SHADOW_DENIED,
-	MR_DEGRADED,
+	MR_DEGRADED,            /* allowed without any verdict: fail-open */
+	MR_LOCAL,               /* allowed by local fallback limits, Redis not consulted */
 	MR_COUNT                /* sentinel */
 };
 

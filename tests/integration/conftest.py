@@ -331,6 +331,9 @@ def agent_config(listen, redis_address=None, **over):
         "limits": DEFAULT_LIMITS,
         "tiers": DEFAULT_TIERS,
         "default_tier": "free",
+        # the tests send keys without tiers and expect default_tier's limits; the
+        # agent's own default ("anonymous") is tested with unknown_keys=None
+        "unknown_keys": "default_tier",
         "anonymous": {"limits": ["anon_rpm"], "ipv6_prefix": 64},
         "response": {"legacy_headers": True},
     }

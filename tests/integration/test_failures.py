@@ -12,6 +12,8 @@ HOURLY = {
     "pro_rpm": {"rate": 10, "period": "1h"},
     "anon_rpm": {"rate": 3, "period": "1h"},
 }
+# The same, failing open explicitly (the default is on_failure = "local").
+HOURLY_OPEN = {k: dict(v, on_failure="open") for k, v in HOURLY.items()}
 
 
 def exhaust(s, key, n=3):
@@ -53,16 +55,20 @@ def test_agent_killed_fails_open_then_recovers(stack):
 
 
 def test_redis_down_fails_open_then_recovers(stack):
-    s = stack(limits=HOURLY, spoe_timeout="200ms")
+    s = stack(limits=HOURLY_OPEN, spoe_timeout="200ms")
     exhaust(s, "fo-redis")
     s.redis.stop()
     for i in range(10):
-        r = s.get("/", api_key="fo-redis")
+        # 10 requests on a 3/h key: on_failure = "open" lets them all pass
+        r = s.get("/", api_key="fo-redis-open")
         assert r.status == 200, r
         # the agent answered in time (no SPOE error) and said it did not ask Redis
         assert r.h("X-RateLimit-Degraded") == "1", r
         assert r.h("X-RateLimit-Agent-Error") is None, r
         assert r.h("Retry-After") is None
+    # the key Redis denied stays denied until its Retry-After (the blocked-key cache)
+    r = s.get("/", api_key="fo-redis")
+    assert r.status == 429 and r.h("X-RateLimit-Degraded") is None, r
     # anonymous traffic too
     r = s.get("/", source="127.0.0.6")
     assert r.status == 200 and r.h("X-RateLimit-Degraded") == "1", r
@@ -103,11 +109,10 @@ def test_redis_stalled_fails_open_then_recovers(stack):
             assert r.status == 200, r
             assert r.h("X-RateLimit-Degraded") == "1", r
             assert r.h("X-RateLimit-Agent-Error") is None, r
-        # the exhausted key: either its cached denial (no Redis call needed, not
-        # degraded) or, once the breaker opened, the fail policy
+        # the exhausted key: its cached denial (a fact Redis computed), also once
+        # the breaker opened
         r = s.get("/", api_key="fo-stall")
-        assert (r.status == 429 and r.h("X-RateLimit-Degraded") is None) or \
-            (r.status == 200 and r.h("X-RateLimit-Degraded") == "1"), r
+        assert r.status == 429 and r.h("X-RateLimit-Degraded") is None, r
         assert r.h("X-RateLimit-Agent-Error") is None, r
         assert s.agent.alive()
     finally:
@@ -144,13 +149,16 @@ def test_agent_starts_without_redis(agent, redis):
 
 def test_redis_killed_hard(stack):
     """SIGKILL on Redis (connections reset, no goodbye): same fail-open behaviour."""
-    s = stack(limits=HOURLY, spoe_timeout="200ms")
+    s = stack(limits=HOURLY_OPEN, spoe_timeout="200ms")
     exhaust(s, "fo-kill")
     s.redis.proc.kill()
     for i in range(5):
-        r = s.get("/", api_key="fo-kill")
+        r = s.get("/", api_key="fo-kill-open")
         assert r.status == 200 and r.h("X-RateLimit-Degraded") == "1", r
         assert r.h("X-RateLimit-Agent-Error") is None, r
+    # still denied from the blocked-key cache, not let through by the outage
+    r = s.get("/", api_key="fo-kill")
+    assert r.status == 429 and r.h("X-RateLimit-Agent-Error") is None, r
     assert s.agent.alive()
     s.redis.start()
     wait_until(lambda: decided(s, "fo-kill-2"), 8, 0.1, "agent using Redis again")

@@ -12,7 +12,7 @@ import spop_client as sc
 from conftest import Stack, wait_until
 
 LIMITS = {
-    "open_h": {"rate": 100, "period": "1h"},
+    "open_h": {"rate": 100, "period": "1h", "on_failure": "open"},
     "closed_h": {"rate": 100, "period": "1h", "on_failure": "closed"},
     # 6/h shared by the fleet; this gateway's fallback share: 6 / 2 gateways = 3
     "local_h": {"rate": 6, "period": "1h", "on_failure": "local"},

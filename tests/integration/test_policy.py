@@ -461,11 +461,12 @@ def test_haproxy_sent_cost(setup):
         v_allowed(c.ask(key="hc", cost=0), "k", 16)             # 0: only reports
         v_allowed(c.ask(key="hc", path="/heavy", cost=2), "k", 14)   # replaces 10
         v_allowed(c.ask(key="hc", path="/heavy"), "k", 4)            # endpoint's 10
-        # a negative cost from the gateway is 0, never a refund
-        v_allowed(c.ask(key="hc", cost=-5), "k", 4)
+        # a negative cost from the gateway is an error, never free nor a refund: it is
+        # charged the maximum (1000000), so denied, charging nothing
+        v_denied(c.ask(key="hc", cost=-5), "k", 10 ** 12, remaining=4)
         v_denied(c.ask(key="hc", cost=5), "k", 721, remaining=4)     # 4 < 5
         v_allowed(c.ask(key="hc", cost=4), "k", 0)
-        # absurd costs are capped (1000000) and simply denied
+        # absurd costs are charged the maximum (1000000) and simply denied
         v_denied(c.ask(key="hc2", cost=10 ** 12), "k", 10 ** 12, remaining=20)
         v_allowed(c.ask(key="hc2"), "k", 19)
 

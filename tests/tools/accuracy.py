@@ -125,6 +125,8 @@ def agent_config(mode, scen, redis_port, ngw, args, prefix):
         },
         "limits": {name: limit},
         "tiers": {"t": {"limits": [name]}},
+        # spop-load sends keys without a tier: each is its own client
+        "unknown_keys": "default_tier",
         "default_tier": "t",
         "anonymous": {"limits": [name]},
     }

@@ -134,6 +134,8 @@ def agent_config(store, redis_port):
         },
         "limits": {"bench_second": {"rate": BIG, "period": "1s", "burst": BIG}},
         "tiers": {"bench": {"limits": ["bench_second"]}},
+        # spop-load sends keys without a tier: each is its own client
+        "unknown_keys": "default_tier",
         "default_tier": "bench",
         "anonymous": {"limits": ["bench_second"]},
         "response": {"legacy_headers": True},

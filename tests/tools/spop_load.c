@@ -7,6 +7,12 @@
  *
  *   spop-load -a 127.0.0.1:12345 [-c conns] [-p pipeline] [-d seconds]
  *             [-k keys] [-K key-prefix] [-n max-requests] [-r rate]
+ *             [-R] [-s sources]
+ *
+ * Keys are <key-prefix><n> with n drawn from 0..keys-1; with -R every request
+ * carries a key never sent before (<key-prefix> and 16 random hex digits), as a
+ * random-key flood would. Requests come from 127.0.0.1, or with -s from
+ * <sources> addresses 10.0.0.1, 10.0.0.2, ... in turn.
  *
  * Without -r it keeps -p NOTIFYs in flight on every connection (closed loop)
  * and stops dead at -d. With -r it paces: at most <rate> NOTIFYs per second
@@ -56,6 +62,9 @@ static struct {
 	uint64_t max_requests;
 	const char *key_prefix;
 	double rate;                    /* -r: NOTIFYs per second, 0 = closed loop */
+	bool random_keys;               /* -R: a fresh key for every request */
+	unsigned sources;               /* -s: source addresses (0: 127.0.0.1 only) */
+	uint64_t rng;                   /* xorshift64 state for -R */
 	double drain_until;             /* -r: end of the grace period for answers */
 	uint64_t sent, acks, allowed, denied, degraded, errors;
 	double lat[LAT_SLOTS];
@@ -63,7 +72,7 @@ static struct {
 	double start;
 	bool stopping;
 } g = {.addr = "127.0.0.1:12345", .conns = 4, .pipeline = 16, .keys = 1000, .duration = 5,
-       .key_prefix = "load-"};
+       .key_prefix = "load-", .rng = 0x9e3779b97f4a7c15ULL};
 
 static double now_s(void)
 {
@@ -95,7 +104,22 @@ static void send_notify(struct ev_loop *loop, struct lconn *c)
 	int n;
 
 	c->next_sid += 2;
-	snprintf(key, sizeof(key), "%s%d", g.key_prefix, rand() % g.keys);
+	if (g.random_keys) {
+		g.rng ^= g.rng << 13;
+		g.rng ^= g.rng >> 7;
+		g.rng ^= g.rng << 17;
+		snprintf(key, sizeof(key), "%.40s%016llx", g.key_prefix, (unsigned long long)g.rng);
+	} else {
+		snprintf(key, sizeof(key), "%.40s%d", g.key_prefix, rand() % g.keys);
+	}
+	if (g.sources) {
+		uint32_t a = (uint32_t)(g.sent % g.sources) + 1;
+
+		ip[0] = 10;
+		ip[1] = (uint8_t)(a >> 16);
+		ip[2] = (uint8_t)(a >> 8);
+		ip[3] = (uint8_t)a;
+	}
 	spop_wbuf_init(&w, buf, sizeof(buf));
 	start = spop_frame_begin(&w, SPOP_FRM_NOTIFY, SPOP_FL_FIN, sid, 1);
 	spop_put_str(&w, "rl-req", 6);
@@ -299,7 +323,7 @@ int main(int argc, char **argv)
 	double elapsed;
 	int opt, i;
 
-	while ((opt = getopt(argc, argv, "a:c:p:d:k:K:n:r:")) != -1) {
+	while ((opt = getopt(argc, argv, "a:c:p:d:k:K:n:r:Rs:")) != -1) {
 		switch (opt) {
 		case 'a': g.addr = optarg; break;
 		case 'c': g.conns = atoi(optarg); break;
@@ -309,15 +333,18 @@ int main(int argc, char **argv)
 		case 'K': g.key_prefix = optarg; break;
 		case 'n': g.max_requests = strtoull(optarg, NULL, 10); break;
 		case 'r': g.rate = atof(optarg); break;
+		case 'R': g.random_keys = true; break;
+		case 's': g.sources = (unsigned)strtoul(optarg, NULL, 10); break;
 		default:
 			fprintf(stderr, "usage: spop-load -a ip:port [-c conns] [-p pipeline] "
 					"[-d seconds] [-k keys] [-K prefix] [-n requests] "
-					"[-r rate]\n");
+					"[-r rate] [-R] [-s sources]\n");
 			return 2;
 		}
 	}
 	if (g.conns < 1 || g.conns > 1024 || g.pipeline < 1 || g.pipeline > MAX_INFLIGHT ||
-	    g.keys < 1 || g.duration <= 0 || g.duration > 600 || g.rate < 0 || g.rate > 1e7)
+	    g.keys < 1 || g.duration <= 0 || g.duration > 600 || g.rate < 0 || g.rate > 1e7 ||
+	    g.sources > 1000000)
 		return 2;
 	colon = strrchr(g.addr, ':');
 	if (!colon || (size_t)(colon - g.addr) >= sizeof(host))

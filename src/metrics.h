@@ -74,6 +74,11 @@ enum met_counter {
 	MC_UNREPORTED,          /* gauge */
 	MC_GATEWAYS,            /* gauge: live gateways seen by this worker */
 	MC_QUOTA_FULL,
+	MC_SPOP_STALE,          /* NOTIFYs older than spoe_timeout, answered empty */
+	MC_SPOP_EVICTED,        /* idle SPOP connections closed to admit a new one */
+	MC_SPOP_IDLE_TIMEOUTS,  /* SPOP connections closed by idle_timeout */
+	MC_SPOP_REFUSED,        /* SPOP connections refused: every one busy, or no fd */
+	MC_HTTP_EVICTED,        /* idle metrics connections closed to admit a new one */
 	MC_COUNT                /* sentinel */
 };
 

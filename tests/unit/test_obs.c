@@ -870,21 +870,35 @@ static void test_http_connection_limit(void **state)
 	struct fixture *f = *state;
 	int idle[HTTP_CONNS_MAX];
 	struct resp r;
+	char buf[16];
+	ssize_t n;
 	size_t i;
 
 	for (i = 0; i < HTTP_CONNS_MAX; i++)
 		idle[i] = client_connect(f);
 	pump_until_conns(f, HTTP_CONNS_MAX);
-	/* one more is closed at once, without a reply */
+	/* one more is served: the oldest idle connection makes room */
 	exchange_str(f, "GET /health HTTP/1.1\r\n\r\n", &r);
-	assert_int_equal(r.len, 0);
-	assert_int_equal(http_server_stats(f->srv)->refused, 1);
-	assert_int_equal(f->calls, 0);
+	assert_int_equal(resp_status(&r), 200);
+	assert_int_equal(http_server_stats(f->srv)->evicted, 1);
+	assert_int_equal(http_server_stats(f->srv)->refused, 0);
+	/* the evicted one is the oldest: closed without a reply */
+	n = recv(idle[0], buf, sizeof(buf), 0);
+	assert_true(n == 0 || (n == -1 && errno == ECONNRESET));
+	assert_true(http_server_conns(f->srv) <= HTTP_CONNS_MAX);
 	for (i = 0; i < HTTP_CONNS_MAX; i++)
 		close(idle[i]);
 	pump_until_conns(f, 0);
+	/* a smaller bound applies to new connections */
+	http_server_set_max_conns(f->srv, 2);
+	idle[0] = client_connect(f);
+	idle[1] = client_connect(f);
+	pump_until_conns(f, 2);
 	exchange_str(f, "GET /health HTTP/1.1\r\n\r\n", &r);
 	assert_int_equal(resp_status(&r), 200);
+	assert_int_equal(http_server_stats(f->srv)->evicted, 2);
+	close(idle[0]);
+	close(idle[1]);
 }
 
 static void test_http_deadline_closes_slow_clients(void **state)

@@ -97,7 +97,8 @@ struct spoa_conn {
 	ev_io wio;                      /* writable, only while tx has data */
 	ev_timer timer;                 /* hello timeout, linger, deferred free */
 	ev_timer idle;                  /* idle timeout in READY (checked lazily) */
-	ev_tstamp last_input;           /* ev_now() of the last bytes read */
+	ev_tstamp last_input;           /* ev_now() of the last bytes read: LRU order */
+	ev_tstamp last_active;          /* ev_now() of the last bytes read or sent */
 	uint32_t frame_size;            /* negotiated max frame (our max before hello) */
 	uint8_t *rx;                    /* owned: pending input, NULL when empty */
 	size_t rx_len;                  /* bytes in rx */
@@ -333,6 +334,7 @@ static int conn_flush(struct spoa_conn *c)
 			return -1;
 		}
 		c->tx_off += (size_t)n;
+		c->last_active = ev_now(c->srv->loop);
 	}
 	if (c->tx_off == c->tx_len) {
 		c->tx_off = c->tx_len = 0;
@@ -740,6 +742,10 @@ static void conn_process(struct spoa_conn *c)
 {
 	size_t off = 0;
 
+	if (!c->rx) {
+		conn_update_io(c);
+		return;
+	}
 	c->now_ns = realtime_ns();
 	while (state_open(c->state)) {
 		struct spop_frame f;
@@ -888,7 +894,7 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
 	}
 	c->rx_len += (size_t)n;
 	/* most recent input last: the eviction and idle order */
-	c->last_input = ev_now(loop);
+	c->last_input = c->last_active = ev_now(loop);
 	list_del(&c->node);
 	list_append(&srv->conns, &c->node);
 	conn_process(c);
@@ -896,19 +902,21 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
 
 /*
  * The idle timer of a READY connection, armed for idle_timeout_ms after its
- * last input and re-armed lazily: input does not touch the timer, this checks
- * when it fires whether the connection really was idle that long.
+ * last activity and re-armed lazily: I/O does not touch the timer, this checks
+ * when it fires whether the connection really was idle that long. Idle means
+ * no request in flight and no byte moving either way: a peer that leaves a
+ * partial frame, or stops reading its ACKs, for that long is closed too.
  */
 static void conn_idle_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	struct spoa_conn *c = container_of(t, struct spoa_conn, idle);
 	double timeout = c->srv->opts.idle_timeout_ms / 1000.;
-	double left = c->last_input + timeout - ev_now(loop);
+	double left = c->last_active + timeout - ev_now(loop);
 
 	(void)revents;
 	if (c->state != CONN_ST_READY)
 		return;
-	if (left > 0.001 || c->inflight || c->tx_off < c->tx_len || c->rx_len) {
+	if (left > 0.001 || c->inflight) {
 		ev_timer_set(t, left > 0.001 ? left : timeout, 0.);
 		ev_timer_start(loop, t);
 		return;
@@ -949,7 +957,7 @@ static void conn_new(struct spoa_server *srv, int fd, const struct sockaddr_stor
 	c->state = CONN_ST_HELLO;
 	srv->nopen++;
 	c->frame_size = srv->opts.max_frame_size;
-	c->last_input = ev_now(srv->loop);
+	c->last_input = c->last_active = ev_now(srv->loop);
 	list_init(&c->reqs);
 	peer_name(ss, c->peer, sizeof(c->peer));
 	ev_io_init(&c->rio, conn_read_cb, fd, EV_READ);
@@ -966,9 +974,10 @@ static void conn_new(struct spoa_server *srv, int fd, const struct sockaddr_stor
 
 /*
  * Makes room for one more connection of <srv>: closes the connection with the
- * oldest input among those with nothing in flight or queued (a connection
- * still waiting for its HELLO included). Returns false if every connection is
- * busy.
+ * oldest input among those with no request in flight (a connection still
+ * waiting for its HELLO, holding a partial frame or not reading its ACKs
+ * included: none of them may pin a slot). Returns false if every connection
+ * is busy.
  */
 static bool conn_evict_one(struct spoa_server *srv)
 {
@@ -981,8 +990,7 @@ static bool conn_evict_one(struct spoa_server *srv)
 		if (c->state == CONN_ST_HELLO) {
 			CLOG(c, SPOA_LOG_DEBUG, "no HELLO yet, closed for a new connection");
 			conn_kill(c);
-		} else if (c->state == CONN_ST_READY && !c->inflight && c->tx_off == c->tx_len &&
-			   !c->rx_len) {
+		} else if (c->state == CONN_ST_READY && !c->inflight) {
 			CLOG(c, SPOA_LOG_DEBUG, "idle, closed for a new connection");
 			conn_disconnect(c, SPOP_ST_NORMAL, "connection limit reached, idle "
 							   "connection closed");

@@ -110,6 +110,30 @@ def test_idle_flood_evicts_oldest_and_haproxy_still_answered(agent):
     assert a.alive()
 
 
+def test_partial_frames_do_not_pin_slots(agent):
+    """max_connections = 4 taken by peers that each left a partial NOTIFY (its length
+    announced, a few bytes sent): they are evicted like idle ones, a fresh connection is
+    answered."""
+    a = agent(store="allow", max_connections=4)
+    socks = []
+    try:
+        for _ in range(4):
+            s = raw_connect(a.addr)
+            hello(s)
+            s.sendall(sc.notify(1, 1, [sc.rl_message(key="partial")])[:9])
+            socks.append(s)
+        time.sleep(0.2)
+        fresh = raw_connect(a.addr)
+        socks.append(fresh)
+        hello(fresh)
+        assert request(fresh, 1, [sc.rl_message(key="fresh")])["allow"] == 1
+        f = recv_frame(socks[0])
+        assert f is not None and f.type == sc.T_AGENT_DISCONNECT, f
+    finally:
+        for s in socks:
+            s.close()
+
+
 def test_idle_timeout_closes_idle_connection_only(agent):
     """idle_timeout = 300ms: a connection silent after its HELLO gets AGENT-DISCONNECT(2)
     and is closed; one that keeps sending NOTIFYs stays open well past the timeout."""

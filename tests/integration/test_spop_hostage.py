@@ -400,3 +400,22 @@ def test_peer_strings_escaped_in_log(agent):
     for line in text.splitlines():
         assert not line.startswith("FORGED"), line
         assert "\x1b" not in line
+
+
+def test_reload_logs_restart_only_connection_settings(agent):
+    """A reload changing max_frame_size and max_inflight says they are ignored until
+    restart (they were silently ignored)."""
+    a = agent(store="allow")
+    a.reload(max_inflight=8, max_frame_size=20000)
+    wait_until(lambda: "reload (SIGHUP) ok" in a.proc.log_text(), 10, what="reload")
+    text = a.proc.log_text()
+    assert "max_frame_size, max_inflight, max_connections or idle_timeout changed, ignored " \
+           "until restart" in text, text[-2000:]
+    # still the old frame size: HAProxy's 65532 is echoed, not 20000
+    s = raw_connect(a.addr)
+    try:
+        s.sendall(sc.haproxy_hello(max_frame_size=65532))
+        f = recv_frame(s)
+        assert f.kv()["max-frame-size"].value == 65532
+    finally:
+        s.close()

@@ -179,8 +179,9 @@ def test_idle_connections_memory_bounded(agent):
             socks.append(s)
         after = vm_rss_kb(a.proc.pid)
         per_conn = (after - before) / n
-        # generous: the connection state is well under 1 KB; 64 KB buffers fail this
-        assert per_conn < 8, "%.1f kB per idle connection (RSS %d -> %d kB)" % (
+        # generous (an ASan build keeps freed buffers in quarantine: ~12 kB here): the
+        # connection state is well under 1 KB; 64 KB buffers fail this
+        assert per_conn < 32, "%.1f kB per idle connection (RSS %d -> %d kB)" % (
             per_conn, before, after)
         # and they all still work
         assert request(socks[-1], 1, [sc.rl_message(key="mem")])["allow"] == 1

@@ -420,3 +420,15 @@ def test_reload_logs_restart_only_connection_settings(agent):
         assert f.kv()["max-frame-size"].value == 65532
     finally:
         s.close()
+
+
+def test_uint64_cost_does_not_wrap_to_free(agent, redis):
+    """A UINT64 cost of 2^63 + 1 used to wrap to a negative number, clamped to a free
+    request; it now reads as out of range (the largest value): never admitted for free."""
+    a = agent(redis=redis, redis_cfg={"command_timeout_ms": 3000})
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        v = c.request(1, 1, [sc.rl_message(key="u64", cost=sc.UInt64(2**63 + 1))])
+        assert v.get("allow") != 1, v
+        v = c.request(3, 1, [sc.rl_message(key="u64", cost=sc.UInt64(2**64 - 1))])
+        assert v.get("allow") != 1, v

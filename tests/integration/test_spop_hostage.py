@@ -432,3 +432,29 @@ def test_uint64_cost_does_not_wrap_to_free(agent, redis):
         assert v.get("allow") != 1, v
         v = c.request(3, 1, [sc.rl_message(key="u64", cost=sc.UInt64(2**64 - 1))])
         assert v.get("allow") != 1, v
+
+
+def test_connection_settings_validated(tmp, agent_bin):
+    """-c accepts the new settings and rejects bad values, each with its line."""
+    import subprocess
+    from conftest import to_libconfig
+    good = agent_config("127.0.0.1:1", store="allow", max_connections=64, idle_timeout="3m",
+                        spoe_timeout="10ms",
+                        metrics={"listen": "127.0.0.1:9", "max_connections": 8,
+                                 "idle_timeout": "2s"})
+    path = tmp / "good.conf"
+    path.write_text(to_libconfig(good))
+    r = subprocess.run([str(agent_bin), "-c", "-f", str(path)], capture_output=True, text=True,
+                       timeout=10)
+    assert r.returncode == 0, r.stderr
+    bad = agent_config("127.0.0.1:1", store="allow", max_connections=0, idle_timeout=5,
+                       spoe_timeout="1x", metrics={"max_connections": 5000, "timeout": 1})
+    path = tmp / "bad.conf"
+    path.write_text(to_libconfig(bad))
+    r = subprocess.run([str(agent_bin), "-c", "-f", str(path)], capture_output=True, text=True,
+                       timeout=10)
+    assert r.returncode != 0
+    for what in ("'max_connections' must be between 1 and 1000000", "'idle_timeout' must be",
+                 "'spoe_timeout' must be", "'max_connections' must be between 1 and 4096",
+                 "unknown setting 'timeout' in metrics"):
+        assert what in r.stderr, (what, r.stderr)

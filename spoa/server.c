@@ -13,7 +13,26 @@
  *  - CLOSING: input is ignored, queued output is flushed (bounded by a linger
  *    timer), then the connection is freed.
  * The 4-byte length of each frame is checked against the negotiated frame size
- * before its payload is read; the receive buffer never grows past that size.
+ * before its payload is read. The receive buffer does not exist while nothing
+ * is pending: it is allocated at SPOA_RX_MIN when bytes arrive, doubles while a
+ * frame does not fit (so its size follows the bytes the peer really sent, up
+ * to the frame size) and is released once every byte in it was processed.
+ *
+ * Nobody can hold the server hostage: srv->conns is kept in order of last
+ * input (oldest first), a connection in READY with nothing in flight is closed
+ * with AGENT-DISCONNECT(2) after idle_timeout_ms, and when max_conns are open
+ * the oldest connection with nothing in flight (or still waiting for its
+ * HELLO) is closed to admit the new one: a flood of idle connections can
+ * never lock HAProxy out. Only connections that are all busy refuse a new one.
+ *
+ * Back-pressure, never a disconnect: reading stops while the requests in
+ * flight or the unsent output are at their bounds, and the send queue bound
+ * covers what the requests in flight can still add once reading stopped.
+ *
+ * Every read takes the kernel's receive timestamp (SO_TIMESTAMPNS, the
+ * arrival of the latest segment read; the time of the read where there is
+ * none): a NOTIFY older than stale_ms on arrival plus queueing was given up
+ * by HAProxy already and is answered with an empty ACK at once.
  *
  * Requests point at their connection and sit on its list. When a connection
  * dies first it clears req->conn; the application's later spoa_req_done() then
@@ -35,7 +54,9 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 
@@ -43,8 +64,10 @@
 
 #include "list.h"
 
-#define SPOA_ACK_MAX        1024    /* largest ACK a request can build */
+#define SPOA_ACK_DFLT       1024    /* largest ACK a request can build, by default */
 #define SPOA_LINGER_MS      1000    /* how long a closing connection may flush */
+#define SPOA_RX_MIN         4096    /* first receive buffer; doubles up to the frame */
+#define SPOA_LOG_STR        128     /* peer strings in logs: escaped and cut */
 
 enum conn_state {
 	CONN_ST_HELLO   = 0,
@@ -60,6 +83,8 @@ struct spoa_listener {
 	ev_io io;                       /* accept watcher */
 	int fd;                         /* owned */
 	char *unix_path;                /* owned: unlinked on close, or NULL */
+	dev_t unix_dev;                 /* the socket file we made: only that one */
+	ino_t unix_ino;                 /* is unlinked on close */
 };
 
 struct spoa_conn {
@@ -71,9 +96,15 @@ struct spoa_conn {
 	ev_io rio;                      /* readable */
 	ev_io wio;                      /* writable, only while tx has data */
 	ev_timer timer;                 /* hello timeout, linger, deferred free */
+	ev_timer idle;                  /* idle timeout in READY (checked lazily) */
+	ev_tstamp last_input;           /* ev_now() of the last bytes read: LRU order */
+	ev_tstamp last_active;          /* ev_now() of the last bytes read or sent */
 	uint32_t frame_size;            /* negotiated max frame (our max before hello) */
-	uint8_t *rx;                    /* owned: frame_size + 4 bytes */
+	uint8_t *rx;                    /* owned: pending input, NULL when empty */
 	size_t rx_len;                  /* bytes in rx */
+	size_t rx_cap;                  /* allocated size of rx */
+	uint64_t rx_stamp;              /* arrival of the latest bytes read (ns, realtime) */
+	uint64_t now_ns;                /* realtime when processing started (ns) */
 	uint8_t *tx;                    /* owned: pending output */
 	size_t tx_off;                  /* first unsent byte */
 	size_t tx_len;                  /* bytes in tx */
@@ -89,10 +120,11 @@ struct spoa_req {
 	struct spoa_conn *conn;         /* ref: NULL once the connection is gone */
 	struct spoa_server *srv;        /* ref: for stats */
 	void *udata;                    /* ref: application data */
+	uint64_t arrival;               /* when the NOTIFY's bytes arrived (ns, realtime) */
 	size_t frame_start;             /* offset of the ACK in buf */
 	size_t actions_start;           /* offset of the first action: no action yet if w.len */
 	struct spop_wbuf w;             /* ACK under construction */
-	uint8_t buf[SPOA_ACK_MAX];      /* the ACK frame */
+	uint8_t buf[];                  /* the ACK frame: w.size bytes */
 };
 
 struct spoa_server {
@@ -100,11 +132,14 @@ struct spoa_server {
 	struct spoa_opts opts;          /* with defaults applied */
 	struct spoa_handler h;          /* copy of the caller's hooks */
 	struct list listeners;          /* spoa_listener.node */
-	struct list conns;              /* spoa_conn.node */
+	struct list conns;              /* spoa_conn.node, least recent input first */
+	size_t nopen;                   /* connections in HELLO or READY */
+	size_t ack_bound;               /* largest ack_max ever set: the send bounds */
 	struct spoa_stats stats;
 	uint64_t next_id;
 	int spare_fd;                   /* kept open to survive EMFILE, -1 if none */
 	bool zombie;                    /* freed by the caller, waiting for its requests */
+	bool warned_frame_size;         /* logged once: HAProxy's frame below our ACKs */
 };
 
 static void conn_process(struct spoa_conn *c);
@@ -139,6 +174,55 @@ static void *xalloc(size_t n)
 	return p;
 }
 
+/* The realtime clock in nanoseconds: what kernel receive timestamps use. */
+static uint64_t realtime_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static bool state_open(enum conn_state st)
+{
+	return st == CONN_ST_HELLO || st == CONN_ST_READY;
+}
+
+/* Moves <c> to <st>, keeping the count of open (HELLO/READY) connections. */
+static void conn_set_state(struct spoa_conn *c, enum conn_state st)
+{
+	if (state_open(c->state) && !state_open(st))
+		c->srv->nopen--;
+	else if (!state_open(c->state) && state_open(st))
+		c->srv->nopen++;
+	c->state = st;
+}
+
+/* Drops the receive buffer of <c> (nothing pending in it). */
+static void conn_rx_release(struct spoa_conn *c)
+{
+	free(c->rx);
+	c->rx = NULL;
+	c->rx_len = c->rx_cap = 0;
+}
+
+/*
+ * The send queue bounds of <c>: reading pauses at <pause> unsent bytes; the
+ * requests in flight then still add at most one ACK each, plus the frame being
+ * processed and a DISCONNECT, which <hard> covers, so it is never reached by a
+ * peer that merely stops reading.
+ */
+static size_t tx_pause(const struct spoa_conn *c)
+{
+	return (size_t)c->srv->opts.max_inflight * c->srv->ack_bound / 2;
+}
+
+static size_t tx_hard(const struct spoa_conn *c)
+{
+	return tx_pause(c) + ((size_t)c->srv->opts.max_inflight + 1) * c->srv->ack_bound +
+	       c->frame_size + SPOP_LEN_SIZE + 512;
+}
+
 /* ---------------------------------------------------------------- output */
 
 /* Frees the connection: the timer callback armed by conn_kill(). */
@@ -150,6 +234,7 @@ static void conn_free(struct spoa_conn *c)
 	ev_io_stop(srv->loop, &c->rio);
 	ev_io_stop(srv->loop, &c->wio);
 	ev_timer_stop(srv->loop, &c->timer);
+	ev_timer_stop(srv->loop, &c->idle);
 	list_for_each_safe(n, tmp, &c->reqs)
 	{
 		struct spoa_req *r = LIST_ELEM(n, struct spoa_req, node);
@@ -160,6 +245,7 @@ static void conn_free(struct spoa_conn *c)
 	if (c->fd >= 0)
 		close(c->fd);
 	list_del(&c->node);
+	conn_set_state(c, CONN_ST_DEAD);
 	srv->stats.conns_active--;
 	free(c->rx);
 	free(c->tx);
@@ -201,9 +287,10 @@ static void conn_kill(struct spoa_conn *c)
 
 	if (c->state == CONN_ST_DEAD)
 		return;
-	c->state = CONN_ST_DEAD;
+	conn_set_state(c, CONN_ST_DEAD);
 	ev_io_stop(srv->loop, &c->rio);
 	ev_io_stop(srv->loop, &c->wio);
+	ev_timer_stop(srv->loop, &c->idle);
 	c->reading = false;
 	list_for_each_safe(n, tmp, &c->reqs)
 	{
@@ -247,9 +334,16 @@ static int conn_flush(struct spoa_conn *c)
 			return -1;
 		}
 		c->tx_off += (size_t)n;
+		c->last_active = ev_now(c->srv->loop);
 	}
 	if (c->tx_off == c->tx_len) {
 		c->tx_off = c->tx_len = 0;
+		/* nothing more to come for now: an idle connection holds no buffer */
+		if (!c->inflight) {
+			free(c->tx);
+			c->tx = NULL;
+			c->tx_cap = 0;
+		}
 		if (c->state == CONN_ST_CLOSING) {
 			conn_kill(c);
 			return -1;
@@ -260,9 +354,11 @@ static int conn_flush(struct spoa_conn *c)
 }
 
 /*
- * Queues the frame <data> of <len> bytes and tries to send it at once. The send
- * queue is bounded by the in-flight limit times the largest ACK plus one frame;
- * a peer that does not read past that gets its connection closed.
+ * Queues the frame <data> of <len> bytes and tries to send it at once. Reading
+ * pauses long before the send queue reaches tx_hard() (see conn_update_io()),
+ * so a peer that stops reading is slowed down, not cut off; passing the hard
+ * bound would be a bug, and closes the connection rather than grow without
+ * bound.
  */
 static int conn_send(struct spoa_conn *c, const uint8_t *data, size_t len)
 {
@@ -270,11 +366,11 @@ static int conn_send(struct spoa_conn *c, const uint8_t *data, size_t len)
 
 	if (c->state == CONN_ST_DEAD)
 		return -1;
-	limit = (size_t)c->srv->opts.max_inflight * SPOA_ACK_MAX + c->frame_size + SPOP_LEN_SIZE;
+	limit = tx_hard(c);
 	/* the bound counts only unsent bytes */
 	unsent = c->tx_len - c->tx_off + len;
 	if (unsent > limit) {
-		CLOG(c, SPOA_LOG_WARN, "peer does not read, %zu bytes queued: closing",
+		CLOG(c, SPOA_LOG_ERR, "send queue over its bound, %zu bytes queued: closing",
 		     c->tx_len - c->tx_off);
 		conn_kill(c);
 		return -1;
@@ -319,8 +415,9 @@ static void conn_disconnect(struct spoa_conn *c, uint32_t status, const char *ms
 	     "AGENT-DISCONNECT status=%u (%s)", status, msg);
 	spop_wbuf_init(&w, buf, sizeof(buf));
 	n = spop_agent_disconnect_build(&w, status, msg);
-	c->state = CONN_ST_CLOSING;
+	conn_set_state(c, CONN_ST_CLOSING);
 	ev_io_stop(c->srv->loop, &c->rio);
+	ev_timer_stop(c->srv->loop, &c->idle);
 	c->reading = false;
 	ev_timer_stop(c->srv->loop, &c->timer);
 	ev_timer_set(&c->timer, SPOA_LINGER_MS / 1000., 0.);
@@ -343,9 +440,8 @@ static void conn_update_io(struct spoa_conn *c)
 
 	if (c->state == CONN_ST_DEAD)
 		return;
-	want_read = (c->state == CONN_ST_HELLO || c->state == CONN_ST_READY) &&
-		    c->inflight < srv->opts.max_inflight &&
-		    c->tx_len - c->tx_off < (size_t)srv->opts.max_inflight * SPOA_ACK_MAX / 2;
+	want_read = state_open(c->state) && c->inflight < srv->opts.max_inflight &&
+		    c->tx_len - c->tx_off < tx_pause(c);
 	want_write = c->tx_off < c->tx_len;
 	if (want_read && !c->reading) {
 		ev_io_start(srv->loop, &c->rio);
@@ -379,14 +475,16 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents)
 
 static struct spoa_req *req_new(struct spoa_conn *c, const struct spop_frame *f)
 {
-	struct spoa_req *r = xalloc(sizeof(*r));
-	size_t size = sizeof(r->buf);
+	size_t size = c->srv->opts.ack_max;
+	struct spoa_req *r;
 
-	r->conn = c;
-	r->srv = c->srv;
 	/* an ACK may not exceed the negotiated frame size */
 	if (size > (size_t)c->frame_size + SPOP_LEN_SIZE)
 		size = (size_t)c->frame_size + SPOP_LEN_SIZE;
+	r = xalloc(sizeof(*r) + size);
+	r->conn = c;
+	r->srv = c->srv;
+	r->arrival = c->rx_stamp;
 	spop_wbuf_init(&r->w, r->buf, size);
 	r->frame_start = spop_frame_begin(&r->w, SPOP_FRM_ACK, SPOP_FL_FIN, f->sid, f->fid);
 	r->actions_start = r->w.len;
@@ -442,6 +540,25 @@ void spoa_req_set_udata(struct spoa_req *req, void *udata)
 void *spoa_req_udata(const struct spoa_req *req)
 {
 	return req->udata;
+}
+
+/*
+ * When the bytes of the NOTIFY of <req> arrived, in nanoseconds of the
+ * realtime clock: the kernel's receive timestamp of the latest segment read
+ * with them (earlier bytes are older still), or the time of that read where
+ * the kernel gives none.
+ */
+uint64_t spoa_req_arrival_ns(const struct spoa_req *req)
+{
+	return req->arrival;
+}
+
+/* Microseconds since the NOTIFY of <req> arrived (0 if the clock went back). */
+int64_t spoa_req_age_us(const struct spoa_req *req)
+{
+	uint64_t now = realtime_ns();
+
+	return now > req->arrival ? (int64_t)((now - req->arrival) / 1000) : 0;
 }
 
 /*
@@ -518,7 +635,7 @@ static void conn_on_hello(struct spoa_conn *c, const struct spop_frame *f)
 	if (h.healthcheck) {
 		c->srv->stats.healthchecks++;
 		CLOG(c, SPOA_LOG_DEBUG, "health check");
-		c->state = CONN_ST_CLOSING;
+		conn_set_state(c, CONN_ST_CLOSING);
 		ev_timer_set(&c->timer, SPOA_LINGER_MS / 1000., 0.);
 		ev_timer_start(c->srv->loop, &c->timer);
 		(void)conn_send(c, buf, (size_t)n);
@@ -526,9 +643,22 @@ static void conn_on_hello(struct spoa_conn *c, const struct spop_frame *f)
 	}
 	c->srv->stats.hellos++;
 	c->frame_size = size;
-	c->state = CONN_ST_READY;
-	CLOG(c, SPOA_LOG_DEBUG, "hello: frame size %u, engine %.*s", size, (int)h.engine_id.len,
-	     h.engine_id.p ? h.engine_id.p : "");
+	conn_set_state(c, CONN_ST_READY);
+	ev_timer_set(&c->idle, c->srv->opts.idle_timeout_ms / 1000., 0.);
+	ev_timer_start(c->srv->loop, &c->idle);
+	if (c->srv->h.log) {
+		char eid[SPOA_LOG_STR];
+
+		CLOG(c, SPOA_LOG_DEBUG, "hello: frame size %u, engine %s", size,
+		     spop_escape(eid, sizeof(eid), h.engine_id.p, h.engine_id.len));
+	}
+	if ((size_t)size + SPOP_LEN_SIZE < c->srv->opts.ack_max && !c->srv->warned_frame_size) {
+		c->srv->warned_frame_size = true;
+		CLOG(c, SPOA_LOG_WARN,
+		     "HAProxy's max-frame-size %u is below the largest reply (%zu bytes): raise "
+		     "max-frame-size in the SPOE agent section, or replies may lose headers",
+		     size, c->srv->opts.ack_max - SPOP_LEN_SIZE);
+	}
 	(void)conn_send(c, buf, (size_t)n);
 }
 
@@ -569,15 +699,25 @@ static void conn_on_frame(struct spoa_conn *c, const struct spop_frame *f)
 		}
 		srv->stats.notify++;
 		r = req_new(c, f);
+		/* HAProxy gave up on it already: answer at once, decide nothing */
+		if (srv->opts.stale_ms && c->now_ns > r->arrival &&
+		    c->now_ns - r->arrival > (uint64_t)srv->opts.stale_ms * 1000000u) {
+			srv->stats.stale++;
+			spoa_req_done(r);
+			return;
+		}
 		rd.p = f->payload;
 		rd.end = f->payload + f->len;
 		srv->h.on_notify(r, &rd, srv->h.arg);
 		return;
 	case SPOP_FRM_HAPROXY_DISCON:
 		srv->stats.haproxy_disconnects++;
-		if (spop_disconnect_parse(f->payload, f->len, &d) == 0)
-			CLOG(c, SPOA_LOG_DEBUG, "HAPROXY-DISCONNECT status=%u %.*s", d.status,
-			     (int)d.message.len, d.message.p);
+		if (srv->h.log && spop_disconnect_parse(f->payload, f->len, &d) == 0) {
+			char msg[SPOA_LOG_STR];
+
+			CLOG(c, SPOA_LOG_DEBUG, "HAPROXY-DISCONNECT status=%u %s", d.status,
+			     spop_escape(msg, sizeof(msg), d.message.p, d.message.len));
+		}
 		conn_disconnect(c, SPOP_ST_NORMAL, "");
 		return;
 	case SPOP_FRM_HAPROXY_HELLO:
@@ -602,7 +742,12 @@ static void conn_process(struct spoa_conn *c)
 {
 	size_t off = 0;
 
-	while (c->state == CONN_ST_HELLO || c->state == CONN_ST_READY) {
+	if (!c->rx) {
+		conn_update_io(c);
+		return;
+	}
+	c->now_ns = realtime_ns();
+	while (state_open(c->state)) {
 		struct spop_frame f;
 		uint32_t len;
 
@@ -610,7 +755,7 @@ static void conn_process(struct spoa_conn *c)
 			break;
 		/* answers pile up faster than the peer reads: wait for the write side,
 		 * whose callback kicks processing again */
-		if (c->tx_len - c->tx_off >= (size_t)c->srv->opts.max_inflight * SPOA_ACK_MAX / 2)
+		if (c->tx_len - c->tx_off >= tx_pause(c))
 			break;
 		if (spop_frame_len_peek(c->rx + off, c->rx_len - off, &len) == 0)
 			break;
@@ -639,27 +784,103 @@ static void conn_process(struct spoa_conn *c)
 		memmove(c->rx, c->rx + off, c->rx_len - off);
 		c->rx_len -= off;
 	}
+	/* nothing pending: no buffer; little pending in a big one: shrink it */
+	if (c->rx_len == 0) {
+		conn_rx_release(c);
+	} else if (c->rx_cap > SPOA_RX_MIN && c->rx_len <= SPOA_RX_MIN / 2) {
+		uint8_t *p = realloc(c->rx, SPOA_RX_MIN);
+
+		if (p) {
+			c->rx = p;
+			c->rx_cap = SPOA_RX_MIN;
+		}
+	}
 	conn_update_io(c);
+}
+
+/*
+ * Makes room in the receive buffer of <c>: allocates it, or doubles it while
+ * it is full, never past the largest frame (and its length). Returns the room,
+ * 0 when the buffer is at its bound (it then holds a complete frame).
+ */
+static size_t conn_rx_room(struct spoa_conn *c)
+{
+	size_t max = (size_t)c->frame_size + SPOP_LEN_SIZE, cap;
+	uint8_t *p;
+
+	if (c->rx_len < c->rx_cap)
+		return c->rx_cap - c->rx_len;
+	if (max < SPOA_RX_MIN)
+		max = SPOA_RX_MIN;
+	if (c->rx_cap >= max)
+		return 0;
+	cap = c->rx_cap ? c->rx_cap * 2 : SPOA_RX_MIN;
+	if (cap > max)
+		cap = max;
+	p = realloc(c->rx, cap);
+	if (!p)
+		abort();
+	c->rx = p;
+	c->rx_cap = cap;
+	return cap - c->rx_len;
+}
+
+/* Reads into rx with the kernel's receive timestamp; returns what recv() would. */
+static ssize_t conn_recv(struct spoa_conn *c, size_t room)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(struct timespec))];
+		struct cmsghdr align;
+	} cbuf;
+	struct iovec iov = {.iov_base = c->rx + c->rx_len, .iov_len = room};
+	struct msghdr mh = {.msg_iov = &iov,
+			    .msg_iovlen = 1,
+			    .msg_control = cbuf.buf,
+			    .msg_controllen = sizeof(cbuf.buf)};
+	struct cmsghdr *cm;
+	ssize_t n;
+
+	n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
+	if (n <= 0)
+		return n;
+	c->rx_stamp = realtime_ns();
+	for (cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+		struct timespec ts;
+		uint64_t t;
+
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_TIMESTAMPNS ||
+		    cm->cmsg_len < CMSG_LEN(sizeof(ts)))
+			continue;
+		memcpy(&ts, CMSG_DATA(cm), sizeof(ts));
+		t = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+		/* a stamp from the future (clock stepped back) is not trusted */
+		if (t && t < c->rx_stamp)
+			c->rx_stamp = t;
+	}
+	return n;
 }
 
 static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
 	struct spoa_conn *c = container_of(w, struct spoa_conn, rio);
-	size_t room = (size_t)c->srv->opts.max_frame_size + SPOP_LEN_SIZE - c->rx_len;
+	struct spoa_server *srv = c->srv;
+	size_t room = conn_rx_room(c);
 	ssize_t n;
 
-	(void)loop;
 	(void)revents;
 	if (room == 0) {
 		/* a full buffer that holds no complete frame cannot happen: frames
-		 * are bounded by frame_size <= max_frame_size */
+		 * are bounded by frame_size */
 		conn_process(c);
 		return;
 	}
-	n = recv(c->fd, c->rx + c->rx_len, room, 0);
+	n = conn_recv(c, room);
 	if (n < 0) {
-		if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+		if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) {
+			if (c->rx_len == 0)
+				conn_rx_release(c);
 			return;
+		}
 		CLOG(c, SPOA_LOG_DEBUG, "recv: %s", strerror(errno));
 		conn_kill(c);
 		return;
@@ -672,7 +893,37 @@ static void conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
 		return;
 	}
 	c->rx_len += (size_t)n;
+	/* most recent input last: the eviction and idle order */
+	c->last_input = c->last_active = ev_now(loop);
+	list_del(&c->node);
+	list_append(&srv->conns, &c->node);
 	conn_process(c);
+}
+
+/*
+ * The idle timer of a READY connection, armed for idle_timeout_ms after its
+ * last activity and re-armed lazily: I/O does not touch the timer, this checks
+ * when it fires whether the connection really was idle that long. Idle means
+ * no request in flight and no byte moving either way: a peer that leaves a
+ * partial frame, or stops reading its ACKs, for that long is closed too.
+ */
+static void conn_idle_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct spoa_conn *c = container_of(t, struct spoa_conn, idle);
+	double timeout = c->srv->opts.idle_timeout_ms / 1000.;
+	double left = c->last_active + timeout - ev_now(loop);
+
+	(void)revents;
+	if (c->state != CONN_ST_READY)
+		return;
+	if (left > 0.001 || c->inflight) {
+		ev_timer_set(t, left > 0.001 ? left : timeout, 0.);
+		ev_timer_start(loop, t);
+		return;
+	}
+	c->srv->stats.idle_timeouts++;
+	CLOG(c, SPOA_LOG_DEBUG, "idle for %u ms, closing", c->srv->opts.idle_timeout_ms);
+	conn_disconnect(c, SPOP_ST_TIMEOUT, "idle timeout");
 }
 
 /* ---------------------------------------------------------------- server */
@@ -704,19 +955,52 @@ static void conn_new(struct spoa_server *srv, int fd, const struct sockaddr_stor
 	c->fd = fd;
 	c->id = ++srv->next_id;
 	c->state = CONN_ST_HELLO;
+	srv->nopen++;
 	c->frame_size = srv->opts.max_frame_size;
-	c->rx = xalloc((size_t)srv->opts.max_frame_size + SPOP_LEN_SIZE);
+	c->last_input = c->last_active = ev_now(srv->loop);
 	list_init(&c->reqs);
 	peer_name(ss, c->peer, sizeof(c->peer));
 	ev_io_init(&c->rio, conn_read_cb, fd, EV_READ);
 	ev_io_init(&c->wio, conn_write_cb, fd, EV_WRITE);
 	ev_timer_init(&c->timer, conn_timer_cb, srv->opts.hello_timeout_ms / 1000., 0.);
+	ev_timer_init(&c->idle, conn_idle_cb, 0., 0.);
 	ev_timer_start(srv->loop, &c->timer);
 	list_append(&srv->conns, &c->node);
 	srv->stats.conns_accepted++;
 	srv->stats.conns_active++;
 	conn_update_io(c);
 	CLOG(c, SPOA_LOG_DEBUG, "accepted");
+}
+
+/*
+ * Makes room for one more connection of <srv>: closes the connection with the
+ * oldest input among those with no request in flight (a connection still
+ * waiting for its HELLO, holding a partial frame or not reading its ACKs
+ * included: none of them may pin a slot). Returns false if every connection
+ * is busy.
+ */
+static bool conn_evict_one(struct spoa_server *srv)
+{
+	struct list *n, *tmp;
+
+	list_for_each_safe(n, tmp, &srv->conns)
+	{
+		struct spoa_conn *c = LIST_ELEM(n, struct spoa_conn, node);
+
+		if (c->state == CONN_ST_HELLO) {
+			CLOG(c, SPOA_LOG_DEBUG, "no HELLO yet, closed for a new connection");
+			conn_kill(c);
+		} else if (c->state == CONN_ST_READY && !c->inflight) {
+			CLOG(c, SPOA_LOG_DEBUG, "idle, closed for a new connection");
+			conn_disconnect(c, SPOP_ST_NORMAL, "connection limit reached, idle "
+							   "connection closed");
+		} else {
+			continue;
+		}
+		srv->stats.conns_evicted++;
+		return true;
+	}
+	return false;
 }
 
 static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
@@ -752,13 +1036,15 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 				slog(srv, SPOA_LOG_WARN, "accept: %s", strerror(errno));
 			return;
 		}
-		if (srv->stats.conns_active >= srv->opts.max_conns) {
+		if (srv->nopen >= srv->opts.max_conns && !conn_evict_one(srv)) {
 			close(fd);
 			srv->stats.conns_refused++;
 			continue;
 		}
 		if (ss.ss_family == AF_INET || ss.ss_family == AF_INET6)
 			(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		/* receive timestamps: the age of a NOTIFY (the time of the read without) */
+		(void)setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof(one));
 		conn_new(srv, fd, &ss);
 	}
 }
@@ -785,6 +1071,11 @@ struct spoa_server *spoa_server_new(struct ev_loop *loop, const struct spoa_opts
 		srv->opts.max_conns = 4096;
 	if (!srv->opts.hello_timeout_ms)
 		srv->opts.hello_timeout_ms = 5000;
+	if (!srv->opts.idle_timeout_ms)
+		srv->opts.idle_timeout_ms = 300000;
+	if (!srv->opts.ack_max)
+		srv->opts.ack_max = SPOA_ACK_DFLT;
+	srv->ack_bound = srv->opts.ack_max;
 	srv->h = *handler;
 	list_init(&srv->listeners);
 	list_init(&srv->conns);
@@ -887,9 +1178,25 @@ int spoa_server_listen(struct spoa_server *srv, const char *addr, char *err, siz
 		struct stat st;
 		const char *path = ((struct sockaddr_un *)&ss)->sun_path;
 
-		/* replace a stale socket, never another kind of file */
-		if (stat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+		/* replace a stale socket, never another kind of file, and never the
+		 * socket of a live process (another instance, or the one we replace) */
+		if (stat(path, &st) == 0 && S_ISSOCK(st.st_mode)) {
+			int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+			int ret = probe >= 0 ? connect(probe, (struct sockaddr *)&ss, sl) : -1;
+			int e = errno;
+
+			if (probe >= 0)
+				close(probe);
+			if (ret == 0 || (e != ECONNREFUSED && e != ENOENT)) {
+				snprintf(err, errlen,
+					 "%s: a process is listening on this socket (%s): not "
+					 "replacing it; stop that process or choose another path",
+					 addr, ret == 0 ? "it accepted a connection" : strerror(e));
+				close(fd);
+				return -1;
+			}
 			unlink(path);
+		}
 	} else {
 		(void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 		if (srv->opts.reuseport &&
@@ -909,8 +1216,15 @@ int spoa_server_listen(struct spoa_server *srv, const char *addr, char *err, siz
 	l = xalloc(sizeof(*l));
 	l->srv = srv;
 	l->fd = fd;
-	if (ss.ss_family == AF_UNIX)
+	if (ss.ss_family == AF_UNIX) {
+		struct stat st;
+
 		l->unix_path = strdup(((struct sockaddr_un *)&ss)->sun_path);
+		if (l->unix_path && stat(l->unix_path, &st) == 0) {
+			l->unix_dev = st.st_dev;
+			l->unix_ino = st.st_ino;
+		}
+	}
 	ev_io_init(&l->io, accept_cb, fd, EV_READ);
 	ev_io_start(srv->loop, &l->io);
 	list_append(&srv->listeners, &l->node);
@@ -929,8 +1243,14 @@ void spoa_server_stop_accepting(struct spoa_server *srv)
 
 		ev_io_stop(srv->loop, &l->io);
 		close(l->fd);
-		if (l->unix_path)
-			unlink(l->unix_path);
+		/* only the file we made: another instance may own the path by now */
+		if (l->unix_path) {
+			struct stat st;
+
+			if (stat(l->unix_path, &st) == 0 && st.st_dev == l->unix_dev &&
+			    st.st_ino == l->unix_ino)
+				unlink(l->unix_path);
+		}
 		free(l->unix_path);
 		list_del(&l->node);
 		free(l);
@@ -954,6 +1274,27 @@ void spoa_server_disconnect_all(struct spoa_server *srv, uint32_t status, const 
 		else
 			conn_disconnect(c, status, message);
 	}
+}
+
+/*
+ * Sets the age beyond which a NOTIFY is answered with an empty ACK without
+ * reaching the handler (0: never), from the next NOTIFY on.
+ */
+void spoa_server_set_stale_ms(struct spoa_server *srv, unsigned ms)
+{
+	srv->opts.stale_ms = ms;
+}
+
+/*
+ * Sets the largest ACK frame (length included) requests received from now on
+ * can build; 0 restores the default. The send queue bounds keep the largest
+ * size ever set, for the requests still in flight.
+ */
+void spoa_server_set_ack_max(struct spoa_server *srv, size_t ack_max)
+{
+	srv->opts.ack_max = ack_max ? ack_max : SPOA_ACK_DFLT;
+	if (srv->opts.ack_max > srv->ack_bound)
+		srv->ack_bound = srv->opts.ack_max;
 }
 
 size_t spoa_server_conns(const struct spoa_server *srv)

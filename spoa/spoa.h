@@ -9,9 +9,12 @@
  * the handler's log hook.
  *
  * Requests complete in any order on the connection they came from (pipelining).
- * Every buffer and queue is bounded: the receive buffer by the frame size, the
- * NOTIFYs in flight per connection (reading pauses at the bound), the send
- * queue, the number of connections.
+ * Every buffer and queue is bounded: the receive buffer grows with the bytes
+ * actually received up to the frame size and is released when empty, the
+ * NOTIFYs in flight per connection and the send queue (reading pauses at their
+ * bounds: back-pressure, never a disconnect), the number of connections (the
+ * connection idle longest makes room for a new one), the idle time of a
+ * connection after its HELLO.
  */
 #ifndef SPOA_SPOA_H
 #define SPOA_SPOA_H
@@ -54,15 +57,24 @@ struct spoa_handler {
 struct spoa_opts {
 	uint32_t max_frame_size;        /* largest frame we accept/announce (65532) */
 	unsigned max_inflight;          /* NOTIFYs in flight per connection (256) */
-	unsigned max_conns;             /* open connections (4096) */
+	unsigned max_conns;             /* open connections (4096); at the bound the one
+					 * idle longest is closed to admit a new one */
 	unsigned hello_timeout_ms;      /* wait for HAPROXY-HELLO (5000) */
+	unsigned idle_timeout_ms;       /* close a connection with no request for this
+					 * long after its HELLO (300000) */
+	unsigned stale_ms;              /* NOTIFYs older than this get an empty ACK and
+					 * never reach the handler (0: never) */
+	size_t ack_max;                 /* largest ACK frame, length included (1024) */
 	bool reuseport;                 /* set SO_REUSEPORT on TCP listeners */
 };
 
 /* Counters, cumulative since the server was created. */
 struct spoa_stats {
 	uint64_t conns_accepted;        /* connections accepted */
-	uint64_t conns_refused;         /* closed at once: too many connections */
+	uint64_t conns_refused;         /* closed at once: too many busy connections */
+	uint64_t conns_evicted;         /* idle ones closed to admit a new connection */
+	uint64_t idle_timeouts;         /* closed after idle_timeout_ms without a request */
+	uint64_t stale;                 /* NOTIFYs older than stale_ms, answered empty */
 	uint64_t conns_active;          /* open now */
 	uint64_t hellos;                /* handshakes completed */
 	uint64_t healthchecks;          /* health-check hellos answered */
@@ -83,6 +95,8 @@ void spoa_server_disconnect_all(struct spoa_server *srv, uint32_t status, const 
 size_t spoa_server_conns(const struct spoa_server *srv);
 const struct spoa_stats *spoa_server_stats(const struct spoa_server *srv);
 void spoa_server_free(struct spoa_server *srv);
+void spoa_server_set_stale_ms(struct spoa_server *srv, unsigned ms);
+void spoa_server_set_ack_max(struct spoa_server *srv, size_t ack_max);
 
 /* ---- requests ---- */
 int spoa_req_set_int(struct spoa_req *req, uint8_t scope, const char *name, int64_t v);
@@ -93,6 +107,8 @@ int spoa_req_set_data(struct spoa_req *req, uint8_t scope, const char *name,
 bool spoa_req_orphaned(const struct spoa_req *req);
 void spoa_req_set_udata(struct spoa_req *req, void *udata);
 void *spoa_req_udata(const struct spoa_req *req);
+uint64_t spoa_req_arrival_ns(const struct spoa_req *req);
+int64_t spoa_req_age_us(const struct spoa_req *req);
 void spoa_req_done(struct spoa_req *req);
 
 #endif /* SPOA_SPOA_H */

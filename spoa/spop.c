@@ -234,7 +234,11 @@ bool spop_str_eq(const struct spop_str *s, const char *cstr)
 	return s->len == l && (l == 0 || memcmp(s->p, cstr, l) == 0);
 }
 
-/* Reads any integer-typed value <d> into <out>; false for other types. */
+/*
+ * Reads any integer-typed value <d> into <out>; false for other types. An
+ * unsigned value above INT64_MAX saturates to INT64_MAX: it never wraps into
+ * a negative number, so the caller sees it as out of range, not as small.
+ */
 bool spop_data_int(const struct spop_data *d, int64_t *out)
 {
 	switch (d->type) {
@@ -244,11 +248,62 @@ bool spop_data_int(const struct spop_data *d, int64_t *out)
 		return true;
 	case SPOP_T_UINT32:
 	case SPOP_T_UINT64:
-		*out = (int64_t)d->v.u;
+		*out = d->v.u > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)d->v.u;
 		return true;
 	default:
 		return false;
 	}
+}
+
+/*
+ * Writes the <len> bytes at <src> (peer data: any byte) into <dst> of <size>
+ * bytes (> 0) as printable ASCII for a log line: bytes 0x20-0x7e except the
+ * backslash are copied, the backslash becomes two, every other byte (control
+ * characters, newlines, DEL, non-ASCII) becomes \xHH. Output that does not
+ * fit is cut and ends with "..." (never in the middle of an escape). Always
+ * NUL-terminates. Returns <dst>, so it can be used as a printf argument.
+ */
+char *spop_escape(char *dst, size_t size, const void *src, size_t len)
+{
+	static const char hex[] = "0123456789abcdef";
+	const uint8_t *p = src;
+	size_t o = 0, i, total = 0;
+	bool cut;
+
+	for (i = 0; i < len; i++)
+		total += p[i] >= 0x20 && p[i] < 0x7f ? (p[i] == '\\' ? 2 : 1) : 4;
+	cut = total >= size;
+	for (i = 0; i < len; i++) {
+		uint8_t ch = p[i];
+		char e[4];
+		size_t n;
+
+		if (ch >= 0x20 && ch < 0x7f && ch != '\\') {
+			e[0] = (char)ch;
+			n = 1;
+		} else if (ch == '\\') {
+			e[0] = e[1] = '\\';
+			n = 2;
+		} else {
+			e[0] = '\\';
+			e[1] = 'x';
+			e[2] = hex[ch >> 4];
+			e[3] = hex[ch & 15];
+			n = 4;
+		}
+		/* keep room for the NUL, and for "..." when it will not all fit */
+		if (o + n + 1 + (cut ? 3 : 0) > size) {
+			if (o + 4 <= size) {
+				memcpy(dst + o, "...", 3);
+				o += 3;
+			}
+			break;
+		}
+		memcpy(dst + o, e, n);
+		o += n;
+	}
+	dst[o < size ? o : size - 1] = 0;
+	return dst;
 }
 
 /*

@@ -186,6 +186,7 @@ int spop_data_decode(struct spop_rd *rd, struct spop_data *d);
 int spop_data_skip(struct spop_rd *rd);
 bool spop_str_eq(const struct spop_str *s, const char *cstr);
 bool spop_data_int(const struct spop_data *d, int64_t *out);
+char *spop_escape(char *dst, size_t size, const void *src, size_t len);
 
 /* ---- frames ---- */
 int spop_frame_len_peek(const uint8_t *buf, size_t avail, uint32_t *len);

@@ -371,9 +371,19 @@ static void respond(struct decision *d)
 		set_int(req, "status", d->rs->cfg->deny_status);
 	if (d->ep)
 		set_str(req, "endpoint", d->ep->name);
-	render_policy(d, buf, sizeof(buf));
-	if (buf[0])
-		set_str(req, "policy", buf);
+	/* the ruleset knows its longest policy: it is sent whole, never cut */
+	if (d->rs->policy_max < sizeof(buf)) {
+		render_policy(d, buf, sizeof(buf));
+		if (buf[0])
+			set_str(req, "policy", buf);
+	} else {
+		char *pol = xmalloc(d->rs->policy_max + 1);
+
+		render_policy(d, pol, d->rs->policy_max + 1);
+		if (pol[0])
+			set_str(req, "policy", pol);
+		free(pol);
+	}
 	if (!any || !l)
 		return;
 	if (allowed) {
@@ -1039,6 +1049,12 @@ static void publish(struct agent *a)
 	ms->c[MC_ACKS] = ss->acks;
 	ms->c[MC_HAPROXY_DISCONNECTS] = ss->haproxy_disconnects;
 	ms->c[MC_ORPHANS] = ss->orphans;
+	ms->c[MC_SPOP_STALE] = ss->stale;
+	ms->c[MC_SPOP_EVICTED] = ss->conns_evicted;
+	ms->c[MC_SPOP_IDLE_TIMEOUTS] = ss->idle_timeouts;
+	ms->c[MC_SPOP_REFUSED] = ss->conns_refused;
+	if (a->http)
+		ms->c[MC_HTTP_EVICTED] = http_server_stats(a->http)->evicted;
 	for (i = 0; i <= SPOP_ST_RES; i++)
 		ms->spop_errors[i] = ss->errors[i];
 	ms->c[MC_REFUNDS] = a->refunds;
@@ -1213,6 +1229,10 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 	struct spoa_handler h = {.on_notify = on_notify, .log = lib_log, .arg = a};
 	struct spoa_opts o = {.max_frame_size = rs->cfg->max_frame_size,
 			      .max_inflight = rs->cfg->max_inflight,
+			      .max_conns = rs->cfg->max_conns,
+			      .idle_timeout_ms = rs->cfg->idle_timeout_ms,
+			      .stale_ms = rs->cfg->spoe_timeout_ms,
+			      .ack_max = rs->ack_max,
 			      .reuseport = opts->reuseport};
 	char err[256];
 	size_t i;
@@ -1234,6 +1254,8 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 			LOG(LOG_ERR, "metrics listener: %s", err);
 			goto fail;
 		}
+		http_server_set_max_conns(a->http, rs->cfg->metrics_max_conns);
+		http_server_set_timeout(a->http, rs->cfg->metrics_idle_timeout_ms / 1000.);
 		LOG(LOG_NOTICE, "metrics on http://%s/metrics", rs->cfg->metrics_listen);
 	}
 	for (i = 0; i < rs->cfg->nlisten; i++) {
@@ -1302,6 +1324,19 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 		same_listen = strcmp(o->listen[i], n->listen[i]) == 0;
 	if (!same_listen)
 		LOG(LOG_WARN, "reload: 'listen' changed, ignored until restart");
+	if (o->max_frame_size != n->max_frame_size || o->max_inflight != n->max_inflight ||
+	    o->max_conns != n->max_conns || o->idle_timeout_ms != n->idle_timeout_ms)
+		LOG(LOG_WARN, "reload: max_frame_size, max_inflight, max_connections or idle_timeout "
+			      "changed, ignored until restart");
+	if ((o->metrics_listen ? strcmp(o->metrics_listen, n->metrics_listen ? n->metrics_listen
+									     : "")
+			       : n->metrics_listen != NULL) ||
+	    o->metrics_max_conns != n->metrics_max_conns ||
+	    o->metrics_idle_timeout_ms != n->metrics_idle_timeout_ms)
+		LOG(LOG_WARN, "reload: metrics settings changed, ignored until restart");
+	/* answers are sized from the new rules from now on; the age bound applies at once */
+	spoa_server_set_ack_max(a->srv, rs->ack_max);
+	spoa_server_set_stale_ms(a->srv, n->spoe_timeout_ms);
 	if (o->store != n->store || strcmp(o->redis.address, n->redis.address) != 0 ||
 	    o->redis.command_timeout_ms != n->redis.command_timeout_ms ||
 	    o->redis.connect_timeout_ms != n->redis.connect_timeout_ms)

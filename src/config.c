@@ -102,6 +102,29 @@ static void get_uint(struct loader *ld, const config_setting_t *g, const char *n
 	*out = (unsigned)v;
 }
 
+/*
+ * Reads duration <name> of <g> (a string like "10ms", "30s", "5m") within
+ * [lo, hi] milliseconds into <out> (left alone if absent).
+ */
+static void get_duration(struct loader *ld, const config_setting_t *g, const char *name,
+			 uint64_t lo, uint64_t hi, unsigned *out)
+{
+	const config_setting_t *s = g ? config_setting_get_member(g, name) : NULL;
+	uint64_t ms;
+
+	if (!s)
+		return;
+	if (config_setting_type(s) != CONFIG_TYPE_STRING ||
+	    parse_duration_ms(config_setting_get_string(s), &ms) < 0 || ms < lo || ms > hi) {
+		add_err(ld, line_of(s),
+			"'%s' must be a duration like \"10ms\", \"30s\" or \"5m\", from %llu ms "
+			"to %llu ms",
+			name, (unsigned long long)lo, (unsigned long long)hi);
+		return;
+	}
+	*out = (unsigned)ms;
+}
+
 static void get_bool(struct loader *ld, const config_setting_t *g, const char *name, bool *out)
 {
 	const config_setting_t *s = g ? config_setting_get_member(g, name) : NULL;
@@ -545,7 +568,7 @@ static void load_root(struct loader *ld, config_t *lc)
 		"listen", "log_level", "store", "message", "max_frame_size", "max_inflight", "redis",
 		"limits", "tiers", "default_tier", "anonymous", "response", "endpoints",
 		"unknown_keys", "tier_lookup", "reload", "fallback", "workers", "metrics", "blocked_cache",
-		"local_quota", NULL};
+		"local_quota", "max_connections", "idle_timeout", "spoe_timeout", NULL};
 	static const char *const known_redis[] = {"address", "user", "password", "key_prefix",
 						  "connect_timeout_ms", "command_timeout_ms",
 						  "max_pending", "breaker_failures",
@@ -591,6 +614,13 @@ static void load_root(struct loader *ld, config_t *lc)
 	get_uint(ld, root, "workers", 1, 64, &cfg->workers);
 	cfg->max_inflight = 256;
 	get_uint(ld, root, "max_inflight", 1, 65536, &cfg->max_inflight);
+	/* SPOP connections: how many, how long idle, how old a NOTIFY may get */
+	cfg->max_conns = 4096;
+	get_uint(ld, root, "max_connections", 1, 1000000, &cfg->max_conns);
+	cfg->idle_timeout_ms = 300000;
+	get_duration(ld, root, "idle_timeout", 100, 86400000, &cfg->idle_timeout_ms);
+	cfg->spoe_timeout_ms = 0;
+	get_duration(ld, root, "spoe_timeout", 0, 600000, &cfg->spoe_timeout_ms);
 
 	s = config_setting_get_member(root, "redis");
 	if (s && !config_setting_is_group(s))
@@ -741,10 +771,16 @@ static void load_root(struct loader *ld, config_t *lc)
 	s = config_setting_get_member(root, "metrics");
 	if (s && !config_setting_is_group(s)) {
 		add_err(ld, line_of(s), "'metrics' must be a group { listen = \"127.0.0.1:9100\"; }");
-	} else if (s) {
-		static const char *const known_m[] = {"listen", NULL};
+	}
+	cfg->metrics_max_conns = 64;
+	cfg->metrics_idle_timeout_ms = 5000;
+	if (s && config_setting_is_group(s)) {
+		static const char *const known_m[] = {"listen", "max_connections", "idle_timeout",
+						      NULL};
 
 		check_known(ld, s, "metrics", known_m);
+		get_uint(ld, s, "max_connections", 1, 4096, &cfg->metrics_max_conns);
+		get_duration(ld, s, "idle_timeout", 100, 600000, &cfg->metrics_idle_timeout_ms);
 		cfg->metrics_listen = get_str(ld, s, "listen", NULL);
 		if (cfg->metrics_listen && strncmp(cfg->metrics_listen, "unix:", 5) == 0)
 			add_err(ld, line_of(s), "metrics: 'listen' must be ip:port");

@@ -87,6 +87,10 @@ struct agent_config {
 	char *message;                  /* owned: SPOE message name we act on */
 	unsigned max_frame_size;        /* SPOP frame size we accept */
 	unsigned max_inflight;          /* NOTIFYs in flight per connection */
+	unsigned max_conns;             /* SPOP connections; the idlest makes room (restart-only) */
+	unsigned idle_timeout_ms;       /* SPOP connection idle after HELLO (restart-only) */
+	unsigned spoe_timeout_ms;       /* HAProxy's processing budget: older NOTIFYs are
+					 * answered empty (0: off) */
 	struct {
 		char *address;          /* owned */
 		char *user;             /* owned or NULL */
@@ -121,6 +125,8 @@ struct agent_config {
 	unsigned breaker_cooldown_ms;
 	unsigned workers;               /* worker processes (restart-only) */
 	char *metrics_listen;           /* owned or NULL: /metrics, /top, /healthz, /ready */
+	unsigned metrics_max_conns;     /* metrics connections; the idlest makes room */
+	unsigned metrics_idle_timeout_ms; /* metrics connection deadline */
 	bool blocked_cache;             /* deny locally until a denial's Retry-After */
 	struct {
 		unsigned lease_ms;      /* lease lifetime asked for (Redis time) */

@@ -4,8 +4,9 @@
  *
  * DESIGN
  * A connection goes READ -> WRITE -> LINGER -> (freed).
- *  - READ: bytes accumulate in a fixed HTTP_HEAD_MAX buffer until an empty
- *    line ends the head. A full buffer without one is answered 431. The
+ *  - READ: bytes accumulate in a buffer allocated when the first bytes come
+ *    (HTTP_IN_MIN, doubling up to HTTP_HEAD_MAX) until an empty line ends the
+ *    head. A full HTTP_HEAD_MAX buffer without one is answered 431. The
  *    request line is parsed strictly (method SP target SP HTTP/1.x); headers
  *    are not interpreted and a body is never read.
  *  - WRITE: the status line and headers (built in a small fixed buffer) and
@@ -15,13 +16,16 @@
  *    closing with unread input would make the kernel send a RST, which can
  *    destroy the reply before the client reads it (e.g. a 431 to a client
  *    still sending its head).
- * One ev_timer per connection enforces the HTTP_TIMEOUT_S deadline from
- * accept to close; lingering is further capped at HTTP_LINGER_S.
+ * One ev_timer per connection enforces the deadline (HTTP_TIMEOUT_S unless
+ * set) from accept to close; lingering is further capped at HTTP_LINGER_S.
  *
  * A connection is freed by the callback that decided so, which returns at
  * once: no call path touches it afterwards, so no deferred free is needed.
- * Above HTTP_CONNS_MAX connections, new ones are accepted and closed at once
- * so the backlog never hides them; EMFILE is handled with a spare fd.
+ * At the connection bound (HTTP_CONNS_MAX unless set) the oldest connection
+ * still reading its head, or lingering, is closed to admit the new one: idle
+ * sockets can never lock a scraper out. Only when every connection is sending
+ * a reply is a new one accepted and closed at once (so the backlog never hides
+ * it); EMFILE is handled with a spare fd.
  */
 #include "http.h"
 
@@ -51,6 +55,7 @@
 #define HTTP_ACCEPT_BURST   16              /* accepts per loop iteration */
 #define HTTP_WARN_EVERY_S   10.0            /* log refusals at most this often */
 #define HTTP_OUT_HEAD_MAX   512             /* status line and headers */
+#define HTTP_IN_MIN         1024            /* first request head buffer */
 
 enum http_conn_state {
 	HTTP_CS_READ   = 0,
@@ -66,7 +71,9 @@ struct http_conn {
 	enum http_conn_state state;
 	ev_io io;                          /* EV_READ in READ/LINGER, EV_WRITE in WRITE */
 	ev_timer timer;                    /* deadline */
-	size_t in_len;                     /* bytes in in[] */
+	char *in;                          /* owned: request head, NULL until bytes come */
+	size_t in_cap;                     /* allocated size of in */
+	size_t in_len;                     /* bytes in in */
 	size_t start;                      /* first byte after leading empty lines */
 	size_t scan;                       /* where the search for the head end resumes */
 	struct http_reply reply;           /* the reply being sent */
@@ -75,7 +82,6 @@ struct http_conn {
 	size_t out_head_len;               /* bytes in out_head */
 	size_t drained;                    /* bytes dropped while lingering */
 	char out_head[HTTP_OUT_HEAD_MAX];  /* status line and headers */
-	char in[HTTP_HEAD_MAX];            /* request head */
 };
 
 struct http_server {
@@ -87,6 +93,7 @@ struct http_server {
 	ev_io io;                          /* accept watcher */
 	struct list conns;                 /* http_conn.node */
 	size_t nconns;                     /* length of conns */
+	size_t max_conns;                  /* bound of nconns */
 	double timeout;                    /* per-connection deadline, seconds */
 	int port;                          /* bound port */
 	struct http_stats stats;
@@ -254,6 +261,7 @@ static void conn_close(struct http_conn *c)
 	list_del(&c->node);
 	srv->nconns--;
 	http_reply_release(&c->reply);
+	free(c->in);
 	free(c);
 }
 
@@ -289,6 +297,8 @@ static void conn_linger(struct http_conn *c)
 
 	c->state = HTTP_CS_LINGER;
 	http_reply_release(&c->reply);
+	FREE_AND_NULL(c->in);
+	c->in_cap = c->in_len = 0;
 	(void)shutdown(c->fd, SHUT_WR);
 	if (ev_timer_remaining(loop, &c->timer) > HTTP_LINGER_S) {
 		ev_timer_stop(loop, &c->timer);
@@ -518,13 +528,29 @@ static ssize_t head_complete(struct http_conn *c)
 static void conn_read_head(struct http_conn *c)
 {
 	for (;;) {
-		ssize_t n = recv(c->fd, c->in + c->in_len, sizeof(c->in) - c->in_len, 0);
+		ssize_t n;
+
+		if (c->in_len == c->in_cap) {
+			/* grows with what the client sent, up to the head bound */
+			size_t cap = c->in_cap ? c->in_cap * 2 : HTTP_IN_MIN;
+
+			if (cap > HTTP_HEAD_MAX)
+				cap = HTTP_HEAD_MAX;
+			c->in = xrealloc(c->in, cap);
+			c->in_cap = cap;
+		}
+		n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
 
 		if (n == -1) {
 			if (errno == EINTR)
 				continue;
-			if (errno == EAGAIN || errno == EWOULDBLOCK)
+			if (errno == EAGAIN || errno == EWOULDBLOCK) {
+				if (c->in_len == 0) { /* spurious wakeup: hold no buffer */
+					FREE_AND_NULL(c->in);
+					c->in_cap = 0;
+				}
 				return;
+			}
 			LOG(LOG_DEBUG, "http: recv: %s", strerror(errno));
 			conn_close(c);
 			return;
@@ -539,7 +565,7 @@ static void conn_read_head(struct http_conn *c)
 			conn_on_request(c, c->in + c->start, (size_t)n);
 			return;
 		}
-		if (c->in_len == sizeof(c->in)) {
+		if (c->in_len == HTTP_HEAD_MAX) {
 			conn_error(c, 431, false);
 			return;
 		}
@@ -620,6 +646,28 @@ static void srv_refused(struct http_server *srv, const char *why)
 	srv->last_warn = now;
 }
 
+/*
+ * Closes the oldest connection of <srv> that is still reading its head or
+ * lingering after its reply, to admit a new one. Returns false if every
+ * connection is sending a reply.
+ */
+static bool srv_evict_one(struct http_server *srv)
+{
+	struct list *n;
+
+	for (n = srv->conns.next; n != &srv->conns; n = n->next) {
+		struct http_conn *c = LIST_ELEM(n, struct http_conn, node);
+
+		if (c->state == HTTP_CS_WRITE)
+			continue;
+		if (c->state == HTTP_CS_READ)
+			srv->stats.evicted++;
+		conn_close(c);
+		return true;
+	}
+	return false;
+}
+
 static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
 	struct http_server *srv = container_of(w, struct http_server, io);
@@ -649,9 +697,9 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 				LOG(LOG_WARN, "http: accept: %s", strerror(errno));
 			return;
 		}
-		if (srv->nconns >= HTTP_CONNS_MAX) {
+		if (srv->nconns >= srv->max_conns && !srv_evict_one(srv)) {
 			close(fd);
-			srv_refused(srv, "connection limit reached");
+			srv_refused(srv, "connection limit reached, every connection busy");
 			continue;
 		}
 		c = xcalloc(1, sizeof(*c));
@@ -778,6 +826,7 @@ struct http_server *http_server_new(struct ev_loop *loop, const char *addr, bool
 	srv->arg = arg;
 	srv->fd = fd;
 	srv->timeout = HTTP_TIMEOUT_S;
+	srv->max_conns = HTTP_CONNS_MAX;
 	srv->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
 						   : ((struct sockaddr_in *)&ss)->sin_port);
 	srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -810,12 +859,22 @@ void http_server_free(struct http_server *s)
 
 /*
  * Sets the per-connection deadline of <s> to <seconds> (> 0) for connections
- * accepted from now on. Meant for tests; the default is HTTP_TIMEOUT_S.
+ * accepted from now on; the default is HTTP_TIMEOUT_S.
  */
 void http_server_set_timeout(struct http_server *s, double seconds)
 {
 	if (seconds > 0.)
 		s->timeout = seconds;
+}
+
+/*
+ * Sets the connection bound of <s> to <n> (> 0; the default is
+ * HTTP_CONNS_MAX). Lowering it closes nothing: it applies to new connections.
+ */
+void http_server_set_max_conns(struct http_server *s, size_t n)
+{
+	if (n > 0)
+		s->max_conns = n;
 }
 
 /* Returns the port <s> listens on (the chosen one when asked for port 0). */

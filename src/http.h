@@ -3,9 +3,10 @@
  * A minimal HTTP/1.x server on a libev loop, for /metrics and /health.
  *
  * One request per connection: GET and HEAD only (405 otherwise), request head
- * at most HTTP_HEAD_MAX bytes (431 beyond), at most HTTP_CONNS_MAX open
- * connections (more are closed at once), a HTTP_TIMEOUT_S deadline per
- * connection, and a reply sent with Content-Length and "Connection: close".
+ * at most HTTP_HEAD_MAX bytes (431 beyond, buffered only as it arrives), at
+ * most HTTP_CONNS_MAX open connections unless set (beyond, the oldest one not
+ * sending a reply is closed), a HTTP_TIMEOUT_S deadline per connection unless
+ * set, and a reply sent with Content-Length and "Connection: close".
  * Nothing ever blocks: the application's handler is called synchronously from
  * the loop and must build its reply from memory.
  *
@@ -61,6 +62,7 @@ struct http_stats {
 	uint64_t requests;                 /* replies sent (any status) */
 	uint64_t bad_requests;             /* replies >= 400 made by the server itself */
 	uint64_t timeouts;                 /* connections closed by the deadline */
+	uint64_t evicted;                  /* idle ones closed to admit a new connection */
 };
 
 struct http_server;
@@ -76,6 +78,7 @@ struct http_server *http_server_new(struct ev_loop *loop, const char *addr, bool
 				    size_t errlen) MUSTCHECK;
 void http_server_free(struct http_server *s);
 void http_server_set_timeout(struct http_server *s, double seconds);
+void http_server_set_max_conns(struct http_server *s, size_t n);
 
 int http_server_port(const struct http_server *s);
 size_t http_server_conns(const struct http_server *s);

@@ -36,14 +36,19 @@ void log_set_level(int level)
 		log_level_current = level;
 }
 
-/* Writes one line "<time> [pid] level: message" to stderr in one write. */
+/*
+ * Writes one line "<time> [pid] level: message" to stderr in one write. A
+ * control byte in the message (a newline, an escape sequence: text from a
+ * peer or from Redis that was not escaped where it was logged) becomes '?',
+ * so one call is always exactly one line that cannot forge another.
+ */
 void log_write(int level, const char *fmt, ...)
 {
 	char line[1024];
 	struct timeval tv;
 	struct tm tm;
 	va_list ap;
-	int n, m;
+	int n, m, i;
 
 	gettimeofday(&tv, NULL);
 	gmtime_r(&tv.tv_sec, &tm);
@@ -55,9 +60,13 @@ void log_write(int level, const char *fmt, ...)
 	va_end(ap);
 	if (m < 0)
 		m = 0;
-	n += m;
-	if (n > (int)sizeof(line) - 2)
-		n = (int)sizeof(line) - 2;
+	m += n;
+	if (m > (int)sizeof(line) - 2)
+		m = (int)sizeof(line) - 2;
+	for (i = n; i < m; i++)
+		if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f)
+			line[i] = '?';
+	n = m;
 	line[n++] = '\n';
 	(void)!write(STDERR_FILENO, line, (size_t)n);
 }

@@ -66,6 +66,7 @@ static struct ruleset *load(const char *file, uint64_t gen, bool to_log)
 {
 	struct cfg_errors errs = {0};
 	struct agent_config *cfg;
+	struct ruleset *rs;
 	size_t i;
 
 	if (config_load(file, &cfg, &errs) < 0) {
@@ -78,7 +79,24 @@ static struct ruleset *load(const char *file, uint64_t gen, bool to_log)
 		cfg_errors_release(&errs);
 		return NULL;
 	}
-	return ruleset_build(cfg, gen);
+	rs = ruleset_build(cfg, gen);
+	/* a reply must fit in one frame: HAProxy drops what does not */
+	if (rs->ack_max - 4 > rs->cfg->max_frame_size) {
+		char msg[256];
+
+		snprintf(msg, sizeof(msg),
+			 "%s: the largest reply this configuration can build is %zu bytes, more "
+			 "than max_frame_size (%u): shorten limit, tier or endpoint names or raise "
+			 "max_frame_size (and HAProxy's max-frame-size)",
+			 file, rs->ack_max - 4, rs->cfg->max_frame_size);
+		if (to_log)
+			LOG(LOG_ERR, "%s", msg);
+		else
+			fprintf(stderr, "%s\n", msg);
+		ruleset_unref(rs);
+		return NULL;
+	}
+	return rs;
 }
 
 /*

@@ -371,6 +371,21 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 		if (errs[i] || i == SPOP_ST_NORMAL || i == SPOP_ST_TOO_BIG || i == SPOP_ST_INVALID)
 			prom_sample_u64(r, "spoa_ratelimit_spop_errors_total", &l, 1, errs[i]);
 	}
+	family_u64(r, m, "spoa_ratelimit_spop_stale_total", PROM_COUNTER,
+		   "NOTIFYs older than spoe_timeout when read (HAProxy had given up on them), "
+		   "answered with an empty ACK without a decision.", MC_SPOP_STALE);
+	prom_family(r, "spoa_ratelimit_spop_connections_closed_total", PROM_COUNTER,
+		    "SPOP connections closed by the agent to stay available, by reason.");
+	{
+		static const struct labelled closed[] = {{"evicted", MC_SPOP_EVICTED},
+							 {"idle_timeout", MC_SPOP_IDLE_TIMEOUTS},
+							 {"refused", MC_SPOP_REFUSED}};
+
+		samples_u64(r, m, "spoa_ratelimit_spop_connections_closed_total", "reason", closed,
+			    ARRAY_SIZE(closed));
+	}
+	family_u64(r, m, "spoa_ratelimit_http_connections_evicted_total", PROM_COUNTER,
+		   "Idle metrics connections closed to admit a new one.", MC_HTTP_EVICTED);
 	family_u64(r, m, "spoa_ratelimit_orphans_total", PROM_COUNTER,
 		   "Decisions completed after HAProxy closed their connection.", MC_ORPHANS);
 	family_u64(r, m, "spoa_ratelimit_refunds_total", PROM_COUNTER,

@@ -88,6 +88,11 @@ enum met_counter {
 	MC_FB_CLOSED,           /* ... denied by a fail-closed limit */
 	MC_INVALID_COSTS,       /* costs from HAProxy out of range, charged the maximum */
 	MC_NO_ADDRESS,          /* anonymous requests without a source address */
+	MC_SPOP_STALE,          /* NOTIFYs older than spoe_timeout, answered empty */
+	MC_SPOP_EVICTED,        /* idle SPOP connections closed to admit a new one */
+	MC_SPOP_IDLE_TIMEOUTS,  /* SPOP connections closed by idle_timeout */
+	MC_SPOP_REFUSED,        /* SPOP connections refused: every one busy, or no fd */
+	MC_HTTP_EVICTED,        /* idle metrics connections closed to admit a new one */
 	MC_COUNT                /* sentinel */
 };
 

@@ -4,7 +4,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "spop.h"
 #include "util.h"
+
+#define ACK_SLACK 256   /* room for answer variables added without updating ack_size() */
 
 static void tier_compile(struct ruleset *rs, const struct cfg_tier *ct, struct rule_tier *t)
 {
@@ -32,6 +35,75 @@ static void tier_compile(struct ruleset *rs, const struct cfg_tier *ct, struct r
 					 used ? ", " : "", l->name, (unsigned long long)l->rate,
 					 (unsigned long long)l->period_s);
 	}
+}
+
+/* Bytes of the SPOP varint of <v> (the codec lives in libspoa, not linked everywhere). */
+static size_t varint_size(uint64_t v)
+{
+	size_t n = 1;
+
+	if (v < 240)
+		return 1;
+	v = (v - 240) >> 4;
+	while (v >= 128) {
+		v = (v - 128) >> 7;
+		n++;
+	}
+	return n + 1;
+}
+
+/* Bytes of a set-var action named <name> with a string value of <len> bytes. */
+static size_t setvar_str_size(const char *name, size_t len)
+{
+	size_t n = strlen(name);
+
+	return 3 + varint_size(n) + n + 1 + varint_size(len) + len;
+}
+
+/* Bytes of a set-var action named <name> with any integer value. */
+static size_t setvar_int_size(const char *name)
+{
+	size_t n = strlen(name);
+
+	return 3 + varint_size(n) + n + 1 + SPOP_VARINT_MAX;
+}
+
+/*
+ * The largest ACK frame (its 4-byte length included) a decision of <rs> can
+ * build: every variable respond() may set, each string at its longest (the
+ * policy of the longest tier joined with the longest endpoint policies, the
+ * longest limit and endpoint names), plus ACK_SLACK. Sets rs->policy_max.
+ */
+static size_t ack_size(struct ruleset *rs)
+{
+	size_t i, name = 0, ep = 0, tier = strlen(rs->anon.policy), eppol = 0, policy;
+	size_t n = SPOP_LEN_SIZE + 1 + 4 + 2 * SPOP_VARINT_MAX;
+
+	for (i = 0; i < rs->cfg->nlimits; i++)
+		if (strlen(rs->limits[i].name) > name)
+			name = strlen(rs->limits[i].name);
+	for (i = 0; i < rs->ntiers; i++)
+		if (strlen(rs->tiers[i].policy) > tier)
+			tier = strlen(rs->tiers[i].policy);
+	for (i = 0; i < rs->nendpoints; i++) {
+		const struct rule_endpoint *e = &rs->endpoints[i];
+		size_t l = strlen(e->extra.policy) + strlen(e->global.policy) + 4;
+
+		if (strlen(e->name) > ep)
+			ep = strlen(e->name);
+		if (l > eppol)
+			eppol = l;
+	}
+	policy = tier + eppol + 2;
+	rs->policy_max = policy;
+	n += setvar_str_size("shadow", name) + setvar_str_size("endpoint", ep) +
+	     setvar_str_size("policy", policy) + setvar_str_size("rule", name) +
+	     /* "<name>";r=<int64>;t=<int64> */
+	     setvar_str_size("ratelimit", name + 2 + 3 + 20 + 3 + 20);
+	n += setvar_int_size("allow") + setvar_int_size("degraded") + setvar_int_size("status") +
+	     setvar_int_size("retry_after") + setvar_int_size("limit") +
+	     setvar_int_size("remaining") + setvar_int_size("reset");
+	return n + ACK_SLACK;
 }
 
 /*
@@ -103,6 +175,7 @@ struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen)
 		tier_compile(rs, &ce->limits, &e->extra);
 		tier_compile(rs, &ce->global, &e->global);
 	}
+	rs->ack_max = ack_size(rs);
 	return rs;
 }
 

@@ -58,6 +58,8 @@ struct ruleset {
 	struct rule_tier anon;          /* anonymous clients */
 	struct rule_endpoint *endpoints;/* owned, cfg->nendpoints entries */
 	size_t nendpoints;
+	size_t ack_max;                 /* largest ACK frame a decision builds, length included */
+	size_t policy_max;              /* longest RateLimit-Policy value, NUL excluded */
 };
 
 struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen);

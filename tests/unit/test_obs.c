@@ -557,6 +557,30 @@ static void handler(const char *path, struct http_reply *r, void *arg)
 	}
 }
 
+/* One log call is one line: control bytes in the message cannot forge another. */
+static void test_log_one_line(void **state)
+{
+	char buf[2048];
+	int fds[2], saved;
+	ssize_t n;
+
+	(void)state;
+	assert_int_equal(pipe(fds), 0);
+	saved = dup(STDERR_FILENO);
+	assert_true(saved >= 0);
+	assert_true(dup2(fds[1], STDERR_FILENO) >= 0);
+	log_write(LOG_ERR, "peer said %s", "hi\n2026-01-01T00:00:00.000Z [1] err: forged\x1b[2J\x7f");
+	assert_true(dup2(saved, STDERR_FILENO) >= 0);
+	close(saved);
+	close(fds[1]);
+	n = read(fds[0], buf, sizeof(buf) - 1);
+	close(fds[0]);
+	assert_true(n > 0);
+	buf[n] = 0;
+	assert_non_null(strstr(buf, "peer said hi?2026-01-01T00:00:00.000Z [1] err: forged?[2J?\n"));
+	assert_ptr_equal(strchr(buf, '\n'), buf + n - 1);
+}
+
 static int http_setup(void **state)
 {
 	struct fixture *f = xcalloc(1, sizeof(*f));
@@ -870,21 +894,35 @@ static void test_http_connection_limit(void **state)
 	struct fixture *f = *state;
 	int idle[HTTP_CONNS_MAX];
 	struct resp r;
+	char buf[16];
+	ssize_t n;
 	size_t i;
 
 	for (i = 0; i < HTTP_CONNS_MAX; i++)
 		idle[i] = client_connect(f);
 	pump_until_conns(f, HTTP_CONNS_MAX);
-	/* one more is closed at once, without a reply */
+	/* one more is served: the oldest idle connection makes room */
 	exchange_str(f, "GET /health HTTP/1.1\r\n\r\n", &r);
-	assert_int_equal(r.len, 0);
-	assert_int_equal(http_server_stats(f->srv)->refused, 1);
-	assert_int_equal(f->calls, 0);
+	assert_int_equal(resp_status(&r), 200);
+	assert_int_equal(http_server_stats(f->srv)->evicted, 1);
+	assert_int_equal(http_server_stats(f->srv)->refused, 0);
+	/* the evicted one is the oldest: closed without a reply */
+	n = recv(idle[0], buf, sizeof(buf), 0);
+	assert_true(n == 0 || (n == -1 && errno == ECONNRESET));
+	assert_true(http_server_conns(f->srv) <= HTTP_CONNS_MAX);
 	for (i = 0; i < HTTP_CONNS_MAX; i++)
 		close(idle[i]);
 	pump_until_conns(f, 0);
+	/* a smaller bound applies to new connections */
+	http_server_set_max_conns(f->srv, 2);
+	idle[0] = client_connect(f);
+	idle[1] = client_connect(f);
+	pump_until_conns(f, 2);
 	exchange_str(f, "GET /health HTTP/1.1\r\n\r\n", &r);
 	assert_int_equal(resp_status(&r), 200);
+	assert_int_equal(http_server_stats(f->srv)->evicted, 2);
+	close(idle[0]);
+	close(idle[1]);
 }
 
 static void test_http_deadline_closes_slow_clients(void **state)
@@ -1012,6 +1050,7 @@ int main(void)
 						http_teardown),
 		cmocka_unit_test_setup_teardown(test_http_garbage_is_rejected, http_setup,
 						http_teardown),
+		cmocka_unit_test(test_log_one_line),
 		cmocka_unit_test_setup_teardown(test_http_connection_limit, http_setup,
 						http_teardown),
 		cmocka_unit_test_setup_teardown(test_http_deadline_closes_slow_clients, http_setup,

@@ -1078,6 +1078,16 @@ static void test_spop_data_int(void **state)
 	d = D_u64(123456789012ULL);
 	assert_true(spop_data_int(&d, &v));
 	assert_int_equal(v, 123456789012LL);
+	/* UINT64 >= 2^63 saturates, never wraps negative (a huge cost stays huge) */
+	d = D_u64((uint64_t)INT64_MAX);
+	assert_true(spop_data_int(&d, &v));
+	assert_true(v == INT64_MAX);
+	d = D_u64((uint64_t)INT64_MAX + 1);
+	assert_true(spop_data_int(&d, &v));
+	assert_true(v == INT64_MAX);
+	d = D_u64(UINT64_MAX);
+	assert_true(spop_data_int(&d, &v));
+	assert_true(v == INT64_MAX);
 
 	d = D_null();
 	assert_false(spop_data_int(&d, &v));
@@ -1091,6 +1101,63 @@ static void test_spop_data_int(void **state)
 	assert_false(spop_data_int(&d, &v));
 	d = D_bin("5", 1);
 	assert_false(spop_data_int(&d, &v));
+}
+
+/* UINT64 values decoded from the wire, then read as integers: no wrap. */
+static void test_spop_uint64_wire_no_wrap(void **state)
+{
+	/* 05 = UINT64; 2^64-1 and 2^63 as varints */
+	static const uint8_t max[] = {0x05, 0xff, 0xf0, 0xfe, 0xfe, 0xfe, 0xfe, 0xfe, 0xfe, 0xfe, 0x0e};
+	uint8_t buf[16];
+	struct spop_rd rd = {max, max + sizeof(max)};
+	struct spop_data d;
+	int64_t v = 0;
+	int n;
+
+	(void)state;
+	assert_true(spop_data_decode(&rd, &d) > 0);
+	assert_int_equal(d.type, SPOP_T_UINT64);
+	assert_true(d.v.u == UINT64_MAX);
+	assert_true(spop_data_int(&d, &v));
+	assert_true(v == INT64_MAX);
+	buf[0] = 0x05;
+	n = spop_varint_encode(buf + 1, sizeof(buf) - 1, (uint64_t)1 << 63);
+	assert_true(n > 0);
+	rd.p = buf;
+	rd.end = buf + 1 + n;
+	assert_true(spop_data_decode(&rd, &d) > 0);
+	assert_true(spop_data_int(&d, &v));
+	assert_true(v == INT64_MAX);
+	/* INT64 keeps its sign: -1 is -1 */
+	buf[0] = 0x04;
+	n = spop_varint_encode(buf + 1, sizeof(buf) - 1, UINT64_MAX);
+	rd.p = buf;
+	rd.end = buf + 1 + n;
+	assert_true(spop_data_decode(&rd, &d) > 0);
+	assert_true(spop_data_int(&d, &v));
+	assert_true(v == -1);
+}
+
+static void test_spop_escape(void **state)
+{
+	char out[64];
+	char tiny[8];
+
+	(void)state;
+	assert_string_equal(spop_escape(out, sizeof(out), "plain-id 1.0", 12), "plain-id 1.0");
+	assert_string_equal(spop_escape(out, sizeof(out), "a\nb\rc", 5), "a\\x0ab\\x0dc");
+	assert_string_equal(spop_escape(out, sizeof(out), "\x1b[31m\x7f", 6),
+			    "\\x1b[31m\\x7f");
+	assert_string_equal(spop_escape(out, sizeof(out), "back\\slash", 10), "back\\\\slash");
+	assert_string_equal(spop_escape(out, sizeof(out), "\xc3\xa9", 2), "\\xc3\\xa9");
+	/* NUL bytes inside the view are escaped, not an end */
+	assert_string_equal(spop_escape(out, sizeof(out), "a\0b", 3), "a\\x00b");
+	assert_string_equal(spop_escape(out, sizeof(out), NULL, 0), "");
+	/* cut with a marker, never inside an escape, always terminated */
+	assert_string_equal(spop_escape(tiny, sizeof(tiny), "abcdefghij", 10), "abcd...");
+	assert_string_equal(spop_escape(tiny, sizeof(tiny), "ab\ncdefgh", 9), "ab...");
+	assert_string_equal(spop_escape(tiny, sizeof(tiny), "abcdefg", 7), "abcdefg");
+	assert_string_equal(spop_escape(tiny, 1, "abc", 3), "");
 }
 
 static void test_spop_str_eq(void **state)
@@ -2782,6 +2849,8 @@ int main(void)
 		cmocka_unit_test(test_spop_data_bad_type_nibble),
 		cmocka_unit_test(test_spop_data_truncated),
 		cmocka_unit_test(test_spop_data_int),
+		cmocka_unit_test(test_spop_uint64_wire_no_wrap),
+		cmocka_unit_test(test_spop_escape),
 		cmocka_unit_test(test_spop_frame_len_peek),
 		cmocka_unit_test(test_spop_frame_decode_header),
 		cmocka_unit_test(test_spop_hello_26),

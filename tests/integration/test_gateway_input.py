@@ -207,6 +207,30 @@ def test_agent_matches_path_variants(agent, redis):
             assert v["remaining"] == 99, (method, path, v)
 
 
+@pytest.mark.parametrize("prefix,msg", [
+    ("/v1/search?q", "'path_prefix' is a path: no '?' or '#'"),
+    ("/v1#x", "'path_prefix' is a path: no '?' or '#'"),
+    ("/" + "a" * 1024, "'path_prefix' longer than 1024 bytes"),
+])
+def test_path_prefix_checked(agent_bin, tmp, prefix, msg):
+    """`-c`: a prefix is compared with at most 1,024 normalised bytes, never a query."""
+    import subprocess
+    from conftest import agent_config, to_libconfig
+    cfg = agent_config("127.0.0.1:1", None, store="memory", endpoints=LcList([
+        {"name": "x", "path_prefix": prefix}]))
+    p = tmp / "check.conf"
+    p.write_text(to_libconfig(cfg))
+    out = subprocess.run([str(agent_bin), "-c", "-f", str(p)], capture_output=True, text=True,
+                         timeout=10)
+    assert out.returncode == 1 and msg in out.stderr, out
+    # the longest accepted prefix
+    cfg["endpoints"] = LcList([{"name": "x", "path_prefix": "/" + "a" * 1023}])
+    p.write_text(to_libconfig(cfg))
+    out = subprocess.run([str(agent_bin), "-c", "-f", str(p)], capture_output=True, text=True,
+                         timeout=10)
+    assert out.returncode == 0, out
+
+
 def test_path_variants_end_to_end(redis, agent, haproxy):
     """Client -> HAProxy -> agent -> Redis: each variant charges the endpoint's cost (10)
     to its key, exactly like the plain path."""

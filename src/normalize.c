@@ -21,6 +21,8 @@
  */
 #include "normalize.h"
 
+#include <string.h>
+
 static int hexval(unsigned char c)
 {
 	if (c >= '0' && c <= '9')
@@ -97,8 +99,15 @@ size_t norm_path(const char *in, size_t len, char *out, size_t cap, bool *trunca
 		*truncated = true;
 		return 0;
 	}
-	for (end = 0; end < len && in[end] != '?' && in[end] != '#'; end++)
-		;
+	end = len;
+	if (len) {
+		const char *q = memchr(in, '?', len), *h = memchr(in, '#', len);
+
+		if (q)
+			end = (size_t)(q - in);
+		if (h && (size_t)(h - in) < end)
+			end = (size_t)(h - in);
+	}
 	out[0] = '/';
 	while (i < end) {
 		size_t s, j;
@@ -110,8 +119,11 @@ size_t norm_path(const char *in, size_t len, char *out, size_t cap, bool *trunca
 			continue;
 		}
 		s = i;
-		while (i < end && in[i] != '/')
-			i++;
+		{
+			const char *sl = memchr(in + i, '/', end - i);
+
+			i = sl ? (size_t)(sl - in) : end;
+		}
 		dots = seg_dots(in + s, i - s);
 		if (dots) {
 			dir = true;

@@ -49,7 +49,7 @@ endif
 SPOA_SRC  = spoa/spop.c spoa/server.c
 AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/store_node.c \
             src/store_cluster.c src/limiter.c src/digest.c src/log.c src/util.c src/memstore.c \
-            src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c
+            src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c src/normalize.c
 SPOA_OBJ  = $(SPOA_SRC:%.c=$(BUILD)/%.o)
 AGENT_OBJ = $(AGENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/scripts.o
 LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lua \
@@ -57,7 +57,8 @@ LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lu
 
 BIN       = $(BUILD)/spoa-ratelimit
 LIBSPOA   = $(BUILD)/libspoa.a
-UNIT_BINS = $(BUILD)/test_spop $(BUILD)/test_limiter $(BUILD)/test_memstore $(BUILD)/test_obs
+UNIT_BINS = $(BUILD)/test_spop $(BUILD)/test_limiter $(BUILD)/test_memstore $(BUILD)/test_obs \
+            $(BUILD)/test_normalize
 MODEL     = $(BUILD)/limit_model
 REPLAY    = $(BUILD)/fuzz_replay
 
@@ -124,6 +125,12 @@ $(BUILD)/test_obs: tests/unit/test_obs.c $(BUILD)/src/http.o $(BUILD)/src/prom.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lev -lcmocka -lm
 
+$(BUILD)/test_normalize: tests/unit/test_normalize.c $(BUILD)/src/normalize.o $(BUILD)/src/rules.o \
+                         $(BUILD)/src/config.o $(BUILD)/src/limiter.o $(BUILD)/src/util.o \
+                         $(BUILD)/src/log.o
+	@echo "  LD      $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lcmocka -lm
+
 $(MODEL): tests/tools/limit_model.c $(BUILD)/src/limiter.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lm
@@ -134,7 +141,7 @@ $(BUILD)/spop-load: tests/tools/spop_load.c $(LIBSPOA)
 
 $(BUILD)/fuzz_config_replay: tests/fuzz/fuzz_config.c tests/fuzz/replay.c $(BUILD)/src/config.o \
                              $(BUILD)/src/rules.o $(BUILD)/src/util.o $(BUILD)/src/log.o \
-                             $(BUILD)/src/limiter.o
+                             $(BUILD)/src/limiter.o $(BUILD)/src/normalize.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lm
 
@@ -170,7 +177,7 @@ FUZZ_BUILD = build-fuzz
 fuzz: $(FUZZ_BUILD)/fuzz_spop_frame $(FUZZ_BUILD)/fuzz_config
 
 FUZZ_CONFIG_SRC = tests/fuzz/fuzz_config.c src/config.c src/rules.c src/util.c src/log.c \
-                  src/limiter.c
+                  src/limiter.c src/normalize.c
 $(FUZZ_BUILD)/fuzz_config: $(FUZZ_CONFIG_SRC) src/config.h src/rules.h
 	@mkdir -p $(FUZZ_BUILD)
 	clang-14 -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \

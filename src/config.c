@@ -17,6 +17,7 @@
 
 #include "limiter.h"
 #include "log.h"
+#include "normalize.h"
 #include "store.h"
 #include "util.h"
 
@@ -398,6 +399,13 @@ static void load_endpoint(struct loader *ld, const config_setting_t *g, struct c
 		add_err(ld, e->line, "endpoint '%s': needs 'route' or 'path_prefix'", e->name);
 	if (e->path_prefix && e->path_prefix[0] != '/')
 		add_err(ld, e->line, "endpoint '%s': 'path_prefix' must start with '/'", e->name);
+	/* matched against the normalised path (rules.c), which has neither and is bounded */
+	if (e->path_prefix && strpbrk(e->path_prefix, "?#"))
+		add_err(ld, e->line, "endpoint '%s': 'path_prefix' is a path: no '?' or '#'",
+			e->name);
+	if (e->path_prefix && strlen(e->path_prefix) > NORM_PATH_MAX)
+		add_err(ld, e->line, "endpoint '%s': 'path_prefix' longer than %d bytes", e->name,
+			NORM_PATH_MAX);
 	m = config_setting_get_member(g, "methods");
 	if (m && (config_setting_is_array(m) || config_setting_is_list(m))) {
 		n = config_setting_length(m);

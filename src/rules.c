@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "normalize.h"
 #include "spop.h"
 #include "util.h"
 
@@ -161,7 +162,18 @@ struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen)
 		e->name = ce->name;
 		e->route = ce->route;
 		e->path_prefix = ce->path_prefix;
-		e->prefix_len = ce->path_prefix ? strlen(ce->path_prefix) : 0;
+		if (ce->path_prefix) {
+			char buf[NORM_PATH_MAX];
+			bool trunc;
+
+			/* the prefix gets the request's treatment: "/v1//x" matches as "/v1/x" */
+			e->prefix_len = norm_path(ce->path_prefix, strlen(ce->path_prefix), buf,
+						  sizeof(buf), &trunc);
+			BUG_ON(trunc); /* config_load() bounds path_prefix to NORM_PATH_MAX */
+			e->prefix = xmalloc(e->prefix_len + 1);
+			memcpy(e->prefix, buf, e->prefix_len);
+			e->prefix[e->prefix_len] = 0;
+		}
 		e->methods = ce->methods;
 		e->nmethods = ce->nmethods;
 		e->cost = ce->cost;
@@ -197,6 +209,7 @@ void ruleset_unref(struct ruleset *rs)
 	free(rs->anon.policy);
 	for (i = 0; i < rs->nendpoints; i++) {
 		free(rs->endpoints[i].limit_cost);
+		free(rs->endpoints[i].prefix);
 		free(rs->endpoints[i].extra.policy);
 		free(rs->endpoints[i].global.policy);
 	}
@@ -219,16 +232,30 @@ const struct rule_tier *ruleset_tier_find(const struct ruleset *rs, const char *
 	return NULL;
 }
 
+/* True if the method <m> (<len> bytes, untrusted) is <name>, ASCII case ignored. */
+static bool method_eq(const char *name, const char *m, size_t len)
+{
+	return strlen(name) == len && norm_prefix_eq(m, len, name, len);
+}
+
 /*
  * The first endpoint (in configuration order) that the request matches: by
  * its route id when both the request and the endpoint have one, otherwise by
  * method and path prefix. All inputs are untrusted views. NULL if none.
+ *
+ * Paths are compared normalised (see normalize.c: unreserved escapes decoded,
+ * `//` merged, dot segments removed) and ASCII case-insensitively, on the
+ * first NORM_PATH_MAX bytes of the normalised path; methods are compared
+ * case-insensitively. An absent path matches no prefix. The path is
+ * normalised at most once, into a stack buffer.
  */
 const struct rule_endpoint *ruleset_endpoint(const struct ruleset *rs, const char *route,
 					     size_t route_len, const char *method,
 					     size_t method_len, const char *path, size_t path_len)
 {
-	size_t i, j;
+	char norm[NORM_PATH_MAX];
+	size_t i, j, nlen = 0;
+	bool normed = false, trunc;
 
 	for (i = 0; i < rs->nendpoints; i++) {
 		const struct rule_endpoint *e = &rs->endpoints[i];
@@ -238,14 +265,18 @@ const struct rule_endpoint *ruleset_endpoint(const struct ruleset *rs, const cha
 				return e;
 			continue; /* both have a route id: it alone decides */
 		}
-		if (!e->path_prefix || path_len < e->prefix_len ||
-		    memcmp(path, e->path_prefix, e->prefix_len) != 0)
+		if (!e->prefix || !path_len)
+			continue;
+		if (!normed) {
+			nlen = norm_path(path, path_len, norm, sizeof(norm), &trunc);
+			normed = true;
+		}
+		if (!norm_prefix_eq(norm, nlen, e->prefix, e->prefix_len))
 			continue;
 		if (!e->nmethods)
 			return e;
 		for (j = 0; j < e->nmethods; j++)
-			if (strlen(e->methods[j]) == method_len &&
-			    memcmp(e->methods[j], method, method_len) == 0)
+			if (method_eq(e->methods[j], method, method_len))
 				return e;
 	}
 	return NULL;

@@ -38,7 +38,8 @@ struct rule_endpoint {
 	const char *name;               /* ref: cfg */
 	const char *route;              /* ref: cfg, or NULL */
 	const char *path_prefix;        /* ref: cfg, or NULL */
-	size_t prefix_len;
+	char *prefix;                   /* owned: path_prefix normalised (norm_path), or NULL */
+	size_t prefix_len;              /* of <prefix>, at most NORM_PATH_MAX */
 	char *const *methods;           /* ref: cfg */
 	size_t nmethods;
 	int64_t cost;                   /* default cost for every limit */

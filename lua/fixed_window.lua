@@ -19,8 +19,8 @@ ALG[2] = function(key, now, cost, win, limit)
 	r.reset_c = left
 	r.reset_u = (count > 0) and left or 0
 	r.commit = function()
-		redis.call('SET', key, string.format('%d:%d', idx, math.min(clamp0(count + cost), COUNT_MAX)), 'PX',
-			math.ceil(left / 1000) + 1)
+		local c = math.min(clamp0(count + cost), COUNT_MAX)
+		redis.call('SET', key, string.format('%d:%d', idx, c), 'PX', math.ceil(left / 1000) + 1)
 	end
 	return r
 end

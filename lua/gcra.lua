@@ -12,11 +12,11 @@
 --
 -- Everything is computed relative to now, in ticks, and stays below 2^53
 -- (exact in doubles): what the bucket owes d <= DEBT_MAX = 2^51, a cost is
--- clamped to +-(floor(DEBT_MAX / T) + 1) tokens so |cost x T| < 2^52 (and a
--- refund that large empties any debt), and the TAT
--- written, now + floor(d / 2^k), stays below 2^53 while now < 2^52 us (until
--- the year 2112). The debt is capped at DEBT_MAX: a report of more than fits
--- owes at most that (at least two whole buckets, as tau <= 2^50).
+-- clamped to +-(floor(DEBT_MAX / T) + 1) tokens so |cost x T| < 2^52 (a
+-- refund that large empties any debt), and the TAT written, now + floor(d /
+-- 2^k), stays below 2^53 while now < 2^52 us (until the year 2112). The debt
+-- is capped at DEBT_MAX: a report of more than fits owes at most that (at
+-- least two whole buckets, as tau <= 2^50).
 local GCRA_DEBT_MAX = 2 ^ 51
 ALG[1] = function(key, now, cost, T, b)
 	local k = b % T

@@ -49,8 +49,8 @@ ALG[4] = function(key, now, cost, win, limit)
 	r.reset_c = left + win
 	r.reset_u = (cur > 0) and (left + win) or ((prev > 0) and left or 0)
 	r.commit = function()
-		redis.call('SET', key, string.format('%d:%d:%d', idx, math.min(clamp0(cur + cost), COUNT_MAX),
-			prev), 'PX',
+		local c = math.min(clamp0(cur + cost), COUNT_MAX)
+		redis.call('SET', key, string.format('%d:%d:%d', idx, c, prev), 'PX',
 			math.ceil((left + win) / 1000) + 1)
 	end
 	return r

@@ -255,7 +255,8 @@ static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_
 			"limit '%s': sliding_log is exact, one entry per token: 'accuracy_budget' "
 			"(batches of tokens) must be 0 (use sliding_window or gcra)",
 			l->name);
-	if (l->rate && l->period_ms && limit_params_check(l->alg, l->rate, l->period_ms, l->burst) < 0)
+	if (l->rate && l->period_ms &&
+	    limit_params_check(l->alg, l->rate, l->period_ms, l->burst) < 0)
 		add_err(ld, line_of(config_setting_get_member(s, v ? "burst" : "rate")),
 			"limit '%s': a bucket of %llu tokens refilled at %llu per %llu ms takes "
 			"longer than 2^49 us (~17.8 years) to refill: not representable, lower "

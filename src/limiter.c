@@ -113,7 +113,7 @@ int limit_params_init(struct limit_params *p, int alg, uint64_t rate, uint64_t p
 	/* the finest tick at which burst x a still fits */
 	for (k = 0; k < GCRA_K_MAX; k++) {
 		t = gcra_ticks(period_us, rate, k + 1);
-		if (t > GCRA_TAU_MAX || (uint64_t)t * burst > (uint64_t)GCRA_TAU_MAX)
+		if ((unsigned __int128)t * burst > GCRA_TAU_MAX)
 			break;
 	}
 	t = gcra_ticks(period_us, rate, k);
@@ -121,7 +121,7 @@ int limit_params_init(struct limit_params *p, int alg, uint64_t rate, uint64_t p
 		t = GCRA_K_MAX + 1;
 	if (t > GCRA_TAU_MAX)
 		t = GCRA_TAU_MAX;
-	if ((uint64_t)t * burst > (uint64_t)GCRA_TAU_MAX) {
+	if ((unsigned __int128)t * burst > GCRA_TAU_MAX) {
 		burst = (uint64_t)(GCRA_TAU_MAX / t);
 		ret = -1;
 	}

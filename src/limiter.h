@@ -40,8 +40,7 @@ enum limit_alg {
  *   d (what the bucket owes) <= GCRA_DEBT_MAX = 2^51, a cost is clamped to
  *   +-(floor(GCRA_DEBT_MAX / a) + 1) tokens, so |cost x a| < 2^52 (a refund
  *   that large empties any debt), |d + cost x a| < 2^53, and the stored TAT
- *   now + d / 2^k < 2^53 while now < 2^52 us
- *   (until the year 2112).
+ *   now + d / 2^k < 2^53 while now < 2^52 us (until the year 2112).
  */
 #define GCRA_K_MAX      40                      /* ticks of at least 2^-40 us */
 #define GCRA_TAU_MAX    (INT64_C(1) << 50)      /* ticks of burst tolerance */

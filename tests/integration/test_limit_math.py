@@ -52,6 +52,8 @@ def test_gcra_admits_the_rate_in_redis(redis, rate):
     span = calls[-1][0] - t1
     want = rate * span / 1e6
     assert span > 10000, "too few microseconds elapsed to measure"
+    print("%d/s: %d admitted after the burst in %d us of Redis time, rate x time = %.1f"
+          % (rate, got + left - rate, span, want))
     assert abs(got + left - rate - want) <= 2 + want * 1e-4, (got + left - rate, want, span)
     compare(replies, run_model([lim], calls))
 
@@ -85,16 +87,19 @@ def test_fixed_point_script_matches_model(redis, rate, period_ms, burst):
 
 def test_extreme_costs_neither_overflow_nor_disagree(redis):
     """Costs far beyond anything real, for GCRA at 1/366d with the largest burst `-c`
-    takes and for the windows at the largest rate: script and model agree field for field
-    and every number stays an integer Redis can return."""
+    takes, for the windows at the largest rate and for a sliding log (at most 100 entries
+    a call): script and model agree field for field and every number stays an integer
+    Redis can return."""
     sha = redis.cmd("SCRIPT", "LOAD", script())
     a, b = params(GCRA, 1, 366 * DAY_MS, 17)
     lims = [(GCRA, a, b, 0), (FIXED, 366 * DAY_MS * 1000, 10 ** 9, 0),
-            (SLIDING, 366 * DAY_MS * 1000, 10 ** 9, 0), (GCRA, *params(GCRA, 10 ** 9, 1), 0)]
+            (SLIDING, 366 * DAY_MS * 1000, 10 ** 9, 0), (GCRA, *params(GCRA, 10 ** 9, 1), 0),
+            (LOG, 3600 * 10 ** 6, 1000, 0)]
     keys = ["rl:{x}:%d" % i for i in range(len(lims))]
     replies, calls = [], []
     for cost in [1, 2 ** 62, -2 ** 62, 2 ** 53 + 1, 10 ** 15, -(2 ** 53), 10 ** 9, 17, -1, 0,
-                 9223372036854775807, -9223372036854775808]:
+                 9223372036854775807, -9223372036854775808, 101, 100, [1, 1, 1, 1, 101],
+                 [5, 5, 5, 5, 100], -150]:
         rep = run_script(redis, sha, keys, lims, cost)
         replies.append(rep)
         calls.append((rep[2], cost))

@@ -7,7 +7,7 @@
 -- window, src/config.c), and a call adds at most LOG_ADD_MAX entries: a cost
 -- above that is never admitted (its retry is a whole window), a batch is
 -- granted no more (decide.lua), and a report (charged even over the limit)
--- records at most that many and never fills the log past twice the limit
+-- records at most that many and never fills the log past limit + LOG_ADD_MAX
 -- (<limit> entries at one instant already deny everything for a window).
 ALG[3] = function(key, now, cost, win, limit)
 	redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - win))
@@ -35,7 +35,7 @@ ALG[3] = function(key, now, cost, win, limit)
 			redis.call('ZPOPMAX', key, math.min(-cost, LOG_ADD_MAX))
 			return
 		end
-		local add = math.min(cost, LOG_ADD_MAX, 2 * limit - count)
+		local add = math.min(cost, LOG_ADD_MAX, limit + LOG_ADD_MAX - count)
 		if add < 1 then return end
 		if redis.call('ZCOUNT', key, now, now) == 0 then
 			-- members "<now>:<i>" are new: one command for all (in slices,

@@ -141,7 +141,8 @@ def test_script_refuses_parameters_out_of_range(redis):
 
 def test_sliding_log_adds_a_bounded_number_of_entries(redis):
     """One call never adds more than 100 entries to a sliding log: a single cost above is
-    denied (retry: one window), a batch is granted no more, a report records no more."""
+    denied (retry: one window), a batch is granted no more, a report records no more, and
+    reports stop at the limit + 100 entries."""
     sha = redis.cmd("SCRIPT", "LOAD", script())
     lim = (LOG, 60 * 10 ** 6, 1000, 0)
     rep = run_script(redis, sha, ["rl:{lg}:a"], [lim], 101)
@@ -155,6 +156,12 @@ def test_sliding_log_adds_a_bounded_number_of_entries(redis):
     argv = [str(x) for x in lim + (1,)] + ["5000", "1", "0"]
     redis.cmd("EVALSHA", sha, "1", "rl:{lg}:b", *argv)
     assert int(redis.cmd("ZCARD", "rl:{lg}:b")) == 200
+    # reports never fill a log past its limit + 100 (what a call may have to trim)
+    small = (LOG, 60 * 10 ** 6, 150, 0)
+    argv = [str(x) for x in small + (1,)] + ["5000", "1", "0"]
+    for _ in range(4):
+        redis.cmd("EVALSHA", sha, "1", "rl:{lg}:c", *argv)
+    assert int(redis.cmd("ZCARD", "rl:{lg}:c")) == 250
 
 
 # ---------------------------------------------------------------------------------------

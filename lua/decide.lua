@@ -5,15 +5,15 @@
 -- KEYS[i]          state of limit i; all keys of one call share a hash tag
 -- ARGV[5(i-1)+1]   algorithm of limit i: 1 gcra, 2 fixed window, 3 sliding
 --                  log, 4 sliding window counter
--- ARGV[5(i-1)+2]   parameter a of the algorithm (see its file)
--- ARGV[5(i-1)+3]   parameter b of the algorithm
+-- ARGV[5(i-1)+2]   parameter a of the algorithm (see its file), an integer >= 1
+-- ARGV[5(i-1)+3]   parameter b of the algorithm, an integer >= 0
 -- ARGV[5(i-1)+4]   flags: 1 = shadow (evaluated and reported, never denies)
 -- ARGV[5(i-1)+5]   cost of the request for limit i, in tokens: > 0 charges,
 --                  0 only reports, < 0 refunds an earlier charge (always
---                  applied, never denies)
+--                  applied, never denies); an integer, clamped to +-2^50
 --
 -- Optional, after the limits (a batch: "units" of the request above):
--- ARGV[5n+1]       want: units asked for (>= 1)
+-- ARGV[5n+1]       want: units asked for (1 to 2^50)
 -- ARGV[5n+2]       mode: 0 = grant, up to <want> units, as many as every
 --                  enforcing limit admits now, never more (a lease, or
 --                  several coalesced requests); 1 = report, <want> units
@@ -49,7 +49,7 @@ if batch then
 	report = tonumber(ARGV[5 * n + 2]) == 1
 	life = tonumber(ARGV[5 * n + 3]) or 0
 	minu = tonumber(ARGV[5 * n + 4]) or 1
-	if not want or want < 1 or want ~= math.floor(want) then
+	if not want or want < 1 or want > COUNT_MAX or want ~= math.floor(want) then
 		return redis.error_reply('bad batch size ' .. tostring(ARGV[5 * n + 1]))
 	end
 end
@@ -63,7 +63,18 @@ for i = 1, n do
 	pa[i] = tonumber(ARGV[o + 1])
 	pb[i] = tonumber(ARGV[o + 2])
 	costs[i] = tonumber(ARGV[o + 4])
-	shadows[i] = tonumber(ARGV[o + 3]) % 2 == 1
+	shadows[i] = (tonumber(ARGV[o + 3]) or 0) % 2 == 1
+	-- integers only, and a bucket's interval and tolerance as src/limiter.h
+	-- bounds them: nothing below may leave the exact range of doubles
+	if not pa[i] or pa[i] < 1 or pa[i] ~= math.floor(pa[i]) or not pb[i] or pb[i] < 0 or
+		pb[i] ~= math.floor(pb[i]) or (ids[i] == 1 and (pa[i] > 2 ^ 50 or
+		pb[i] > 2 ^ 50 + 40 or pb[i] % pa[i] > 40)) then
+		return redis.error_reply('bad parameters for limit ' .. i)
+	end
+	if not costs[i] or costs[i] ~= math.floor(costs[i]) then
+		return redis.error_reply('bad cost ' .. tostring(ARGV[o + 4]))
+	end
+	costs[i] = clampm(costs[i], COUNT_MAX)
 end
 
 -- Checks every limit for <units> units; returns the results and whether every
@@ -71,7 +82,7 @@ end
 local function check(units)
 	local res, all = {}, 1
 	for i = 1, n do
-		local cost = costs[i] * units
+		local cost = clampm(costs[i] * units, COUNT_MAX)
 		local r = algs[i](KEYS[i], now, cost, pa[i], pb[i])
 		r.shadow = shadows[i]
 		if cost < 0 then r.ok = 1; r.retry = 0 end
@@ -106,6 +117,11 @@ if batch and want > 1 and (allowed == 1 or report) then
 	for i = 1, n do
 		if not shadows[i] and costs[i] > 0 then
 			local u = math.floor(res[i].rem_u / costs[i])
+			if u < fit then fit = u end
+		end
+		if ids[i] == 3 and costs[i] > 0 and not report then
+			-- a sliding log grows by at most LOG_ADD_MAX entries a call
+			local u = math.floor(LOG_ADD_MAX / costs[i])
 			if u < fit then fit = u end
 		end
 	end

@@ -8,7 +8,7 @@ ALG[2] = function(key, now, cost, win, limit)
 	local v = redis.call('GET', key)
 	if v then
 		local w, c = string.match(v, '^(%d+):(%d+)$')
-		if w and tonumber(w) == idx then count = tonumber(c) end
+		if w and tonumber(w) == idx then count = math.min(tonumber(c), COUNT_MAX) end
 	end
 	local left = (idx + 1) * win - now
 	local r = {}
@@ -19,8 +19,8 @@ ALG[2] = function(key, now, cost, win, limit)
 	r.reset_c = left
 	r.reset_u = (count > 0) and left or 0
 	r.commit = function()
-		redis.call('SET', key, string.format('%d:%d', idx, clamp0(count + cost)), 'PX',
-			math.ceil(left / 1000) + 1)
+		local c = math.min(clamp0(count + cost), COUNT_MAX)
+		redis.call('SET', key, string.format('%d:%d', idx, c), 'PX', math.ceil(left / 1000) + 1)
 	end
 	return r
 end

@@ -1,7 +1,10 @@
 -- Sliding window counter: the current and the previous fixed window, the
 -- previous one weighted by how much of it still overlaps the sliding window.
 -- Two numbers per key ("<window index>:<current>:<previous>"), close to the
--- sliding log without its memory.
+-- sliding log without its memory. The weighted count prev x left / win is a
+-- double (prev <= 2^50, left <= 2^45: no overflow; rounded, not exact, when
+-- the product passes 2^53, identically in the C model); it only decides, the
+-- counts stored are integers.
 --   a = window length (us), b = limit (requests per window)
 ALG[4] = function(key, now, cost, win, limit)
 	local idx = math.floor(now / win)
@@ -12,9 +15,9 @@ ALG[4] = function(key, now, cost, win, limit)
 		if w then
 			w = tonumber(w)
 			if w == idx then
-				cur, prev = tonumber(c), tonumber(p)
+				cur, prev = math.min(tonumber(c), COUNT_MAX), math.min(tonumber(p), COUNT_MAX)
 			elseif w == idx - 1 then
-				prev = tonumber(c)
+				prev = math.min(tonumber(c), COUNT_MAX)
 			end
 		end
 	end
@@ -46,7 +49,8 @@ ALG[4] = function(key, now, cost, win, limit)
 	r.reset_c = left + win
 	r.reset_u = (cur > 0) and (left + win) or ((prev > 0) and left or 0)
 	r.commit = function()
-		redis.call('SET', key, string.format('%d:%d:%d', idx, clamp0(cur + cost), prev), 'PX',
+		local c = math.min(clamp0(cur + cost), COUNT_MAX)
+		redis.call('SET', key, string.format('%d:%d:%d', idx, c, prev), 'PX',
 			math.ceil((left + win) / 1000) + 1)
 	end
 	return r

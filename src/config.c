@@ -270,11 +270,24 @@ static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_
 	if (v && l->alg != ALG_GCRA)
 		add_err(ld, line_of(config_setting_get_member(s, "burst")),
 			"limit '%s': 'burst' applies to gcra/token_bucket only", l->name);
-	if (l->alg == ALG_SLIDING_LOG && l->rate > 100000)
+	if (l->alg == ALG_SLIDING_LOG && l->rate > LOG_RATE_MAX)
 		add_err(ld, l->line,
-			"limit '%s': sliding_log keeps one entry per request: at most 100000 per "
-			"period (use sliding_window)",
+			"limit '%s': sliding_log keeps one entry per token and Redis trims them "
+			"while it serves nobody else: at most %d per period (use sliding_window)",
+			l->name, LOG_RATE_MAX);
+	if (l->alg == ALG_SLIDING_LOG && l->budget > 0)
+		add_err(ld, line_of(config_setting_get_member(s, "accuracy_budget")),
+			"limit '%s': sliding_log is exact, one entry per token: 'accuracy_budget' "
+			"(batches of tokens) must be 0 (use sliding_window or gcra)",
 			l->name);
+	if (l->rate && l->period_ms &&
+	    limit_params_check(l->alg, l->rate, l->period_ms, l->burst) < 0)
+		add_err(ld, line_of(config_setting_get_member(s, v ? "burst" : "rate")),
+			"limit '%s': a bucket of %llu tokens refilled at %llu per %llu ms takes "
+			"longer than 2^49 us (~17.8 years) to refill: not representable, lower "
+			"'burst' or raise 'rate'",
+			l->name, (unsigned long long)l->burst, (unsigned long long)l->rate,
+			(unsigned long long)l->period_ms);
 }
 
 static void load_tier(struct loader *ld, const config_setting_t *s, struct cfg_tier *t,
@@ -447,6 +460,56 @@ static void load_endpoint(struct loader *ld, const config_setting_t *g, struct c
 	}
 	load_name_list(ld, g, "limits", e->name, &e->limits);
 	load_name_list(ld, g, "global_limits", e->name, &e->global);
+}
+
+/* Whether tier <t> lists the limit called <name>. */
+static bool tier_has(const struct cfg_tier *t, const char *name)
+{
+	size_t i;
+
+	for (i = 0; i < t->nlimits; i++)
+		if (t->limits[i] && strcmp(t->limits[i], name) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * A sliding log adds one entry per token, and one script call at most
+ * LOG_ADD_MAX of them (a larger cost is never admitted): reports every
+ * endpoint whose cost for a sliding_log limit that applies to it (through a
+ * tier, the anonymous limits or its own lists) is larger.
+ */
+static void check_log_costs(struct loader *ld)
+{
+	const struct agent_config *cfg = ld->cfg;
+	size_t e, j, t;
+
+	for (j = 0; j < cfg->nlimits; j++) {
+		const struct cfg_limit *l = &cfg->limits[j];
+		bool everywhere = tier_has(&cfg->anon, l->name);
+
+		if (l->alg != ALG_SLIDING_LOG)
+			continue;
+		for (t = 0; t < cfg->ntiers; t++)
+			everywhere = everywhere || tier_has(&cfg->tiers[t], l->name);
+		for (e = 0; e < cfg->nendpoints; e++) {
+			const struct cfg_endpoint *ep = &cfg->endpoints[e];
+			int64_t cost = ep->cost;
+			size_t k;
+
+			if (!everywhere && !tier_has(&ep->limits, l->name) &&
+			    !tier_has(&ep->global, l->name))
+				continue;
+			for (k = 0; k < ep->ncosts; k++)
+				if (strcmp(ep->cost_limits[k], l->name) == 0)
+					cost = ep->cost_values[k];
+			if (cost > LOG_ADD_MAX)
+				add_err(ld, ep->line,
+					"endpoint '%s': cost %lld for sliding_log limit '%s': at most "
+					"%d tokens a request (one entry each)",
+					ep->name, (long long)cost, l->name, LOG_ADD_MAX);
+		}
+	}
 }
 
 static void load_endpoints(struct loader *ld, const config_setting_t *s)
@@ -718,6 +781,7 @@ static void load_root(struct loader *ld, config_t *lc)
 	}
 
 	load_endpoints(ld, config_setting_get_member(root, "endpoints"));
+	check_log_costs(ld);
 	/* a principal's limits go to Redis in one script call: bound their number */
 	{
 		size_t e, t;

@@ -44,50 +44,134 @@ int limit_alg_parse(const char *name)
 	return -1;
 }
 
+/* <x> clamped to [-<m>, <m>] */
+static int64_t clampm(int64_t x, int64_t m)
+{
+	return x > m ? m : (x < -m ? -m : x);
+}
+
+/* round(period_us x 2^k / rate) without overflow (period_us < 2^45, k <= 40) */
+static int64_t gcra_ticks(uint64_t period_us, uint64_t rate, int k)
+{
+	unsigned __int128 n = ((unsigned __int128)period_us << k) + rate / 2;
+
+	n /= rate;
+	return n > (unsigned __int128)INT64_MAX ? INT64_MAX : (int64_t)n;
+}
+
+/*
+ * Checks that <rate> tokens per <period_ms> with a bucket of <burst> tokens (0:
+ * rate) can be represented exactly enough (see LIMIT_TAU_MAX_US). Returns 0,
+ * or -1 when the burst tolerance burst x period / rate is too long. Only GCRA
+ * has such a bound; the window algorithms take any rate and period.
+ */
+int limit_params_check(int alg, uint64_t rate, uint64_t period_ms, uint64_t burst)
+{
+	unsigned __int128 tau;
+
+	if (alg != ALG_GCRA)
+		return 0;
+	if (!rate || !period_ms || period_ms > 366ULL * 86400000)
+		return -1;
+	if (!burst)
+		burst = rate;
+	tau = (unsigned __int128)burst * period_ms * 1000;
+	return tau > (unsigned __int128)LIMIT_TAU_MAX_US * rate ? -1 : 0;
+}
+
 /*
  * Fills <p> for <rate> tokens per <period_ms>. For GCRA, <burst> is the bucket
- * size (0: same as rate) and the emission interval is rounded to whole
- * microseconds (error at most 0.5 us per interval: 0.005% at 100/s). For the
- * window algorithms the limit is <rate> per window of <period_ms>.
+ * size (0: same as rate) and the interval a fixed point number (see
+ * limiter.h); a burst beyond what GCRA_TAU_MAX holds is reduced to fit and
+ * -1 returned (configurations are checked before: limit_params_check()). For
+ * the window algorithms the limit is <rate> per window of <period_ms>.
+ * Returns 0 otherwise.
  */
-void limit_params_init(struct limit_params *p, int alg, uint64_t rate, uint64_t period_ms,
-		       uint64_t burst)
+int limit_params_init(struct limit_params *p, int alg, uint64_t rate, uint64_t period_ms,
+		      uint64_t burst)
 {
-	uint64_t period_us = period_ms * 1000;
+	uint64_t period_us;
+	int64_t t;
+	int k, ret = 0;
 
 	memset(p, 0, sizeof(*p));
 	p->alg = (uint8_t)alg;
-	if (alg == ALG_GCRA) {
-		uint64_t t = rate ? (period_us + rate / 2) / rate : period_us;
-
-		if (t < 1)
-			t = 1;
-		if (!burst)
-			burst = rate;
-		p->a = (int64_t)t;
-		p->b = (int64_t)(t * burst);
-	} else {
-		p->a = (int64_t)period_us;
-		p->b = (int64_t)rate;
+	if (period_ms > 366ULL * 86400000) {
+		period_ms = 366ULL * 86400000;
+		ret = -1;
 	}
+	period_us = period_ms * 1000;
+	if (alg != ALG_GCRA) {
+		p->a = period_us ? (int64_t)period_us : 1;
+		p->b = rate > (uint64_t)LIMIT_COUNT_MAX ? LIMIT_COUNT_MAX : (int64_t)rate;
+		return ret;
+	}
+	if (!rate)
+		rate = 1;
+	if (!burst)
+		burst = rate;
+	/* the finest tick at which burst x a still fits */
+	for (k = 0; k < GCRA_K_MAX; k++) {
+		t = gcra_ticks(period_us, rate, k + 1);
+		if ((unsigned __int128)t * burst > GCRA_TAU_MAX)
+			break;
+	}
+	t = gcra_ticks(period_us, rate, k);
+	if (t < GCRA_K_MAX + 1) /* a > k: only for intervals below 2^-34 us */
+		t = GCRA_K_MAX + 1;
+	if (t > GCRA_TAU_MAX)
+		t = GCRA_TAU_MAX;
+	if ((unsigned __int128)t * burst > GCRA_TAU_MAX) {
+		burst = (uint64_t)(GCRA_TAU_MAX / t);
+		ret = -1;
+	}
+	p->a = t;
+	p->b = t * (int64_t)burst + k;
+	return ret;
 }
 
+/*
+ * GCRA, computed in ticks relative to <now> (see limiter.h for the bounds):
+ * d is what the bucket owes (TAT - now), a charge adds cost x T, a refund
+ * never goes past a full bucket, and the debt is capped at GCRA_DEBT_MAX (a
+ * report of more than fits owes at most that much: at least two whole
+ * buckets). A fraction left over from another k (the rate changed) is
+ * clamped into the current tick, an error below 1 us.
+ */
 static void check_gcra(const struct limit_params *p, const struct limit_state *st, int64_t now,
 		       int64_t cost, struct check *c)
 {
-	int64_t T = p->a, tau = p->b;
-	int64_t tat = st->x < now ? now : st->x;
-	int64_t newtat = tat + T * cost;
+	int64_t T = p->a, k, tau, one, d, nd;
 
-	if (newtat < now) /* a refund never goes past full */
-		newtat = now;
-	c->ok = newtat - tau <= now;
-	c->rem_c = clamp0(tau - (newtat - now)) / T;
-	c->rem_u = clamp0(tau - (tat - now)) / T;
-	c->retry = c->ok ? 0 : newtat - tau - now;
-	c->reset_c = newtat - now;
-	c->reset_u = tat - now;
-	c->n1 = newtat;
+	if (T < 1 || T > GCRA_TAU_MAX || p->b < 0 || p->b > GCRA_TAU_MAX + GCRA_K_MAX ||
+	    p->b % T > GCRA_K_MAX) { /* not from limit_params_init(): the script refuses it */
+		c->ok = true;
+		return;
+	}
+	k = p->b % T;
+	tau = p->b - k;
+	one = INT64_C(1) << k;
+	if (st->x < now)
+		d = 0;
+	else if (st->x - now > GCRA_DEBT_MAX >> k)
+		d = GCRA_DEBT_MAX;
+	else
+		d = ((st->x - now) << k) + (st->y < 0 ? 0 : (st->y < one ? st->y : one - 1));
+	if (d > GCRA_DEBT_MAX)
+		d = GCRA_DEBT_MAX;
+	nd = d + clampm(cost, GCRA_DEBT_MAX / T + 1) * T;
+	if (nd < 0) /* a refund never goes past full */
+		nd = 0;
+	if (nd > GCRA_DEBT_MAX)
+		nd = GCRA_DEBT_MAX;
+	c->ok = nd <= tau;
+	c->rem_c = clamp0(tau - nd) / T;
+	c->rem_u = clamp0(tau - d) / T;
+	c->retry = c->ok ? 0 : (nd - tau + one - 1) >> k;
+	c->reset_c = (nd + one - 1) >> k;
+	c->reset_u = (d + one - 1) >> k;
+	c->n1 = now + (nd >> k);
+	c->n2 = nd & (one - 1);
 }
 
 static void check_fixed(const struct limit_params *p, const struct limit_state *st, int64_t now,
@@ -127,12 +211,12 @@ static void check_log(const struct limit_params *p, struct limit_state *st, int6
 
 	log_expire(st, now, win); /* the script trims on every call too */
 	count = (int64_t)st->nlog;
-	c->ok = count + cost <= limit;
+	c->ok = count + cost <= limit && cost <= LOG_ADD_MAX;
 	c->rem_c = clamp0(limit - clamp0(count + cost));
 	c->rem_u = clamp0(limit - count);
 	if (c->ok)
 		c->retry = 0;
-	else if (cost > limit)
+	else if (cost > limit || cost > LOG_ADD_MAX)
 		c->retry = win;
 	else
 		c->retry = st->log[count + cost - limit - 1] + win - now;
@@ -196,14 +280,16 @@ static void apply(const struct limit_params *p, struct limit_state *st, int64_t 
 	switch (p->alg) {
 	case ALG_GCRA:
 		st->x = c->n1;
+		st->y = c->n2;
 		break;
 	case ALG_FIXED_WINDOW:
 		st->x = c->n1;
-		st->y = clamp0(c->n2);
+		st->y = clampm(clamp0(c->n2), LIMIT_COUNT_MAX);
 		break;
 	case ALG_SLIDING_LOG:
 		if (cost < 0) { /* a refund takes back the newest entries */
-			st->nlog -= (size_t)(-cost) < st->nlog ? (size_t)(-cost) : st->nlog;
+			cost = -cost < LOG_ADD_MAX ? -cost : LOG_ADD_MAX;
+			st->nlog -= (size_t)cost < st->nlog ? (size_t)cost : st->nlog;
 			break;
 		}
 		for (i = 0; i < cost; i++) {
@@ -218,7 +304,7 @@ static void apply(const struct limit_params *p, struct limit_state *st, int64_t 
 		break;
 	case ALG_SLIDING_WINDOW:
 		st->x = c->n1;
-		st->y = clamp0(c->n2);
+		st->y = clampm(clamp0(c->n2), LIMIT_COUNT_MAX);
 		st->z = c->n3;
 		break;
 	default:
@@ -244,25 +330,27 @@ bool limit_decide(const struct limit_params *p, struct limit_state *st, size_t n
 	if (n > 16)
 		n = 16;
 	for (i = 0; i < n; i++) {
+		int64_t ci = clampm(cost[i], LIMIT_COUNT_MAX); /* as the script's driver */
+
 		memset(&c[i], 0, sizeof(c[i]));
-		switch (p[i].alg) {
+		switch (p[i].alg != ALG_GCRA && p[i].a < 1 ? ALG_NONE : p[i].alg) {
 		case ALG_GCRA:
-			check_gcra(&p[i], &st[i], now_us, cost[i], &c[i]);
+			check_gcra(&p[i], &st[i], now_us, ci, &c[i]);
 			break;
 		case ALG_FIXED_WINDOW:
-			check_fixed(&p[i], &st[i], now_us, cost[i], &c[i]);
+			check_fixed(&p[i], &st[i], now_us, ci, &c[i]);
 			break;
 		case ALG_SLIDING_LOG:
-			check_log(&p[i], &st[i], now_us, cost[i], &c[i]);
+			check_log(&p[i], &st[i], now_us, ci, &c[i]);
 			break;
 		case ALG_SLIDING_WINDOW:
-			check_sliding(&p[i], &st[i], now_us, cost[i], &c[i]);
+			check_sliding(&p[i], &st[i], now_us, ci, &c[i]);
 			break;
 		default:
 			c[i].ok = true;
 			break;
 		}
-		if (cost[i] < 0) {
+		if (ci < 0) {
 			c[i].ok = true;
 			c[i].retry = 0;
 		}
@@ -273,7 +361,7 @@ bool limit_decide(const struct limit_params *p, struct limit_state *st, size_t n
 		bool charged = allowed && c[i].ok;
 
 		if (charged)
-			apply(&p[i], &st[i], now_us, cost[i], &c[i]);
+			apply(&p[i], &st[i], now_us, clampm(cost[i], LIMIT_COUNT_MAX), &c[i]);
 		out[i].allowed = c[i].ok;
 		out[i].remaining = charged ? c[i].rem_c : c[i].rem_u;
 		out[i].retry_ms = ceil_ms(c[i].retry);

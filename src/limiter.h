@@ -16,12 +16,55 @@
 /* Algorithm ids, as passed to the Redis script. */
 enum limit_alg {
 	ALG_NONE           = 0,
-	ALG_GCRA           = 1,    /* a = emission interval (us), b = tau (us) */
+	ALG_GCRA           = 1,    /* a = interval T, b = tau + k (see below) */
 	ALG_FIXED_WINDOW   = 2,    /* a = window (us), b = limit */
 	ALG_SLIDING_LOG    = 3,    /* a = window (us), b = limit */
 	ALG_SLIDING_WINDOW = 4,    /* a = window (us), b = limit */
 	ALG_COUNT                  /* sentinel */
 };
+
+/*
+ * GCRA parameters. The emission interval T = period / rate is a binary fixed
+ * point number: a = T in ticks of 2^-k us (rounded), b = tau + k where the
+ * burst tolerance tau = burst x a is a multiple of a and k = b mod a (a > k
+ * always; b / a is the burst). k is the largest of 0..GCRA_K_MAX such that
+ * tau <= GCRA_TAU_MAX: then a > GCRA_TAU_MAX / 2 / burst - 1 >= 2^19 for
+ * every burst up to 10^9 (and a >= 2^40 x 10^-6 us at k = GCRA_K_MAX), so the
+ * admitted rate is off by at most 0.5 / a < 10^-6 relative, whatever the
+ * rate. With k = 0, a and b are the emission interval and tau in whole
+ * microseconds: the parameters of earlier versions read the same.
+ *
+ * The state is the TAT as whole microseconds of Redis time plus a fraction in
+ * ticks; computations are relative to now, in ticks, and every intermediate
+ * stays below 2^53 (exact in the script's doubles; int64 in C):
+ *   d (what the bucket owes) <= GCRA_DEBT_MAX = 2^51, a cost is clamped to
+ *   +-(floor(GCRA_DEBT_MAX / a) + 1) tokens, so |cost x a| < 2^52 (a refund
+ *   that large empties any debt), |d + cost x a| < 2^53, and the stored TAT
+ *   now + d / 2^k < 2^53 while now < 2^52 us (until the year 2112).
+ */
+#define GCRA_K_MAX      40                      /* ticks of at least 2^-40 us */
+#define GCRA_TAU_MAX    (INT64_C(1) << 50)      /* ticks of burst tolerance */
+#define GCRA_DEBT_MAX   (INT64_C(1) << 51)      /* ticks a bucket may owe */
+
+/*
+ * Configurations: burst x period / rate at most 2^49 us (~17.8 years), so a
+ * limit and its local variant (rules.c: the same tolerance plus at most one
+ * interval of at most 366 days) both fit GCRA_TAU_MAX at k = 0.
+ */
+#define LIMIT_TAU_MAX_US (INT64_C(1) << 49)
+
+/* Window algorithms: counts (and costs) are clamped to this, exact in doubles. */
+#define LIMIT_COUNT_MAX (INT64_C(1) << 50)
+
+/*
+ * Sliding log: a script call's work grows with the entries it trims and adds
+ * while Redis serves nobody else. A limit holds at most LOG_RATE_MAX entries
+ * per window (config), a call adds or refunds at most LOG_ADD_MAX of them (a
+ * cost above is never admitted) and a log never holds more than its limit +
+ * LOG_ADD_MAX entries (reports): see the README for the worst call measured.
+ */
+#define LOG_RATE_MAX    1000
+#define LOG_ADD_MAX     100
 
 /* One limit as the script sees it. */
 struct limit_params {
@@ -41,14 +84,15 @@ struct limit_verdict {
 
 /* The state of one limit in the C model (what Redis keeps in its key). */
 struct limit_state {
-	int64_t x, y, z;        /* gcra: tat; windows: index, count, previous */
+	int64_t x, y, z;        /* gcra: tat (us), fraction (ticks); windows: index, count, previous */
 	int64_t *log;           /* owned: sliding log timestamps, oldest first */
 	size_t nlog, caplog;
 };
 
 int limit_alg_parse(const char *name);
-void limit_params_init(struct limit_params *p, int alg, uint64_t rate, uint64_t period_ms,
-		       uint64_t burst);
+int limit_params_init(struct limit_params *p, int alg, uint64_t rate, uint64_t period_ms,
+		      uint64_t burst);
+int limit_params_check(int alg, uint64_t rate, uint64_t period_ms, uint64_t burst);
 bool limit_decide(const struct limit_params *p, struct limit_state *st, size_t n,
 		  const int64_t *cost, int64_t now_us, struct limit_verdict *out);
 void limit_state_release(struct limit_state *st);

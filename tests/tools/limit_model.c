@@ -7,15 +7,20 @@
  * stdin:  "n alg1 a1 b1 shadow1 ... algn an bn shadown" on the first line,
  *         then "now_us cost" or "now_us cost1 ... costn" lines.
  * stdout: per request "allowed ok1 rem1 retry1 reset1 ... okn remn retryn resetn".
+ *
+ * With "--params ALG RATE PERIOD_MS BURST" it prints instead "A B RET": the
+ * parameters limit_params_init() computes (as the agent sends them) and its
+ * return value.
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "limiter.h"
 
 #define MAXN 16
 
-int main(void)
+int main(int argc, char **argv)
 {
 	struct limit_params p[MAXN];
 	struct limit_state st[MAXN] = {{0}};
@@ -24,6 +29,13 @@ int main(void)
 	int64_t cost[MAXN];
 	size_t n, i;
 
+	if (argc == 6 && strcmp(argv[1], "--params") == 0) {
+		int ret = limit_params_init(&p[0], atoi(argv[2]), strtoull(argv[3], NULL, 10),
+					   strtoull(argv[4], NULL, 10), strtoull(argv[5], NULL, 10));
+
+		printf("%lld %lld %d\n", (long long)p[0].a, (long long)p[0].b, ret);
+		return 0;
+	}
 	if (scanf("%zu", &n) != 1 || n < 1 || n > MAXN)
 		return 2;
 	for (i = 0; i < n; i++) {

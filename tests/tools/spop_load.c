@@ -6,7 +6,8 @@
  * decisions per second, latency percentiles and the verdicts.
  *
  *   spop-load -a 127.0.0.1:12345 [-c conns] [-p pipeline] [-d seconds]
- *             [-k keys] [-K key-prefix] [-n max-requests] [-r rate]
+ *             [-k keys] [-K key-prefix] [-n max-requests] [-r rate] [-s]
+ *             [-i addresses] [-t tier]
  *
  * Without -r it keeps -p NOTIFYs in flight on every connection (closed loop)
  * and stops dead at -d. With -r it paces: at most <rate> NOTIFYs per second
@@ -15,6 +16,12 @@
  * count stays rate x elapsed), and at -d it stops sending and waits up to 2 s
  * for the answers still due, so every request sent is counted (the line then
  * ends with sent= and unanswered=).
+ *
+ * Keys are drawn at random among -k (<prefix>0 .. <prefix>k-1); with -s they are
+ * taken in turn, so the first k requests carry k distinct keys. The client
+ * address sent is 127.0.0.1; with -i N the requests rotate over N addresses
+ * (10.0.0.0 + 0 .. N-1), as if N clients were behind the gateway. -t sends a
+ * tier with every request, as HAProxy does for a key found in its tier map.
  *
  * Loopback tool: bounded by -d and -n, it stops by itself.
  */
@@ -56,6 +63,9 @@ static struct {
 	uint64_t max_requests;
 	const char *key_prefix;
 	double rate;                    /* -r: NOTIFYs per second, 0 = closed loop */
+	bool seq_keys;                  /* -s: keys in turn instead of at random */
+	uint32_t addrs;                 /* -i: client addresses to rotate over, 0 = one */
+	const char *tier;               /* -t: tier sent with every request, NULL = none */
 	double drain_until;             /* -r: end of the grace period for answers */
 	uint64_t sent, acks, allowed, denied, degraded, errors;
 	double lat[LAT_SLOTS];
@@ -95,14 +105,28 @@ static void send_notify(struct ev_loop *loop, struct lconn *c)
 	int n;
 
 	c->next_sid += 2;
-	snprintf(key, sizeof(key), "%s%d", g.key_prefix, rand() % g.keys);
+	snprintf(key, sizeof(key), "%s%d", g.key_prefix,
+		 g.seq_keys ? (int)(g.sent % (uint64_t)g.keys) : rand() % g.keys);
+	if (g.addrs) {
+		uint32_t a = (uint32_t)(g.sent % g.addrs);
+
+		ip[0] = 10;
+		ip[1] = (uint8_t)(a >> 16);
+		ip[2] = (uint8_t)(a >> 8);
+		ip[3] = (uint8_t)a;
+	}
 	spop_wbuf_init(&w, buf, sizeof(buf));
 	start = spop_frame_begin(&w, SPOP_FRM_NOTIFY, SPOP_FL_FIN, sid, 1);
 	spop_put_str(&w, "rl-req", 6);
-	spop_put_u8(&w, 4);
+	spop_put_u8(&w, g.tier ? 5 : 4);
 	spop_put_str(&w, "key", 3);
 	d = spop_string(key, strlen(key));
 	spop_put_data(&w, &d);
+	if (g.tier) {
+		spop_put_str(&w, "tier", 4);
+		d = spop_string(g.tier, strlen(g.tier));
+		spop_put_data(&w, &d);
+	}
 	spop_put_str(&w, "ip", 2);
 	d.type = SPOP_T_IPV4;
 	memcpy(d.v.ipv4, ip, 4);
@@ -299,7 +323,7 @@ int main(int argc, char **argv)
 	double elapsed;
 	int opt, i;
 
-	while ((opt = getopt(argc, argv, "a:c:p:d:k:K:n:r:")) != -1) {
+	while ((opt = getopt(argc, argv, "a:c:p:d:k:K:n:r:si:t:")) != -1) {
 		switch (opt) {
 		case 'a': g.addr = optarg; break;
 		case 'c': g.conns = atoi(optarg); break;
@@ -309,15 +333,19 @@ int main(int argc, char **argv)
 		case 'K': g.key_prefix = optarg; break;
 		case 'n': g.max_requests = strtoull(optarg, NULL, 10); break;
 		case 'r': g.rate = atof(optarg); break;
+		case 's': g.seq_keys = true; break;
+		case 'i': g.addrs = (uint32_t)strtoul(optarg, NULL, 10); break;
+		case 't': g.tier = optarg; break;
 		default:
 			fprintf(stderr, "usage: spop-load -a ip:port [-c conns] [-p pipeline] "
 					"[-d seconds] [-k keys] [-K prefix] [-n requests] "
-					"[-r rate]\n");
+					"[-r rate] [-s] [-i addresses] [-t tier]\n");
 			return 2;
 		}
 	}
 	if (g.conns < 1 || g.conns > 1024 || g.pipeline < 1 || g.pipeline > MAX_INFLIGHT ||
-	    g.keys < 1 || g.duration <= 0 || g.duration > 600 || g.rate < 0 || g.rate > 1e7)
+	    g.keys < 1 || g.duration <= 0 || g.duration > 600 || g.rate < 0 || g.rate > 1e7 ||
+	    g.addrs > (1u << 24) || (g.tier && strlen(g.tier) > 64))
 		return 2;
 	colon = strrchr(g.addr, ':');
 	if (!colon || (size_t)(colon - g.addr) >= sizeof(host))

@@ -449,6 +449,19 @@ class Bench:
         path.write_text("\n".join(lines) + "\n")
         return path
 
+    def spoe_timeout_ms(self):
+        """The SPOE processing budget of the samples (RL_SPOE_TIMEOUT), in ms."""
+        v = os.environ.get("RL_SPOE_TIMEOUT")
+        if not v:
+            m = re.search(r"presetenv\s+RL_SPOE_TIMEOUT\s+(\S+)",
+                          self.samples.joinpath("haproxy.cfg").read_text())
+            v = m.group(1) if m else "10ms"
+        m = re.match(r"^(\d+)(us|ms|s|m)?$", v)
+        if not m:
+            return 10
+        return int(m.group(1)) * {"us": 0.001, "ms": 1, None: 1, "s": 1000,
+                                  "m": 60000}[m.group(2)]
+
     def fallback_rate(self):
         if os.environ.get("RL_FALLBACK_RATE"):
             return int(os.environ["RL_FALLBACK_RATE"])
@@ -634,7 +647,7 @@ def attack_burst(b, row):
             # clients: keys and addresses all different within the burst
             procs.append(b.load("burst%d%s" % (i, gw.name), [
                 "-a", "%s:%d" % (LH, gw.agent_port), "-c", 5, "-p", 100, "-n", 500,
-                "-k", 500, "-s", "-i", 500, "-d", 5, "-t", "pro",
+                "-k", 500, "-s", "-i", 500, "-d", 5, "-t", "pro", "-T", b.spoe_timeout_ms(),
                 "-K", "attack-burst%d-%s-" % (i, gw.name)]))
         done = [p for p in procs if not p.alive()]
         for p in done:
@@ -643,8 +656,10 @@ def attack_burst(b, row):
         time.sleep(max(0.0, 1.0 - (time.monotonic() - t)))
     for p in procs:
         results.append(b.load_result(p, 6))
-    sent = sum(int(r["decisions"]) for r in results)
-    return {"burst_decisions": sent}
+    return {"burst_sent": sum(int(r["decisions"]) + int(r.get("expired", 0))
+                              for r in results),
+            "burst_answered": sum(int(r["decisions"]) for r in results),
+            "burst_degraded": sum(int(r["degraded"]) for r in results)}
 
 
 def finish_burst(b, row, ctx):
@@ -653,8 +668,10 @@ def finish_burst(b, row, ctx):
     share = deg / dec if dec else 0.0
     passed = ok_v and share <= 0.01
     check = "victim<=1.05, degraded %.1f%%<=1%%" % (100 * share)
-    detail = "8 bursts x 1000 distinct clients: %d decisions answered to the burst loads; " \
-             "agents: %d decisions, %d degraded" % (ctx["burst_decisions"], dec, deg)
+    detail = "8 bursts x 1000 distinct clients: %d sent, %d answered within %g ms (%d of " \
+             "them degraded); agents: %d decisions, %d degraded" % (
+                 ctx["burst_sent"], ctx["burst_answered"], b.spoe_timeout_ms(),
+                 ctx["burst_degraded"], dec, deg)
     return check, passed, detail
 
 
@@ -836,7 +853,7 @@ def attack_step(b, row):
     # capacity: a light closed loop (16 in flight per agent), non-degraded decisions/s
     cal = [b.load("step-cal-%s" % gw.name, [
         "-a", "%s:%d" % (LH, gw.agent_port), "-c", 2, "-p", 8, "-d", 2, "-k", LOAD_KEYS,
-        "-t", "pro", "-K", "attack-load-"]) for gw in b.gws]
+        "-t", "pro", "-K", "attack-load-", "-T", b.spoe_timeout_ms()]) for gw in b.gws]
     cres = [b.load_result(p, 8) for p in cal]
     cap = sum((r["decisions"] - r["degraded"]) / r["seconds"] for r in cres)
     time.sleep(1.0)
@@ -845,7 +862,8 @@ def attack_step(b, row):
     dur = 6
     step = [b.load("step-%s" % gw.name, [
         "-a", "%s:%d" % (LH, gw.agent_port), "-c", 4, "-p", 256, "-d", dur, "-k", LOAD_KEYS,
-        "-t", "pro", "-K", "attack-load-", "-r", "%.0f" % rate]) for gw in b.gws]
+        "-t", "pro", "-K", "attack-load-", "-r", "%.0f" % rate,
+        "-T", b.spoe_timeout_ms()]) for gw in b.gws]
     sres = [b.load_result(p, dur + 8) for p in step]
     return {"cap": cap, "cal": cres, "step": sres, "snap_step": snap, "dur": dur}
 
@@ -862,10 +880,13 @@ def finish_step(b, row, ctx):
     passed = (opened or 0) == 0 and unfit <= excess
     check = "breaker %s==0, unfit %d<=%.0f" % (row["breaker_str"], unfit, excess)
     cal_deg = sum(int(r["degraded"]) for r in ctx["cal"])
-    detail = "capacity %.0f/s (16 in flight per agent, %d degraded there); step: %d sent in " \
-             "%.1f s (%.0f/s offered), %d degraded, %d unanswered, excess over capacity " \
-             "%.0f; agents: degraded by reason %s" % (
-                 ctx["cap"], cal_deg, sent, span, sent / span if span else 0, deg, unans,
+    expired = sum(int(r.get("expired", 0)) for r in s)
+    detail = "capacity %.0f/s (16 in flight per agent, answers within %g ms, %d degraded " \
+             "there); step: %d sent in %.1f s (%.0f/s offered), %d degraded, %d unanswered " \
+             "(%d not within %g ms), excess over capacity %.0f; agents: degraded by " \
+             "reason %s" % (
+                 ctx["cap"], b.spoe_timeout_ms(), cal_deg, sent, span,
+                 sent / span if span else 0, deg, unans, expired, b.spoe_timeout_ms(),
                  excess, row["degraded_by"])
     return check, passed, detail
 

@@ -7,7 +7,7 @@
  *
  *   spop-load -a 127.0.0.1:12345 [-c conns] [-p pipeline] [-d seconds]
  *             [-k keys] [-K key-prefix] [-n max-requests] [-r rate] [-s]
- *             [-i addresses] [-t tier]
+ *             [-i addresses] [-t tier] [-T ms]
  *
  * Without -r it keeps -p NOTIFYs in flight on every connection (closed loop)
  * and stops dead at -d. With -r it paces: at most <rate> NOTIFYs per second
@@ -22,6 +22,10 @@
  * address sent is 127.0.0.1; with -i N the requests rotate over N addresses
  * (10.0.0.0 + 0 .. N-1), as if N clients were behind the gateway. -t sends a
  * tier with every request, as HAProxy does for a key found in its tier map.
+ * -T ms gives up on a NOTIFY not answered within ms milliseconds, as HAProxy
+ * does at `timeout processing`: it is counted as expired (and unanswered), its
+ * slot is freed, and an ACK arriving for it later is counted as late and
+ * otherwise ignored.
  *
  * Loopback tool: bounded by -d and -n, it stops by itself.
  */
@@ -53,6 +57,8 @@ struct lconn {
 	bool ready;                     /* hello answered */
 	uint64_t next_sid;
 	double sent_at[MAX_INFLIGHT];   /* by sid % MAX_INFLIGHT */
+	uint64_t slot_sid[MAX_INFLIGHT];        /* -T: the NOTIFY a slot waits for */
+	bool live[MAX_INFLIGHT];                /* -T: the slot waits for an ACK */
 	unsigned inflight;
 };
 
@@ -66,6 +72,8 @@ static struct {
 	bool seq_keys;                  /* -s: keys in turn instead of at random */
 	uint32_t addrs;                 /* -i: client addresses to rotate over, 0 = one */
 	const char *tier;               /* -t: tier sent with every request, NULL = none */
+	double expire;                  /* -T: seconds before giving up on a NOTIFY, 0 = never */
+	uint64_t expired, late;
 	double drain_until;             /* -r: end of the grace period for answers */
 	uint64_t sent, acks, allowed, denied, degraded, errors;
 	double lat[LAT_SLOTS];
@@ -141,6 +149,16 @@ static void send_notify(struct ev_loop *loop, struct lconn *c)
 	if (n < 0)
 		exit(2);
 	queue(c, buf, (size_t)n);
+	if (g.expire) {
+		unsigned slot = (unsigned)(sid / 2 % MAX_INFLIGHT);
+
+		if (c->live[slot]) {    /* still waiting MAX_INFLIGHT NOTIFYs later */
+			c->inflight--;
+			g.expired++;
+		}
+		c->live[slot] = true;
+		c->slot_sid[slot] = sid;
+	}
 	c->sent_at[sid / 2 % MAX_INFLIGHT] = now_s();
 	c->inflight++;
 	g.sent++;
@@ -166,6 +184,15 @@ static void on_ack(struct lconn *c, const struct spop_frame *f)
 	double lat = now_s() - c->sent_at[f->sid / 2 % MAX_INFLIGHT];
 	bool allow = false, degraded = false;
 
+	if (g.expire) {
+		unsigned slot = (unsigned)(f->sid / 2 % MAX_INFLIGHT);
+
+		if (!c->live[slot] || c->slot_sid[slot] != f->sid) {
+			g.late++;
+			return;
+		}
+		c->live[slot] = false;
+	}
 	while (rd.p < rd.end) {
 		struct spop_str name;
 		struct spop_data v;
@@ -281,7 +308,23 @@ static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	int i;
 
 	(void)revents;
-	if (g.max_requests && g.acks >= g.max_requests) {
+	if (g.expire) {
+		for (i = 0; i < g.conns; i++) {
+			struct lconn *c = &conns[i];
+			unsigned s;
+
+			for (s = 0; s < MAX_INFLIGHT; s++) {
+				if (c->live[s] && now - c->sent_at[s] > g.expire) {
+					c->live[s] = false;
+					c->inflight--;
+					g.expired++;
+				}
+			}
+			if (!g.rate && c->fd >= 0)
+				fill(loop, c);
+		}
+	}
+	if (g.max_requests && g.acks + g.expired >= g.max_requests) {
 		ev_break(loop, EVBREAK_ALL);
 		return;
 	}
@@ -323,7 +366,7 @@ int main(int argc, char **argv)
 	double elapsed;
 	int opt, i;
 
-	while ((opt = getopt(argc, argv, "a:c:p:d:k:K:n:r:si:t:")) != -1) {
+	while ((opt = getopt(argc, argv, "a:c:p:d:k:K:n:r:si:t:T:")) != -1) {
 		switch (opt) {
 		case 'a': g.addr = optarg; break;
 		case 'c': g.conns = atoi(optarg); break;
@@ -336,16 +379,18 @@ int main(int argc, char **argv)
 		case 's': g.seq_keys = true; break;
 		case 'i': g.addrs = (uint32_t)strtoul(optarg, NULL, 10); break;
 		case 't': g.tier = optarg; break;
+		case 'T': g.expire = atof(optarg) / 1e3; break;
 		default:
 			fprintf(stderr, "usage: spop-load -a ip:port [-c conns] [-p pipeline] "
 					"[-d seconds] [-k keys] [-K prefix] [-n requests] "
-					"[-r rate] [-s] [-i addresses] [-t tier]\n");
+					"[-r rate] [-s] [-i addresses] [-t tier] [-T ms]\n");
 			return 2;
 		}
 	}
 	if (g.conns < 1 || g.conns > 1024 || g.pipeline < 1 || g.pipeline > MAX_INFLIGHT ||
 	    g.keys < 1 || g.duration <= 0 || g.duration > 600 || g.rate < 0 || g.rate > 1e7 ||
-	    g.addrs > (1u << 24) || (g.tier && strlen(g.tier) > 64))
+	    g.addrs > (1u << 24) || (g.tier && strlen(g.tier) > 64) ||
+	    g.expire < 0)
 		return 2;
 	colon = strrchr(g.addr, ':');
 	if (!colon || (size_t)(colon - g.addr) >= sizeof(host))
@@ -415,6 +460,9 @@ int main(int argc, char **argv)
 	if (g.rate)
 		printf(" sent=%llu unanswered=%llu", (unsigned long long)g.sent,
 		       (unsigned long long)(g.sent - g.acks));
+	if (g.expire)
+		printf(" expired=%llu late=%llu", (unsigned long long)g.expired,
+		       (unsigned long long)g.late);
 	printf("\n");
 	return g.errors ? 1 : 0;
 }

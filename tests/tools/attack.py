@@ -32,7 +32,8 @@ The attacks (rows), in the order they run:
             answers later than RL_SPOE_TIMEOUT count as unanswered), Redis at `maxmemory`
             (used memory + 8 MB, noeviction) for the row.
             victim <= 1.05 x; Redis growth <= --flood-bytes-per-address x 100; no OOM-induced
-            fail-open (Redis OOM errors with unprotected answers).
+            fail-open (Redis reported OOM errors and the agents allowed requests with no limit
+            at all: spoa_ratelimit_decisions_total{result="degraded",rule="-"}).
   smuggle   through HAProxy: the key as "K, other", "other, K", two X-API-Key headers, and
             the endpoint /v1/search spelled /v1//search, //v1/search, /v1/%73earch,
             /v1/./search, /v1/x/../search, /V1/search, method `get`; each variant with its own
@@ -47,15 +48,17 @@ The attacks (rows), in the order they run:
   step      load step 0 -> saturation on a healthy Redis: capacity measured first (16
             NOTIFYs in flight per agent, 2 s), then a paced load of 2 x capacity per agent
             (up to 1,024 in flight) for 6 s, straight to the agents.
-            0 breaker openings; answers the agents could not fit (degraded + unanswered)
-            <= offered - capacity x span.
+            Answers count only within RL_SPOE_TIMEOUT, as in HAProxy.
+            0 breaker openings (spoa_ratelimit_redis_breaker_opened_total); answers the agents
+            could not fit (degraded + not answered in time) <= offered - capacity x span.
   idle      10,000 connections to agent A that send HELLO and go idle, 64 idle sockets on
             its metrics port, held 4 s.
-            a fresh SPOP connection is answered (HELLO and NOTIFY), GET /metrics answers
-            within 2 s, gateway A's requests get the agent's verdict, RSS growth
-            <= --idle-rss-mb.
+            a fresh SPOP connection is answered (HELLO and NOTIFY), HAProxy sees the agent UP
+            (its health checks connect: `show servers state`), gateway A's requests get the
+            agent's verdict, GET /metrics answers within 2 s, RSS growth <= --idle-rss-mb.
   outage    both agents stopped; one key at 2 x RL_FALLBACK_RATE per gateway for 5 s.
-            that key admitted at RL_FALLBACK_RATE +- 10% per gateway.
+            that key admitted at RL_FALLBACK_RATE +- 10% per gateway (RL_FALLBACK_RATE from
+            the environment, else haproxy.cfg's presetenv).
 
 Options: --agent (binary), --samples (the directory with haproxy.cfg, spoe-ratelimit.conf,
 tiers.map: measured as they are), --config (agent configuration template, default
@@ -270,12 +273,13 @@ def haproxy_cmd(path, cmd, timeout=2.0):
 
 
 def agent_server_state(b, gw):
-    """HAProxy's view of the agent server: UP, DOWN or ? (show servers state)."""
-    out = haproxy_cmd(b.h.tmp / ("haproxy-%s.sock" % gw.name),
-                      "show servers state be_rl_agents") or ""
+    """HAProxy's view of the agent server (the one on the agent's port, whatever its
+    backend's name): UP, DOWN, ... from `show servers state`; ? when not found."""
+    out = haproxy_cmd(b.h.tmp / ("haproxy-%s.sock" % gw.name), "show servers state") or ""
     for line in out.splitlines():
         f = line.split()
-        if len(f) > 5 and f[1] == "be_rl_agents" and f[0].isdigit():
+        # be_id be_name srv_id srv_name srv_addr srv_op_state ... (field 18: srv_port)
+        if len(f) > 18 and f[0].isdigit() and f[4] == LH and f[18] == str(gw.agent_port):
             return {"0": "DOWN", "1": "STARTING", "2": "UP", "3": "STOPPING"}.get(
                 f[5], f[5])
     return "?"
@@ -412,7 +416,6 @@ class Bench:
         self.samples = Path(args.samples).resolve()
         self.template = Path(args.config).read_text()
         self.gws = [Gateway("A"), Gateway("B")]
-        self.notes = []
 
     # -- configuration
 
@@ -432,6 +435,9 @@ class Bench:
         mlisten = '"%s:%d"' % (LH, gw.metrics_port)
         t, n = re.subn(r'(?s)(^|\n)(metrics\s*=\s*\{[^}]*?\blisten\s*=\s*)"[^"]*"',
                        lambda m: m.group(1) + m.group(2) + mlisten, t, count=1)
+        if not n:
+            t, n = re.subn(r"(?m)^(metrics\s*=\s*\{)", r"\1\n  listen = %s;" % mlisten, t,
+                           count=1)
         if not n:
             t += "\nmetrics = { listen = %s; };\n" % mlisten
         for group, extra in (("limits", EXTRA_LIMITS), ("tiers", EXTRA_TIERS)):
@@ -490,8 +496,15 @@ class Bench:
         self.upstream, self.upstream_port = rh.start_upstream(h)
         self.map = self.tier_map()
         for gw in self.gws:
-            gw.agent_port, gw.metrics_port = rh.free_ports(2)
-            self.start_agent(gw)
+            for attempt in range(3):    # the ports were free a moment ago: retry if taken
+                gw.agent_port, gw.metrics_port = rh.free_ports(2)
+                try:
+                    self.start_agent(gw)
+                    break
+                except rh.SetupError:
+                    if gw.agent is None or gw.agent.alive() or attempt == 2:
+                        raise
+                    self.h.stop(gw.agent)
         for gw in self.gws:
             self.start_gateway(gw)
         for gw in self.gws:             # the gateway gets the agent's verdicts
@@ -820,7 +833,7 @@ def finish_flood(b, row, ctx):
         grow / 1048576.0, bound / 1048576.0, "yes" if oom_open else "no")
     detail = "%d random keys sent from 100 addresses, %d answered, %d allowed; Redis " \
              "maxmemory %.0f MB (noeviction): %s, %d OOM errors; %.0f B per attacking " \
-             "address; agents: %d unprotected answers" % (
+             "address; agents: %d answers allowed with no limit (degraded, rule \"-\")" % (
                  sent, answered, allowed, ctx["maxmem_mb"],
                  "reached" if ctx["hit_max"] or row["oom"] else "not reached", row["oom"],
                  grow / 100.0, row["agent_unprot"] or 0)
@@ -1233,8 +1246,9 @@ def run_row(b, key):
     row["honest"] = sum(1 for r in hr if r[2] == 200) / len(hr) if hr else None
     row["decisions"] = sum_agents(m0, m1, "spoa_ratelimit_decisions_total") or 0
     row["degraded"] = sum_agents(m0, m1, "spoa_ratelimit_degraded_total") or 0
+    # allowed with no limit at all (fail-open; a `local` fallback names its limit)
     row["agent_unprot"] = sum_agents(m0, m1, "spoa_ratelimit_decisions_total",
-                                     result="degraded")
+                                     result="degraded", rule="-")
     row["degraded_by"] = degraded_by(m0, m1)
     br = sum_agents(m0, m1, "spoa_ratelimit_redis_breaker_opened_total")
     row["breaker"] = br

@@ -6,6 +6,7 @@
 #   make demo            two gateways, two agents, one Redis: the shared budget
 #   make bench           wrk through HAProxy: no SPOE vs null agent vs Redis
 #   make accuracy        20 agents on one Redis: admitted / limit, exact vs local-only
+#   make attack          attacks on two gateways, one row each with PASS/FAIL (~2 min)
 #   make fuzz-smoke      libFuzzer (clang) on the frame decoder for ~60 s
 #   make SANITIZE=address,undefined   ASan/UBSan build into build-asan/
 #   make WERROR=1        warnings are errors
@@ -62,13 +63,13 @@ UNIT_BINS = $(BUILD)/test_spop $(BUILD)/test_limiter $(BUILD)/test_memstore $(BU
 MODEL     = $(BUILD)/limit_model
 REPLAY    = $(BUILD)/fuzz_replay
 
-.PHONY: all deps unit replay itest test demo bench accuracy fuzz fuzz-smoke check-config install \
+.PHONY: all deps unit replay itest test demo bench accuracy attack fuzz fuzz-smoke check-config install \
         uninstall clean help
 
 all: $(BIN) $(LIBSPOA) $(BUILD)/spop-load
 
 help:
-	@sed -n '1,14p' Makefile
+	@sed -n '1,15p' Makefile
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -209,6 +210,10 @@ bench: deps
 accuracy: deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(PYTHON) tests/tools/accuracy.py --agent $(abspath $(BIN)) --load $(abspath $(BUILD)/spop-load)
+
+attack: deps
+	$(Q)$(MAKE) --no-print-directory all
+	$(PYTHON) tests/tools/attack.py --agent $(abspath $(BIN)) --load $(abspath $(BUILD)/spop-load)
 
 # ---- checks ----------------------------------------------------------------
 

@@ -293,7 +293,9 @@ def indent(text, pad="    "):
 # ---------------------------------------------------------------------------------------
 # Components
 
-def start_redis(h, name="redis"):
+def start_redis(h, name="redis", extra=()):
+    """redis-server on a free port, no persistence; <extra>: more command-line options
+    (e.g. ("--enable-debug-command", "yes"))."""
     redis_bin = which("redis-server", "REDIS_BIN")
     rdir = h.tmp / name
     rdir.mkdir(exist_ok=True)
@@ -301,7 +303,7 @@ def start_redis(h, name="redis"):
     def mk(port):
         return [redis_bin, "--port", port, "--bind", LOCALHOST, "--save", "",
                 "--appendonly", "no", "--dir", rdir, "--daemonize", "no",
-                "--protected-mode", "no"], None
+                "--protected-mode", "no"] + list(extra), None
     proc, port = h.start_listening(name, mk)
     deadline = time.monotonic() + 5
     while True:

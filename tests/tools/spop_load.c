@@ -6,13 +6,14 @@
  * decisions per second, latency percentiles and the verdicts.
  *
  *   spop-load -a 127.0.0.1:12345 [-c conns] [-p pipeline] [-d seconds]
- *             [-k keys] [-K key-prefix] [-n max-requests] [-r rate]
- *             [-R] [-s sources]
+ *             [-k keys] [-K key-prefix] [-n max-requests] [-r rate] [-s] [-R]
+ *             [-i addresses] [-t tier] [-T ms]
  *
- * Keys are <key-prefix><n> with n drawn from 0..keys-1; with -R every request
- * carries a key never sent before (<key-prefix> and 16 random hex digits), as a
- * random-key flood would. Requests come from 127.0.0.1, or with -s from
- * <sources> addresses 10.0.0.1, 10.0.0.2, ... in turn.
+ * Keys are <key-prefix><n> with n drawn at random from 0..keys-1 (with -s in
+ * turn); with -R every request carries a key never sent before (<key-prefix>
+ * and 16 random hex digits), as a random-key flood would. Requests come from
+ * 127.0.0.1, or with -i from <addresses> addresses 10.0.0.0, 10.0.0.1, ... in
+ * turn.
  *
  * Without -r it keeps -p NOTIFYs in flight on every connection (closed loop)
  * and stops dead at -d. With -r it paces: at most <rate> NOTIFYs per second
@@ -21,6 +22,16 @@
  * count stays rate x elapsed), and at -d it stops sending and waits up to 2 s
  * for the answers still due, so every request sent is counted (the line then
  * ends with sent= and unanswered=).
+ *
+ * Keys are drawn at random among -k (<prefix>0 .. <prefix>k-1); with -s they are
+ * taken in turn, so the first k requests carry k distinct keys. The client
+ * address sent is 127.0.0.1; with -i N the requests rotate over N addresses
+ * (10.0.0.0 + 0 .. N-1), as if N clients were behind the gateway. -t sends a
+ * tier with every request, as HAProxy does for a key found in its tier map.
+ * -T ms gives up on a NOTIFY not answered within ms milliseconds, as HAProxy
+ * does at `timeout processing`: it is counted as expired (and unanswered), its
+ * slot is freed, and an ACK arriving for it later is counted as late and
+ * otherwise ignored.
  *
  * Loopback tool: bounded by -d and -n, it stops by itself.
  */
@@ -52,6 +63,8 @@ struct lconn {
 	bool ready;                     /* hello answered */
 	uint64_t next_sid;
 	double sent_at[MAX_INFLIGHT];   /* by sid % MAX_INFLIGHT */
+	uint64_t slot_sid[MAX_INFLIGHT];        /* -T: the NOTIFY a slot waits for */
+	bool live[MAX_INFLIGHT];                /* -T: the slot waits for an ACK */
 	unsigned inflight;
 };
 
@@ -63,8 +76,12 @@ static struct {
 	const char *key_prefix;
 	double rate;                    /* -r: NOTIFYs per second, 0 = closed loop */
 	bool random_keys;               /* -R: a fresh key for every request */
-	unsigned sources;               /* -s: source addresses (0: 127.0.0.1 only) */
 	uint64_t rng;                   /* xorshift64 state for -R */
+	bool seq_keys;                  /* -s: keys in turn instead of at random */
+	uint32_t addrs;                 /* -i: client addresses to rotate over, 0 = one */
+	const char *tier;               /* -t: tier sent with every request, NULL = none */
+	double expire;                  /* -T: seconds before giving up on a NOTIFY, 0 = never */
+	uint64_t expired, late;
 	double drain_until;             /* -r: end of the grace period for answers */
 	uint64_t sent, acks, allowed, denied, degraded, errors;
 	double lat[LAT_SLOTS];
@@ -110,10 +127,11 @@ static void send_notify(struct ev_loop *loop, struct lconn *c)
 		g.rng ^= g.rng << 17;
 		snprintf(key, sizeof(key), "%.40s%016llx", g.key_prefix, (unsigned long long)g.rng);
 	} else {
-		snprintf(key, sizeof(key), "%.40s%d", g.key_prefix, rand() % g.keys);
+		snprintf(key, sizeof(key), "%.40s%d", g.key_prefix,
+			 g.seq_keys ? (int)(g.sent % (uint64_t)g.keys) : rand() % g.keys);
 	}
-	if (g.sources) {
-		uint32_t a = (uint32_t)(g.sent % g.sources) + 1;
+	if (g.addrs) {
+		uint32_t a = (uint32_t)(g.sent % g.addrs);
 
 		ip[0] = 10;
 		ip[1] = (uint8_t)(a >> 16);
@@ -123,10 +141,15 @@ static void send_notify(struct ev_loop *loop, struct lconn *c)
 	spop_wbuf_init(&w, buf, sizeof(buf));
 	start = spop_frame_begin(&w, SPOP_FRM_NOTIFY, SPOP_FL_FIN, sid, 1);
 	spop_put_str(&w, "rl-req", 6);
-	spop_put_u8(&w, 4);
+	spop_put_u8(&w, g.tier ? 5 : 4);
 	spop_put_str(&w, "key", 3);
 	d = spop_string(key, strlen(key));
 	spop_put_data(&w, &d);
+	if (g.tier) {
+		spop_put_str(&w, "tier", 4);
+		d = spop_string(g.tier, strlen(g.tier));
+		spop_put_data(&w, &d);
+	}
 	spop_put_str(&w, "ip", 2);
 	d.type = SPOP_T_IPV4;
 	memcpy(d.v.ipv4, ip, 4);
@@ -141,6 +164,16 @@ static void send_notify(struct ev_loop *loop, struct lconn *c)
 	if (n < 0)
 		exit(2);
 	queue(c, buf, (size_t)n);
+	if (g.expire) {
+		unsigned slot = (unsigned)(sid / 2 % MAX_INFLIGHT);
+
+		if (c->live[slot]) {    /* still waiting MAX_INFLIGHT NOTIFYs later */
+			c->inflight--;
+			g.expired++;
+		}
+		c->live[slot] = true;
+		c->slot_sid[slot] = sid;
+	}
 	c->sent_at[sid / 2 % MAX_INFLIGHT] = now_s();
 	c->inflight++;
 	g.sent++;
@@ -166,6 +199,15 @@ static void on_ack(struct lconn *c, const struct spop_frame *f)
 	double lat = now_s() - c->sent_at[f->sid / 2 % MAX_INFLIGHT];
 	bool allow = false, degraded = false;
 
+	if (g.expire) {
+		unsigned slot = (unsigned)(f->sid / 2 % MAX_INFLIGHT);
+
+		if (!c->live[slot] || c->slot_sid[slot] != f->sid) {
+			g.late++;
+			return;
+		}
+		c->live[slot] = false;
+	}
 	while (rd.p < rd.end) {
 		struct spop_str name;
 		struct spop_data v;
@@ -281,7 +323,23 @@ static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	int i;
 
 	(void)revents;
-	if (g.max_requests && g.acks >= g.max_requests) {
+	if (g.expire) {
+		for (i = 0; i < g.conns; i++) {
+			struct lconn *c = &conns[i];
+			unsigned s;
+
+			for (s = 0; s < MAX_INFLIGHT; s++) {
+				if (c->live[s] && now - c->sent_at[s] > g.expire) {
+					c->live[s] = false;
+					c->inflight--;
+					g.expired++;
+				}
+			}
+			if (!g.rate && c->fd >= 0)
+				fill(loop, c);
+		}
+	}
+	if (g.max_requests && g.acks + g.expired >= g.max_requests) {
 		ev_break(loop, EVBREAK_ALL);
 		return;
 	}
@@ -323,7 +381,7 @@ int main(int argc, char **argv)
 	double elapsed;
 	int opt, i;
 
-	while ((opt = getopt(argc, argv, "a:c:p:d:k:K:n:r:Rs:")) != -1) {
+	while ((opt = getopt(argc, argv, "a:c:p:d:k:K:n:r:Rsi:t:T:")) != -1) {
 		switch (opt) {
 		case 'a': g.addr = optarg; break;
 		case 'c': g.conns = atoi(optarg); break;
@@ -334,17 +392,21 @@ int main(int argc, char **argv)
 		case 'n': g.max_requests = strtoull(optarg, NULL, 10); break;
 		case 'r': g.rate = atof(optarg); break;
 		case 'R': g.random_keys = true; break;
-		case 's': g.sources = (unsigned)strtoul(optarg, NULL, 10); break;
+		case 's': g.seq_keys = true; break;
+		case 'i': g.addrs = (uint32_t)strtoul(optarg, NULL, 10); break;
+		case 't': g.tier = optarg; break;
+		case 'T': g.expire = atof(optarg) / 1e3; break;
 		default:
 			fprintf(stderr, "usage: spop-load -a ip:port [-c conns] [-p pipeline] "
 					"[-d seconds] [-k keys] [-K prefix] [-n requests] "
-					"[-r rate] [-R] [-s sources]\n");
+					"[-r rate] [-s] [-R] [-i addresses] [-t tier] [-T ms]\n");
 			return 2;
 		}
 	}
 	if (g.conns < 1 || g.conns > 1024 || g.pipeline < 1 || g.pipeline > MAX_INFLIGHT ||
 	    g.keys < 1 || g.duration <= 0 || g.duration > 600 || g.rate < 0 || g.rate > 1e7 ||
-	    g.sources > 1000000)
+	    g.addrs > (1u << 24) || (g.tier && strlen(g.tier) > 64) ||
+	    g.expire < 0)
 		return 2;
 	colon = strrchr(g.addr, ':');
 	if (!colon || (size_t)(colon - g.addr) >= sizeof(host))
@@ -414,6 +476,9 @@ int main(int argc, char **argv)
 	if (g.rate)
 		printf(" sent=%llu unanswered=%llu", (unsigned long long)g.sent,
 		       (unsigned long long)(g.sent - g.acks));
+	if (g.expire)
+		printf(" expired=%llu late=%llu", (unsigned long long)g.expired,
+		       (unsigned long long)g.late);
 	printf("\n");
 	return g.errors ? 1 : 0;
 }

@@ -128,7 +128,7 @@ $(BUILD)/test_obs: tests/unit/test_obs.c $(BUILD)/src/http.o $(BUILD)/src/prom.o
 
 $(BUILD)/test_normalize: tests/unit/test_normalize.c $(BUILD)/src/normalize.o $(BUILD)/src/rules.o \
                          $(BUILD)/src/config.o $(BUILD)/src/limiter.o $(BUILD)/src/util.o \
-                         $(BUILD)/src/log.o
+                         $(BUILD)/src/log.o $(BUILD)/spoa/spop.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lcmocka -lm
 
@@ -142,7 +142,7 @@ $(BUILD)/spop-load: tests/tools/spop_load.c $(LIBSPOA)
 
 $(BUILD)/fuzz_config_replay: tests/fuzz/fuzz_config.c tests/fuzz/replay.c $(BUILD)/src/config.o \
                              $(BUILD)/src/rules.o $(BUILD)/src/util.o $(BUILD)/src/log.o \
-                             $(BUILD)/src/limiter.o $(BUILD)/src/normalize.o
+                             $(BUILD)/src/limiter.o $(BUILD)/src/normalize.o $(BUILD)/spoa/spop.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lm
 
@@ -178,7 +178,7 @@ FUZZ_BUILD = build-fuzz
 fuzz: $(FUZZ_BUILD)/fuzz_spop_frame $(FUZZ_BUILD)/fuzz_config
 
 FUZZ_CONFIG_SRC = tests/fuzz/fuzz_config.c src/config.c src/rules.c src/util.c src/log.c \
-                  src/limiter.c src/normalize.c
+                  src/limiter.c src/normalize.c spoa/spop.c
 $(FUZZ_BUILD)/fuzz_config: $(FUZZ_CONFIG_SRC) src/config.h src/rules.h
 	@mkdir -p $(FUZZ_BUILD)
 	clang-14 -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \

@@ -38,27 +38,12 @@ static void tier_compile(struct ruleset *rs, const struct cfg_tier *ct, struct r
 	}
 }
 
-/* Bytes of the SPOP varint of <v> (the codec lives in libspoa, not linked everywhere). */
-static size_t varint_size(uint64_t v)
-{
-	size_t n = 1;
-
-	if (v < 240)
-		return 1;
-	v = (v - 240) >> 4;
-	while (v >= 128) {
-		v = (v - 128) >> 7;
-		n++;
-	}
-	return n + 1;
-}
-
 /* Bytes of a set-var action named <name> with a string value of <len> bytes. */
 static size_t setvar_str_size(const char *name, size_t len)
 {
 	size_t n = strlen(name);
 
-	return 3 + varint_size(n) + n + 1 + varint_size(len) + len;
+	return 3 + (size_t)spop_varint_size(n) + n + 1 + (size_t)spop_varint_size(len) + len;
 }
 
 /* Bytes of a set-var action named <name> with any integer value. */
@@ -66,7 +51,7 @@ static size_t setvar_int_size(const char *name)
 {
 	size_t n = strlen(name);
 
-	return 3 + varint_size(n) + n + 1 + SPOP_VARINT_MAX;
+	return 3 + (size_t)spop_varint_size(n) + n + 1 + SPOP_VARINT_MAX;
 }
 
 /*

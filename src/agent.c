@@ -83,6 +83,7 @@ struct agent {
 	uint64_t outcomes[OUT_COUNT];
 	uint64_t degraded_by[STORE_COUNT];
 	uint64_t refunds;               /* charges taken back after a split denial */
+	uint64_t refunds_lost;          /* ... whose Redis call failed: the charge stays */
 	uint64_t tier_hits, tier_misses;
 	uint64_t local_decisions;       /* failed parts decided by local fallback limits */
 	uint64_t invalid_costs;         /* costs from HAProxy out of range: charged COST_MAX */
@@ -405,9 +406,12 @@ static void respond(struct decision *d)
 
 static void refund_done_cb(enum store_status st, const struct store_result *res, void *arg)
 {
-	(void)st;
+	struct agent *a = arg;
+
 	(void)res;
-	(void)arg;
+	a->pending--;
+	if (st != STORE_OK)
+		a->refunds_lost++;
 }
 
 /*
@@ -449,8 +453,14 @@ static void refund(struct decision *d)
 		a->refunds++;
 		if (a->mem)
 			memstore_decide(a->mem, &rq, now_us_real(), &rr);
-		else if (a->store)
-			(void)store_decide(a->store, &rq, refund_done_cb, NULL);
+		else if (a->store) {
+			/* counted in pending: a drain waits for it */
+			a->pending++;
+			if (store_decide(a->store, &rq, refund_done_cb, a) < 0) {
+				a->pending--;
+				a->refunds_lost++;
+			}
+		}
 	}
 }
 
@@ -1058,6 +1068,7 @@ static void publish(struct agent *a)
 	for (i = 0; i <= SPOP_ST_RES; i++)
 		ms->spop_errors[i] = ss->errors[i];
 	ms->c[MC_REFUNDS] = a->refunds;
+	ms->c[MC_REFUNDS_LOST] = a->refunds_lost;
 	ms->c[MC_BLOCKED_HITS] = a->blocked_hits;
 	ms->c[MC_LOCAL_DECISIONS] = a->local_decisions;
 	ms->c[MC_INVALID_COSTS] = a->invalid_costs;

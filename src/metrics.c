@@ -391,6 +391,9 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 	family_u64(r, m, "spoa_ratelimit_refunds_total", PROM_COUNTER,
 		   "Charges taken back after a decision split over two calls was denied.",
 		   MC_REFUNDS);
+	family_u64(r, m, "spoa_ratelimit_refunds_lost_total", PROM_COUNTER,
+		   "Refunds whose Redis call failed (shed, timed out, Redis down): the charge stays.",
+		   MC_REFUNDS_LOST);
 	family_u64(r, m, "spoa_ratelimit_local_decisions_total", PROM_COUNTER,
 		   "Decisions made by local fallback limits while Redis failed.",
 		   MC_LOCAL_DECISIONS);

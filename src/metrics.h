@@ -43,6 +43,7 @@ enum met_counter {
 	MC_HAPROXY_DISCONNECTS,
 	MC_ORPHANS,
 	MC_REFUNDS,
+	MC_REFUNDS_LOST,        /* refunds whose Redis call failed (shed, timeout, down) */
 	MC_LOCAL_DECISIONS,
 	MC_TIER_HITS,
 	MC_TIER_MISSES,

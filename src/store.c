@@ -551,6 +551,9 @@ int cmd_dispatch_nocb(struct store_node *n, struct store_cmd *c)
 		return -1;
 	c->at = n;
 	c->parked = true;
+	/* not on a connection: its answer says nothing of <n>'s health (a failed
+	 * connect must not count once per command parked here) */
+	c->sent_at = 0;
 	list_append(&n->parked, &c->park);
 	return 0;
 }

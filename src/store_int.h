@@ -112,7 +112,7 @@ struct store_cmd {
 	void *arg;                      /* ref: caller's */
 	double deadline;                /* mono() based: reply deadline once sent, queue
 					 * deadline while queued */
-	double sent_at;                 /* mono() of the last send, 0 before */
+	double sent_at;                 /* mono() of the last send; 0 before it and while parked */
 	enum cmd_kind kind;
 	unsigned redirects;             /* MOVED/ASK followed */
 	bool retried;                   /* NOSCRIPT retry done */

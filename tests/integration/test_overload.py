@@ -3,6 +3,7 @@ the excess (no circuit breaker), while a broken Redis (error replies such as OOM
 connection lost, no answer at all) opens it; replies are distrusted (topology, integers)."""
 
 import re
+import socket
 import subprocess
 import threading
 
@@ -231,3 +232,30 @@ def test_reload_logs_restart_only_redis_settings(agent, redis):
                        in a.proc.log_text(), 10, 0.05, "redis.%s logged" % k)
     assert "reload (SIGHUP) failed" not in a.proc.log_text()
     assert a.alive()
+
+
+def test_commands_parked_at_a_connecting_node_do_not_open_its_breaker(agent):
+    """A MOVED sends decisions to a node that never finishes connecting (it accepts and
+    says nothing): they wait there until its connect deadline, which answers them all DOWN.
+    That is one failure of the node, not one per command waiting: its breaker stays closed
+    (8 parked commands opened it at breaker_failures = 5)."""
+    silent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)                   # the handshake completes; nothing is ever read
+    moved = b"-MOVED 1 127.0.0.1:%d\r\n" % silent.getsockname()[1]
+    fr = FakeRedis(script=lambda nkeys, argv: moved)
+    try:
+        a = agent(redis=fr, metrics=True, wait_redis=False,
+                  redis_cfg={"breaker_failures": 5, "command_timeout_ms": 1000,
+                             "connect_timeout_ms": 300})
+        wait_until(lambda: "single Redis" in a.proc.log_text(), 10, 0.05, "store ready")
+        got = run_load(a, "-c", 1, "-p", 8, "-n", 8, "-d", 5, "-k", 8, "-s")
+        assert got["decisions"] == 8, got
+        assert fr.count("EVALSHA") >= 8
+        assert degraded_by(a).get("down", 0) >= 8, degraded_by(a)
+        assert metric(a, "spoa_ratelimit_redis_breaker_opened_total") == 0
+        assert "breaker open" not in a.proc.log_text()
+        assert a.alive()
+    finally:
+        fr.close()
+        silent.close()

@@ -10,6 +10,7 @@ import hashlib
 import spop_client as sc
 from conftest import LcList, agent_config, to_libconfig, wait_until
 from test_ops import Prom
+from fake_redis import FakeRedis, script_reply
 from test_quota import script_calls
 
 # 6/h for the fleet, 2 gateways: this gateway's local share is 3 (no on_failure given)
@@ -259,6 +260,37 @@ def test_global_denial_still_refunds_the_principal(agent, redis):
         v = q.ask(key="gb", tier="t", path="/")
         assert v["allow"] == 1 and v["remaining"] == 4, v
     assert metrics(a).get("spoa_ratelimit_refunds_total") == 1
+
+
+
+def test_a_failed_refund_is_counted_lost(agent):
+    """Principal allowed, global denied, and the refund's script call fails (a fake Redis
+    refuses it): the refund is counted lost, not silently counted done."""
+    def script(nkeys, argv):
+        if any(x.startswith(b"-") and x[1:].isdigit() for x in argv[3 + nkeys:]):
+            return b"-ERR refund refused\r\n"            # a negative cost: the refund
+        if any(b"{g:" in k for k in argv[3:3 + nkeys]):
+            return script_reply(nkeys, [0, nkeys, 1700000000000000] + [0, 0, 1000, 1000] * nkeys)
+        return script_reply(nkeys)
+
+    cfg = dict(GLOBAL_CFG, limits=dict(GLOBAL_CFG["limits"], p1={"rate": 5, "period": "1h"},
+                                       g1={"rate": 1, "period": "1h"}))
+    fr = FakeRedis(script=script)
+    try:
+        a = agent(redis=fr, metrics=True, wait_redis=False,
+                  **dict(cfg, endpoints=LcList([{"name": "ep", "path_prefix": "/ep",
+                                                 "global_limits": ["g1"]}])))
+        wait_until(lambda: "single Redis" in a.proc.log_text(), 10, 0.05, "store ready")
+        with sc.SpopClient(a.addr) as c:
+            c.hello()
+            v = Asker(c).ask(key="gr", tier="t", path="/ep")
+            assert v["allow"] == 0 and v["rule"] == "g1", v
+        wait_until(lambda: metrics(a).get("spoa_ratelimit_refunds_lost_total") == 1, 5, 0.05,
+                   "the failed refund counted")
+        assert metrics(a).get("spoa_ratelimit_refunds_total") == 1
+        assert a.alive()
+    finally:
+        fr.close()
 
 
 def no_ip_args(key=None):

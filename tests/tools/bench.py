@@ -49,6 +49,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import pathlib
 import time
@@ -519,7 +520,6 @@ def principal_key(api_key):
 
 def gcra_params(model):
     """a and b of the bench limit, as limit_params_init() computes them (limit_model)."""
-    import subprocess
     out = subprocess.run([str(model), "--params", str(ALG_GCRA), str(BIG), "1000", str(BIG)],
                          capture_output=True, text=True, timeout=10).stdout.split()
     if len(out) != 3 or out[2] != "0":
@@ -791,7 +791,8 @@ def run(h, args, agent_bin, script):
 
     report(args, http, rows)
     print()
-    print("done in %.0f s" % (time.monotonic() - t_start))
+    print("done in %.0f s; load average %.1f at the end (this run and whatever else ran)" % (
+        time.monotonic() - t_start, machine()[2]))
     return 0
 
 

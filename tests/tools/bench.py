@@ -527,6 +527,13 @@ def gcra_params(model):
     return int(out[0]), int(out[1])
 
 
+def degraded_by(stats):
+    """The agent's degraded answers by cause, from its stats line ("" if none)."""
+    return ", ".join("%s %d" % (k, stats[k]) for k in ("timeout", "overload", "breaker",
+                                                       "down", "busy", "error")
+                     if stats.get(k))
+
+
 def run_exact_agent(h, args, agent_bin, rport, red, sha, params):
     """Row E: the agent deciding against Redis, spop-load paced at --rate; its argv checked."""
     print("[E] agent + Redis, exact (one GCRA limit): spop-load -c4 -p32 -r %d -d %d"
@@ -546,6 +553,9 @@ def run_exact_agent(h, args, agent_bin, rport, red, sha, params):
         res = spop_load(h, args, "spop-load-E", aport, args.rate, args.duration)
         row = spop_row("E", "agent exact", res, meter.stop(), args.duration)
         print_spop("paced", row)
+        why = degraded_by(rh.agent_stats(h, ag))
+        if why:
+            print("               degraded by %s" % why)
         return row
     finally:
         h.stop(ag)
@@ -600,6 +610,7 @@ def sustained(h, args, agent_bin, rport, red, ceiling):
             res = spop_load(h, args, "spop-load-S%d" % i, aport, rate, args.step,
                             pipeline=128)
             cpu = meter.stop()
+            why = degraded_by(rh.agent_stats(h, ag))
         finally:
             h.stop(ag)
         row = spop_row("S", "sustained", res, cpu, args.step)
@@ -609,6 +620,8 @@ def sustained(h, args, agent_bin, rport, red, ceiling):
               "unanswered/errors %d  %s" % (
                   i + 1, rate, row["n"], fmt_ms(row["p50"]), fmt_ms(row["p99"]),
                   row["degraded"], row["errors"], "clean" if clean else "NOT clean"))
+        if why:
+            print("            degraded by %s" % why)
         if clean:
             lo = rate
             if best is None or rate > best["rate"]:

@@ -4,7 +4,7 @@
 #   make test            install what is missing, then unit tests, fuzz corpus
 #                        replay (ASan), integration tests (real HAProxy + Redis)
 #   make demo            two gateways, two agents, one Redis: the shared budget
-#   make bench           wrk through HAProxy: no SPOE vs null agent vs Redis
+#   make bench           CPU per decision, the Redis ceiling (-P 32), targets (~2 min)
 #   make accuracy        20 agents on one Redis: admitted / limit, exact vs local-only
 #   make attack          attacks on two gateways, one row each with PASS/FAIL (~2 min)
 #   make fuzz-smoke      libFuzzer (clang) on the frame decoder for ~60 s
@@ -204,8 +204,9 @@ demo: deps
 	$(PYTHON) tests/tools/demo.py --agent $(abspath $(BIN))
 
 bench: deps
-	$(Q)$(MAKE) --no-print-directory all
-	$(PYTHON) tests/tools/bench.py --agent $(abspath $(BIN))
+	$(Q)$(MAKE) --no-print-directory all $(MODEL)
+	$(PYTHON) tests/tools/bench.py --agent $(abspath $(BIN)) --load $(abspath $(BUILD)/spop-load) \
+	  --model $(abspath $(MODEL))
 
 accuracy: deps
 	$(Q)$(MAKE) --no-print-directory all

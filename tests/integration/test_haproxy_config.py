@@ -188,3 +188,23 @@ def test_log_line_has_verdict(fake, haproxy, procs):
     line = [l for l in log.splitlines() if "rl_allow=0" in l][0]
     assert " 429 " in line and "rl_rule=key_rpm" in line and "rl_err=-" in line
     assert "k1" not in line
+
+
+def test_bench_copies_valid(tmp_path):
+    """`make bench` runs copies of haproxy.cfg without logging, and one without SPOE too:
+    both must still be accepted as they are, and the no-SPOE copy must not reach the agents,
+    so that the benchmark measures this configuration and not a broken one."""
+    import bench
+
+    text = (HAPROXY_DIR / "haproxy.cfg").read_text()
+    for spoe in (True, False):
+        cfg = tmp_path / ("bench-%s.cfg" % ("spoe" if spoe else "plain"))
+        cfg.write_text(bench.derive_cfg(text, spoe))
+        r = haproxy_check(cfg, check_env(RL_STATS_SOCKET=str(tmp_path / "stats.sock")))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "WARNING" not in r.stdout + r.stderr, r.stdout + r.stderr
+        live = [l for l in cfg.read_text().splitlines()
+                if l.strip() and not l.strip().startswith("#")]
+        assert not any(l.strip().startswith("log") for l in live)
+        assert any("filter spoe" in l for l in live) == spoe
+        assert any("send-spoe-group" in l for l in live) == spoe

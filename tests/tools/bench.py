@@ -1,33 +1,57 @@
 #!/usr/bin/python3
-"""spoa-ratelimit benchmark: what the SPOE agent adds to a request through HAProxy.
+"""spoa-ratelimit benchmark: what a decision costs, against the real Redis ceiling.
 
     /usr/bin/python3 tests/tools/bench.py --agent build/spoa-ratelimit     (or: make bench)
 
-Three setups, measured in the same run with wrk through HAProxy to the stand-in upstream
-(haproxy/upstream.cfg), one after the other (only the setup under test is running):
+Everything runs on loopback on this machine, one setup after the other (only the setup
+under test is running, plus what drives it). Every agent runs with the default settings of
+a production configuration (command_timeout_ms, breaker, failure ladder), one GCRA limit
+so high that nothing is denied (rate = burst = 10^9 per second), and keys of its tier.
 
-  A  HAProxy without SPOE: a temporary copy of haproxy.cfg without the `filter spoe` and
-     `send-spoe-group` lines and without the agents' backend (the deny rule stays: with
-     no agent txn.rl.allow never exists, so it never matches);
-  B  HAProxy + agent with store = "allow" (null agent: answers allow=1, no Redis);
-  C  HAProxy + agent deciding against Redis, limits so high that nothing is denied: every
-     request costs one EVALSHA.
+Rows:
 
-For all three, per-request logging is removed from the copy of haproxy.cfg (the `log` and
-`log-format` lines), so logging does not dominate. Each setup: a check request (C must carry
-RateLimit headers, B no SPOE error header), a warm-up, then latency at light load
-(wrk -t1 -c1 --latency) and throughput (wrk -t2 -c32 --latency), all with an API key header.
+  A  wrk -> HAProxy -> upstream, without SPOE: a temporary copy of haproxy.cfg without the
+     `filter spoe` and `send-spoe-group` lines and the agents' backend;
+  B  the same with the agent, store = "allow" (the null agent: answers allow, no Redis);
+  C  the same with the agent deciding against Redis (exact: one EVALSHA per request).
+     A, B and C each at light load (wrk -t1 -c1 --latency) and in throughput (wrk -t2
+     -c32 --latency); logging is removed from the copies of haproxy.cfg. A wrk script
+     counts, in every response, X-RateLimit-Degraded, X-RateLimit-Agent-Error and
+     non-200 statuses.
+  N  HAProxy's example agent (spoa-example), the reference null agent, driven over SPOP
+     by spop-load paced at --rate (4 connections x 32 in flight): only if installed.
+  D  the agent with store = "allow", the same load.
+  E  the agent deciding against Redis, the same load. Before it, the argv of one of its
+     EVALSHA calls is captured with MONITOR and checked against the argv P sends.
+  P  redis-benchmark -P 32 -c 8 of the agent's EVALSHA (script body of
+     build/gen/ratelimit.lua, same argv: key shape, alg, a, b, shadow, cost as the agent
+     computes them; 1000 keys): the script's ceiling on this Redis.
+  Q  the same for the seed's naive token bucket (HMGET tokens/ts, refill, HSET, EXPIRE;
+     SEED_LUA below), the reference the scripts are compared against.
+  S  sustained: spop-load paced (-r) at stepped rates against a fresh exact agent each
+     step, with the default command timeout; the highest rate answered with 0 degraded
+     answers (and nothing unanswered).
+
+CPU per decision: utime + stime of the agent (and its workers), of Redis and of HAProxy
+read from /proc/PID/stat before and after the measured run, divided by the decisions
+(requests, calls) of that run. A row with degraded answers, SPOE errors or unanswered
+requests is marked: it is not a throughput figure.
+
+The ratios of the targets are printed at the end, each with PASS or FAIL.
 
 Exit status: 0 when every setup ran (whatever the numbers), 2 on a setup failure,
-130 when interrupted. Bounded to about 2 minutes; every process started is stopped on exit.
+130 when interrupted. Bounded to about 3 minutes; every process started is stopped on exit.
 """
 
 import argparse
+import hashlib
 import os
 import re
+import shutil
+import socket
+import subprocess
 import sys
 import pathlib
-import shutil
 import time
 
 sys.dont_write_bytecode = True
@@ -37,15 +61,34 @@ import rlharness as rh  # noqa: E402
 
 API_KEY = "bench"
 BIG = 10 ** 9
+LIMIT = "bench_second"
+KEY_PREFIX = "bench"
+ALG_GCRA = 1
+DEFAULT_COMMAND_TIMEOUT_MS = 5      # src/config.c: what the agents here run with
+BENCH_KEYS = 1000                   # distinct API keys / Redis keys in the SPOP and -P runs
 
-SETUPS = (
-    ("A", "no SPOE", "HAProxy only (filter spoe and send-spoe-group removed)"),
-    ("B", "null agent", 'HAProxy + agent, store = "allow" (no Redis)'),
-    ("C", "agent+Redis", "HAProxy + agent + Redis: one EVALSHA per request, nothing denied"),
-)
+# The seed's script: the naive token bucket the issue compares our scripts against.
+# KEYS[1] the bucket; ARGV rate (tokens/s), burst, cost. Time from Redis, like ours.
+SEED_LUA = r"""
+local rate, burst, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local s = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(s[1]) or burst
+local ts = tonumber(s[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - ts) * rate)
+local ok = 0
+if tokens >= cost then
+  tokens = tokens - cost
+  ok = 1
+end
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', now)
+redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 1)
+return {ok, math.floor(tokens)}
+"""
 
-# Counts, in the warm-up run, the responses that carry the headers that matter (a response()
-# callback slows wrk down, so the measured runs do without it).
+# Counts the responses that carry the headers that matter, in every wrk run (the same
+# cost for every setup, so the rows stay comparable).
 COUNT_LUA = r"""
 local threads = {}
 function setup(thread) table.insert(threads, thread) end
@@ -69,6 +112,62 @@ function done(summary, latency, requests)
     t.n, t.non200, t.agent_error, t.degraded, t.ratelimit))
 end
 """
+
+
+# ---------------------------------------------------------------------------------------
+# CPU from /proc
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        text = f.read()
+    return text[text.rindex(")") + 2:].split()     # fields 3.. of proc(5)
+
+
+def _children(pid):
+    kids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            if int(_stat_fields(int(d))[1]) == pid:
+                kids.append(int(d))
+        except (OSError, ValueError, IndexError):
+            pass
+    return kids
+
+
+def cpu_s(pid):
+    """utime + stime of <pid> and its live descendants, in seconds (0 if gone)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            f = _stat_fields(p)
+            total += int(f[11]) + int(f[12])
+        except (OSError, ValueError, IndexError):
+            continue
+        todo += _children(p)
+    return total / CLK_TCK
+
+
+class CpuMeter:
+    """CPU seconds spent by named processes between start() and stop()."""
+
+    def __init__(self, procs):
+        self.procs = {k: p for k, p in procs.items() if p is not None}
+
+    def start(self):
+        self.t0 = {k: cpu_s(p.pid) for k, p in self.procs.items()}
+
+    def stop(self):
+        return {k: cpu_s(p.pid) - self.t0[k] for k, p in self.procs.items()}
+
+
+def us_per(cpu, n):
+    return {k: v * 1e6 / n for k, v in cpu.items()} if n else {}
 
 
 # ---------------------------------------------------------------------------------------
@@ -122,22 +221,21 @@ def derive_cfg(text, spoe):
 
 
 def agent_config(store, redis_port):
+    """Production defaults (command timeout, breaker, failure ladder) but for the limit,
+    which never denies, and keys: every key sent is given the bench tier."""
     return {
         "log_level": "notice",
         "store": store,
         "redis": {
             "address": "%s:%d" % (rh.LOCALHOST, redis_port or 1),
-            "connect_timeout_ms": 200,
-            # generous: the benchmark measures decisions, not fail-open (counted anyway)
-            "command_timeout_ms": 1000,
-            "key_prefix": "bench",
+            "key_prefix": KEY_PREFIX,
         },
-        "limits": {"bench_second": {"rate": BIG, "period": "1s", "burst": BIG}},
-        "tiers": {"bench": {"limits": ["bench_second"]}},
-        # spop-load sends keys without a tier: each is its own client
+        "limits": {LIMIT: {"rate": BIG, "period": "1s", "burst": BIG}},
+        "tiers": {"bench": {"limits": [LIMIT]}},
+        # HAProxy sends the tier of the map; spop-load sends it too (-t): never anonymous
         "unknown_keys": "default_tier",
         "default_tier": "bench",
-        "anonymous": {"limits": ["bench_second"]},
+        "anonymous": {"limits": [LIMIT]},       # required; no request here is anonymous
         "response": {"legacy_headers": True},
     }
 
@@ -168,26 +266,22 @@ def parse_wrk(out):
     return res
 
 
-def run_wrk(h, name, port, threads, conns, duration, latency=True, script=None):
+def run_wrk(h, name, port, threads, conns, duration, script, latency=True):
     wrk = rh.which("wrk", "WRK_BIN")
     argv = [wrk, "-t%d" % threads, "-c%d" % conns, "-d%ds" % duration, "--timeout", "2s",
-            "-H", "X-API-Key: %s" % API_KEY]
+            "-H", "X-API-Key: %s" % API_KEY, "-s", script]
     if latency:
         argv.append("--latency")
-    if script:
-        argv += ["-s", script]
     argv.append("http://%s:%d/" % (rh.LOCALHOST, port))
     rc, out = h.run(name, argv, timeout=duration + 20)
     res = parse_wrk(out)
-    if rc != 0 or res["rps"] is None or res["requests"] is None or \
+    if rc != 0 or res["rps"] is None or res["requests"] is None or "count" not in res or \
             (latency and not all(("p%d" % p) in res for p in (50, 90, 99))):
         raise rh.SetupError("wrk failed (exit %s):\n%s" % (rc, rh.indent(out)))
     if res["requests"] == 0:
         raise rh.SetupError("wrk completed no request:\n%s" % rh.indent(out))
     return res
 
-
-# ---------------------------------------------------------------------------------------
 
 def check_response(client, setup):
     """One request; None when it has the shape expected for the setup, else the reason."""
@@ -210,7 +304,8 @@ def wait_ready(client, setup, timeout):
     """Until several consecutive requests have the expected shape (agent health checks
     passed, SPOE connections up)."""
     deadline = time.monotonic() + timeout
-    good, last, reason = 0, None, None
+    reason = None
+    good, last = 0, None
     for _ in range(int(timeout / 0.05) + 1):
         try:
             r, reason = check_response(client, setup)
@@ -228,15 +323,25 @@ def wait_ready(client, setup, timeout):
         setup, timeout, reason))
 
 
-def run_setup(h, setup, args, agent_bin, up_port, tier_map, cfgs):
+def wrk_row(setup, label, res, cpu):
+    c = res["count"]
+    return {"setup": setup, "label": label, "rate": res["rps"], "n": res["requests"],
+            "p50": res["p50"], "p99": res["p99"], "degraded": c["degraded"],
+            "errors": c["agent_error"] + c["non200"] + res["sock_errors"]
+            + (res["requests"] - c["n"] if c["n"] < res["requests"] else 0),
+            "cpu": us_per(cpu, res["requests"]), "res": res}
+
+
+def run_http_setup(h, setup, args, agent_bin, up_port, tier_map, cfgs, lua):
     t0 = time.monotonic()
     started = []
-    agent = None
-    redis_port = None
+    agent = red = None
     try:
         if setup == "C":
-            rproc, redis_port = rh.start_redis(h, "redis-C")
-            started.append(rproc)
+            red, redis_port = rh.start_redis(h, "redis-C")
+            started.append(red)
+        else:
+            redis_port = None
         if setup in ("B", "C"):
             agent, aport, _ = rh.start_agent(
                 h, agent_bin, agent_config("allow" if setup == "B" else "redis", redis_port),
@@ -252,70 +357,291 @@ def run_setup(h, setup, args, agent_bin, up_port, tier_map, cfgs):
             r = wait_ready(client, setup, 10)
         finally:
             client.close()
-        print("[%s] %s" % (setup, dict((s[0], s[2]) for s in SETUPS)[setup]))
-        print("    ready in %.1f s; check request: HTTP %d, %s" % (
+        print("[%s] %s" % (setup, HTTP_SETUPS[setup]))
+        print("    ready in %.1f s; check request with X-API-Key: HTTP %d, %s" % (
             time.monotonic() - t0, r.status,
             "no SPOE error header, no RateLimit header (null agent)" if setup == "B" else
-            "RateLimit headers present, agent consulted" if setup == "C" else
-            "no SPOE in the path"))
-        if setup == "C":
-            print("      RateLimit: %s\n      RateLimit-Policy: %s" % (
-                r.h("RateLimit"), r.h("RateLimit-Policy")))
-
-        lua = h.tmp / "count.lua"
-        if not lua.exists():
-            lua.write_text(COUNT_LUA)
-        warm = run_wrk(h, "wrk-%s-warmup" % setup, gport, 2, 32, args.warmup, latency=False,
-                       script=str(lua))
-        c = warm.get("count", {})
-        note = "warm-up %ds: %d responses, %d non-200, %d SPOE errors, %d degraded, %d with " \
-               "RateLimit headers" % (args.warmup, c.get("n", -1), c.get("non200", -1),
-                                      c.get("agent_error", -1), c.get("degraded", -1),
-                                      c.get("ratelimit", -1))
-        print("    " + note)
-        warnings = []
-        if not c:
-            raise rh.SetupError("the warm-up script printed no counts")
-        if setup == "C" and c["ratelimit"] < c["n"]:
-            warnings.append("%d responses without RateLimit headers" % (c["n"] - c["ratelimit"]))
-        if setup != "C" and c["ratelimit"]:
-            raise rh.SetupError("setup %s answered with RateLimit headers" % setup)
-
-        before = rh.agent_stats(h, agent) if agent else None
-        light = run_wrk(h, "wrk-%s-light" % setup, gport, 1, 1, args.duration)
-        heavy = run_wrk(h, "wrk-%s-throughput" % setup, gport, 2, 32, args.duration)
-        for label, res in (("light", light), ("throughput", heavy)):
-            print("    %-10s %9.0f req/s  p50 %s  p90 %s  p99 %s ms%s" % (
-                label, res["rps"], fmt_ms(res["p50"]), fmt_ms(res["p90"]), fmt_ms(res["p99"]),
-                "" if not (res["non2xx"] or res["sock_errors"]) else
-                "  (%d non-2xx, %d socket errors)" % (res["non2xx"], res["sock_errors"])))
-            if res["non2xx"] or res["sock_errors"]:
-                warnings.append("%s run: %d non-2xx responses, %d socket errors" % (
-                    label, res["non2xx"], res["sock_errors"]))
-        if agent:
-            after = rh.agent_stats(h, agent)
-            notify = after["notify"] - before["notify"]
-            sent = light["requests"] + heavy["requests"]
-            degraded = after["degraded"] - before["degraded"]
-            print("    agent: %d NOTIFY answered, wrk completed %d requests%s" % (
-                notify, sent, "" if setup == "B" else
-                "; %d allowed, %d denied, %d degraded" % (
-                    after["allowed"] - before["allowed"], after["denied"] - before["denied"],
-                    degraded)))
-            if notify < sent:
-                warnings.append("the agent saw fewer NOTIFY (%d) than requests (%d)"
-                                % (notify, sent))
-            if degraded:
-                warnings.append("%d decisions degraded (Redis timeout or error)" % degraded)
-            if setup == "C" and after["denied"] != before["denied"]:
-                warnings.append("%d requests denied" % (after["denied"] - before["denied"]))
-        for w in warnings:
-            print("    WARNING: %s" % w)
-        return {"light": light, "heavy": heavy, "warnings": warnings}
+            "RateLimit: %s" % r.h("RateLimit") if setup == "C" else "no SPOE in the path"))
+        if args.warmup:
+            run_wrk(h, "wrk-%s-warmup" % setup, gport, 2, 32, args.warmup, lua, latency=False)
+        meter = CpuMeter({"haproxy": gw, "agent": agent, "redis": red})
+        rows = []
+        for label, threads, conns in (("light", 1, 1), ("throughput", 2, 32)):
+            before = rh.agent_stats(h, agent) if agent else None
+            meter.start()
+            res = run_wrk(h, "wrk-%s-%s" % (setup, label), gport, threads, conns,
+                          args.duration, lua)
+            cpu = meter.stop()
+            row = wrk_row(setup, label, res, cpu)
+            c = res["count"]
+            extra = ""
+            if agent:
+                after = rh.agent_stats(h, agent)
+                row["agent_degraded"] = after["degraded"] - before["degraded"]
+                extra = "; agent: %d NOTIFY, %d degraded" % (
+                    after["notify"] - before["notify"], row["agent_degraded"])
+                if setup == "C" and after["denied"] != before["denied"]:
+                    raise rh.SetupError("setup C denied %d requests: the limit is not high "
+                                        "enough" % (after["denied"] - before["denied"]))
+            if setup == "C" and c["ratelimit"] < c["n"]:
+                row["errors"] += c["n"] - c["ratelimit"]
+                extra += "; %d responses without RateLimit headers" % (c["n"] - c["ratelimit"])
+            if setup != "C" and c["ratelimit"]:
+                raise rh.SetupError("setup %s answered with RateLimit headers" % setup)
+            print("    %-10s %8.0f req/s  p50 %s  p99 %s ms  %d responses: %d non-200, %d "
+                  "agent errors, %d degraded%s" % (
+                      label, res["rps"], fmt_ms(res["p50"]), fmt_ms(res["p99"]), c["n"],
+                      c["non200"], c["agent_error"], c["degraded"], extra))
+            rows.append(row)
+        return rows
     finally:
         for p in reversed(started):
             h.stop(p)
 
+
+HTTP_SETUPS = {
+    "A": "HAProxy only (filter spoe and send-spoe-group removed)",
+    "B": 'HAProxy + agent, store = "allow" (null agent, no Redis)',
+    "C": "HAProxy + agent + Redis: one EVALSHA per request, nothing denied",
+}
+
+
+# ---------------------------------------------------------------------------------------
+# SPOP load, Redis
+
+def spop_load(h, args, name, port, rate, duration, conns=4, pipeline=32, extra=()):
+    argv = [str(args.load), "-a", "%s:%d" % (rh.LOCALHOST, port), "-c", str(conns),
+            "-p", str(pipeline), "-d", str(duration), "-k", str(BENCH_KEYS), "-K", "key-",
+            "-t", "bench"]
+    if rate:
+        argv += ["-r", "%d" % rate]
+    rc, out = h.run(name, argv + list(extra), timeout=duration + 20)
+    vals = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+    if "decisions" not in vals:
+        raise rh.SetupError("%s printed no result (exit %s):\n%s" % (name, rc, rh.indent(out)))
+    res = {k: float(v) for k, v in vals.items() if re.match(r"^[0-9.]+$", v)}
+    res["out"] = out.strip()
+    return res
+
+
+def spop_row(setup, label, res, cpu, duration):
+    n = int(res["decisions"])
+    return {"setup": setup, "label": label, "rate": n / duration, "n": n,
+            "p50": res.get("p50_ms"), "p99": res.get("p99_ms"),
+            "degraded": int(res.get("degraded", 0)),
+            "errors": int(res.get("errors", 0)) + int(res.get("unanswered", 0)),
+            "cpu": us_per(cpu, n), "res": res}
+
+
+def print_spop(label, r):
+    print("    %-10s %8.0f decisions/s  p50 %s  p99 %s ms  degraded %d, errors/unanswered %d"
+          % (label, r["rate"], fmt_ms(r["p50"]), fmt_ms(r["p99"]), r["degraded"], r["errors"]))
+    print("               CPU per decision: %s" % fmt_cpu(r["cpu"]))
+
+
+def find_spoa_example():
+    for c in (os.environ.get("SPOA_EXAMPLE_BIN"), shutil.which("spoa-example"),
+              shutil.which("spoa_example")):
+        if c and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def run_null_reference(h, args):
+    """Row N: spoa-example (HAProxy's example agent) as a null agent, if installed."""
+    exe = find_spoa_example()
+    if not exe:
+        print("[N] spoa-example (reference null agent): not available on this machine (not "
+              "packaged in Debian; set SPOA_EXAMPLE_BIN to measure one)")
+        return None
+    print("[N] spoa-example (%s), reference null agent: spop-load -r %d" % (exe, args.rate))
+    proc, port = h.start_listening("spoa-example", lambda port: (
+        [exe, "-p", port, "-n", "1", "-c", "pipelining"], None))
+    try:
+        meter = CpuMeter({"agent": proc})
+        meter.start()
+        res = spop_load(h, args, "spop-load-N", port, args.rate, args.duration)
+        row = spop_row("N", "spoa-example", res, meter.stop(), args.duration)
+        print_spop("paced", row)
+        return row
+    finally:
+        h.stop(proc)
+
+
+def run_null_agent(h, args, agent_bin):
+    """Row D: our agent with store = "allow", spop-load paced at --rate."""
+    print('[D] agent, store = "allow" (null path): spop-load -c4 -p32 -r %d -d %d'
+          % (args.rate, args.duration))
+    ag, aport, _ = rh.start_agent(h, agent_bin, agent_config("allow", None), "agent-D")
+    try:
+        meter = CpuMeter({"agent": ag})
+        meter.start()
+        res = spop_load(h, args, "spop-load-D", aport, args.rate, args.duration)
+        row = spop_row("D", 'agent "allow"', res, meter.stop(), args.duration)
+        print_spop("paced", row)
+        return row
+    finally:
+        h.stop(ag)
+
+
+MONITOR_ARG_RE = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+def captured_argv(h, args, aport, rport, timeout=5.0):
+    """The argv of the first script call the agent sends to Redis for one decision, read
+    with MONITOR: [command, sha or body, numkeys, key..., arg...]."""
+    with socket.create_connection((rh.LOCALHOST, rport), timeout=timeout) as s:
+        s.sendall(b"*1\r\n$7\r\nMONITOR\r\n")
+        f = s.makefile("rb")
+        if f.readline().strip() != b"+OK":
+            raise rh.SetupError("MONITOR refused")
+        spop_load(h, args, "spop-load-monitor", aport, 0, 2, conns=1, pipeline=1,
+                  extra=("-n", "1", "-k", "1"))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = f.readline().decode(errors="replace")
+            except OSError:
+                break
+            if not line:
+                break
+            toks = MONITOR_ARG_RE.findall(line)
+            if toks and toks[0].upper() in ("EVALSHA", "EVAL") and len(toks) > 3 and \
+                    toks[3].endswith("}:" + LIMIT):
+                return [re.sub(r"\\(.)", r"\1", t) for t in toks]
+    raise rh.SetupError("MONITOR saw no script call from the agent")
+
+
+def principal_key(api_key):
+    """The agent's Redis key of <api_key> for the bench limit (src/agent.c)."""
+    return "%s:{k:%s}:%s" % (KEY_PREFIX, hashlib.sha256(api_key.encode()).hexdigest()[:32],
+                             LIMIT)
+
+
+def gcra_params(model):
+    """a and b of the bench limit, as limit_params_init() computes them (limit_model)."""
+    out = subprocess.run([str(model), "--params", str(ALG_GCRA), str(BIG), "1000", str(BIG)],
+                         capture_output=True, text=True, timeout=10).stdout.split()
+    if len(out) != 3 or out[2] != "0":
+        raise rh.SetupError("limit_model --params gave %r" % out)
+    return int(out[0]), int(out[1])
+
+
+def degraded_by(stats):
+    """The agent's degraded answers by cause, from its stats line ("" if none)."""
+    return ", ".join("%s %d" % (k, stats[k]) for k in ("timeout", "overload", "breaker",
+                                                       "down", "busy", "error")
+                     if stats.get(k))
+
+
+def run_exact_agent(h, args, agent_bin, rport, red, sha, params):
+    """Row E: the agent deciding against Redis, spop-load paced at --rate; its argv checked."""
+    print("[E] agent + Redis, exact (one GCRA limit): spop-load -c4 -p32 -r %d -d %d"
+          % (args.rate, args.duration))
+    ag, aport, _ = rh.start_agent(h, agent_bin, agent_config("redis", rport), "agent-E")
+    try:
+        time.sleep(0.3)
+        got = captured_argv(h, args, aport, rport)
+        want = ["EVALSHA", sha, "1", principal_key("key-0")] + [str(x) for x in params]
+        if got != want:
+            raise rh.SetupError("the agent's script call is not what redis-benchmark would "
+                                "send:\n    agent: %s\n    bench: %s" % (got, want))
+        print("    agent's call (MONITOR): %s" % " ".join(
+            t if len(t) < 48 else t[:12] + "..." for t in got))
+        meter = CpuMeter({"agent": ag, "redis": red})
+        meter.start()
+        res = spop_load(h, args, "spop-load-E", aport, args.rate, args.duration)
+        row = spop_row("E", "agent exact", res, meter.stop(), args.duration)
+        print_spop("paced", row)
+        why = degraded_by(rh.agent_stats(h, ag))
+        if why:
+            print("               degraded by %s" % why)
+        return row
+    finally:
+        h.stop(ag)
+
+
+def redis_bench(h, args, setup, label, rport, red, cmd):
+    """redis-benchmark -P 32 -c 8 of <cmd> (with __rand_int__ over BENCH_KEYS keys)."""
+    bench = rh.which("redis-benchmark", "REDIS_BENCHMARK_BIN")
+    meter = CpuMeter({"redis": red})
+    meter.start()
+    t0 = time.monotonic()
+    rc, out = h.run("redis-benchmark-%s" % setup,
+                    [bench, "-p", str(rport), "-P", "32", "-c", "8", "-n",
+                     str(args.ceiling_calls), "-r", str(BENCH_KEYS), "-q"] + cmd, timeout=120)
+    secs = time.monotonic() - t0
+    cpu = meter.stop()
+    m = re.search(r"([0-9.]+) requests per second", out.replace("\r", "\n"))
+    if rc != 0 or not m:
+        raise rh.SetupError("redis-benchmark failed (exit %s):\n%s" % (rc, rh.indent(out)))
+    # errors: redis-benchmark prints the error reply and goes on
+    errors = len(re.findall(r"ERR|NOSCRIPT|WRONGTYPE", out))
+    if errors:
+        raise rh.SetupError("redis-benchmark got error replies:\n%s" % rh.indent(out[-2000:]))
+    row = {"setup": setup, "label": label, "rate": float(m.group(1)), "n": args.ceiling_calls,
+           "p50": None, "p99": None, "degraded": 0, "errors": 0,
+           "cpu": us_per(cpu, args.ceiling_calls), "secs": secs}
+    print("    %-10s %8.0f calls/s  Redis CPU %.2f us/call (%.1f s)" % (
+        label, row["rate"], row["cpu"]["redis"], secs))
+    return row
+
+
+def sustained(h, args, agent_bin, rport, red, ceiling):
+    """Row S: the highest spop-load -r rate a fresh exact agent (default settings) answers
+    with 0 degraded answers and nothing unanswered, searched in args.steps steps of
+    args.step seconds, starting at 0.8 x <ceiling> and bisecting."""
+    print("[S] sustained exact decisions with 0 degraded (command timeout %d ms, the default):"
+          " spop-load -c4 -p128 -r R -d %d, fresh agent per step" % (
+              DEFAULT_COMMAND_TIMEOUT_MS, args.step))
+    lo, hi, best = 0.0, None, None
+    top = min(2 * ceiling, args.max_rate or 2 * ceiling)
+    rate = min(0.8 * ceiling, top)
+    for i in range(args.steps):
+        rate = int(rate)
+        ag, aport, _ = rh.start_agent(h, agent_bin, agent_config("redis", rport),
+                                      "agent-S%d" % i)
+        try:
+            # connected to Redis before the step: a few decisions, not counted
+            spop_load(h, args, "spop-load-S%d-warm" % i, aport, 0, 2, conns=1, pipeline=1,
+                      extra=("-n", "20"))
+            meter = CpuMeter({"agent": ag, "redis": red})
+            meter.start()
+            res = spop_load(h, args, "spop-load-S%d" % i, aport, rate, args.step,
+                            pipeline=128)
+            cpu = meter.stop()
+            why = degraded_by(rh.agent_stats(h, ag))
+        finally:
+            h.stop(ag)
+        row = spop_row("S", "sustained", res, cpu, args.step)
+        clean = row["degraded"] == 0 and row["errors"] == 0 and \
+            row["n"] >= 0.97 * rate * args.step
+        print("    step %d: -r %6d  %6d decisions  p50 %s  p99 %s ms  degraded %d, "
+              "unanswered/errors %d  %s" % (
+                  i + 1, rate, row["n"], fmt_ms(row["p50"]), fmt_ms(row["p99"]),
+                  row["degraded"], row["errors"], "clean" if clean else "NOT clean"))
+        if why:
+            print("            degraded by %s" % why)
+        if clean:
+            lo = rate
+            if best is None or rate > best["rate"]:
+                row["rate"] = rate
+                best = row
+        else:
+            hi = rate
+        if hi is None and lo >= top:
+            break
+        rate = (lo + hi) / 2 if hi is not None else min(lo * 1.25, top)
+        if hi is not None and hi - lo < 0.03 * ceiling:
+            break
+    if best is None:
+        print("    no step was clean (lowest tried: %d/s)" % (hi or 0))
+        best = {"setup": "S", "label": "sustained", "rate": 0.0, "n": 0, "p50": None,
+                "p99": None, "degraded": 0, "errors": 0, "cpu": {}}
+    return best
+
+
+# ---------------------------------------------------------------------------------------
 
 def fmt_ms(v):
     if v is None:
@@ -323,10 +649,8 @@ def fmt_ms(v):
     return "%.3f" % v if v < 10 else "%.1f" % v
 
 
-def fmt_delta(v):
-    if v is None:
-        return "-"
-    return "%+.3f" % v if abs(v) < 10 else "%+.1f" % v
+def fmt_cpu(cpu):
+    return ", ".join("%s %.1f us" % (k, v) for k, v in sorted(cpu.items())) or "-"
 
 
 def machine():
@@ -350,75 +674,59 @@ def machine():
     return ncpu, model, load
 
 
-def ceiling(h, args, agent_bin):
-    """Decisions per second of the agent against one Redis (driven over SPOP by spop-load,
-    no HAProxy), against redis-benchmark running the same script with the same arguments
-    on the same Redis: the Redis ceiling. Same run, same machine, as a ratio."""
-    load = pathlib.Path(agent_bin).parent / "spop-load"
-    bench = shutil.which("redis-benchmark")
-    if not load.exists() or not bench:
-        print("agent vs Redis ceiling: skipped (spop-load or redis-benchmark missing)")
-        return
-    print("[D] agent decisions/s against one Redis vs the Redis ceiling (redis-benchmark,"
-          " same script)")
-    red, rport = rh.start_redis(h, "redis-ceiling")
-    ag, aport, _ = rh.start_agent(h, agent_bin, agent_config("redis", rport), "agent-ceiling")
-    time.sleep(0.5)
-    dur = str(max(3, args.duration))
-    rc, out = h.run("spop-load", [str(load), "-a", "%s:%d" % (rh.LOCALHOST, aport), "-c", "4",
-                                  "-p", "32", "-d", dur, "-k", "1000"],
-                    timeout=int(dur) + 30)
-    vals = dict(kv.split("=") for kv in out.split() if "=" in kv)
-    agent_rate = float(vals.get("rate", 0))
-    sha = rh.redis_cmd(rport, "SCRIPT", "LOAD", (rh.REPO / "build" / "gen" /
-                                                 "ratelimit.lua").read_text())
-    n = str(max(20000, int(agent_rate * int(dur))))
-    # the same EVALSHA the agent sends: one key per API key, GCRA with the bench limit
-    params = ["1", "1", str(10 ** 15), "0", "1"]  # gcra, T 1 us, tau, flags, cost
-    rc2, out2 = h.run("redis-benchmark", [bench, "-p", str(rport), "-c", "128", "-n", n,
-                                          "-r", "1000", "-q", "EVALSHA", sha, "1",
-                                          "bench:{k:__rand_int__}:bench_second"] + params,
-                      timeout=120)
-    m = re.search(r"([0-9.]+) requests per second", out2.replace("\r", "\n"))
-    ceiling_rate = float(m.group(1)) if m else 0.0
-    print("    agent (spop-load -c4 -p32, %ss): %8.0f decisions/s  p50 %s ms  p99 %s ms"
-          "  degraded %s" % (dur, agent_rate, vals.get("p50_ms", "?"), vals.get("p99_ms", "?"),
-                             vals.get("degraded", "?")))
-    print("    redis-benchmark -c128 EVALSHA:    %8.0f calls/s" % ceiling_rate)
-    if ceiling_rate:
-        print("    agent / Redis ceiling: %.2f" % (agent_rate / ceiling_rate))
-    h.stop(ag)
-    h.stop(red)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--agent", default=str(rh.REPO / "build" / "spoa-ratelimit"),
                     help="agent binary (default: build/spoa-ratelimit)")
-    ap.add_argument("--duration", type=int, default=8, help="seconds per measured run (8)")
-    ap.add_argument("--warmup", type=int, default=2, help="warm-up seconds (2)")
+    ap.add_argument("--load", default=None, help="spop-load binary (default: next to --agent)")
+    ap.add_argument("--model", default=None,
+                    help="limit_model binary (default: next to --agent)")
+    ap.add_argument("--duration", type=int, default=6, help="seconds per measured run (6)")
+    ap.add_argument("--warmup", type=int, default=1, help="wrk warm-up seconds (1; 0: none)")
+    ap.add_argument("--rate", type=int, default=20000,
+                    help="decisions/s of the paced SPOP rows N, D, E (20000)")
+    ap.add_argument("--step", type=int, default=3, help="seconds per sustained step (3)")
+    ap.add_argument("--steps", type=int, default=5, help="sustained steps at most (5)")
+    ap.add_argument("--max-rate", type=int, default=0,
+                    help="highest rate the sustained search tries (default: 2 x the -P 32"
+                         " ceiling)")
+    ap.add_argument("--ceiling-calls", type=int, default=300000,
+                    help="calls per redis-benchmark run (300000)")
     ap.add_argument("--spoe-timeout", default="1s",
                     help="SPOE `timeout processing` (default 1s: measure decisions, not"
                          " fail-open; production uses 10ms)")
-    ap.add_argument("--setups", default="ABC", help="which setups to run (default ABC)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    ap.add_argument("--no-ceiling", action="store_true",
-                    help="skip the agent vs redis-benchmark comparison")
     args = ap.parse_args()
     rh.setup_stdout()
     args.duration = max(1, min(args.duration, 60))
-    args.warmup = max(1, min(args.warmup, 30))
-    setups = [s for s in "ABC" if s in args.setups.upper()]
+    args.warmup = max(0, min(args.warmup, 30))
+    args.step = max(1, min(args.step, 30))
+    args.steps = max(1, min(args.steps, 10))
+    args.rate = max(100, min(args.rate, 10 ** 6))
+    args.ceiling_calls = max(1000, min(args.ceiling_calls, 10 ** 7))
     agent_bin = os.path.abspath(args.agent)
-    if any(s in setups for s in "BC") and not os.access(agent_bin, os.X_OK):
-        print("agent binary %s not found: run `make` first" % agent_bin, file=sys.stderr)
+    build = pathlib.Path(agent_bin).parent
+    args.load = pathlib.Path(args.load or build / "spop-load").resolve()
+    args.model = pathlib.Path(args.model or build / "limit_model").resolve()
+    script = build / "gen" / "ratelimit.lua"
+    for what, p in (("agent binary", agent_bin), ("spop-load", args.load),
+                    ("limit_model", args.model)):
+        if not os.access(str(p), os.X_OK):
+            print("%s %s not found: run `make all %s` first" % (
+                what, p, "build/limit_model" if what == "limit_model" else ""),
+                file=sys.stderr)
+            return 2
+    if not script.exists():
+        print("%s not found: run `make` first" % script, file=sys.stderr)
         return 2
 
-    per_setup = 12 + args.warmup + 2 * (args.duration + 2)
-    h = rh.Harness("rl-bench-", 30 + per_setup * len(setups))
+    per_wrk = 15 + args.warmup + 2 * (args.duration + 3)
+    per_spop = 10 + args.duration
+    bound = 60 + 3 * per_wrk + 3 * per_spop + 2 * 60 + args.steps * (args.step + 8)
+    h = rh.Harness("rl-bench-", bound)
     h.keep = args.keep
     try:
-        return run(h, args, agent_bin, setups)
+        return run(h, args, agent_bin, script)
     except (rh.SetupError, rh.Watchdog) as e:
         print("\nSETUP FAILED: %s" % e, file=sys.stderr)
         h.dump_logs()
@@ -430,70 +738,158 @@ def main():
         h.close()
 
 
-def run(h, args, agent_bin, setups):
+def run(h, args, agent_bin, script):
     t_start = time.monotonic()
     ncpu, model, load = machine()
-    print("spoa-ratelimit benchmark: wrk -> HAProxy -> upstream, with and without the agent")
+    print("spoa-ratelimit benchmark: the cost of a decision, against the Redis ceiling")
     print("=" * 92)
     print("machine: nproc %d (%s), load average %.1f at start; HAProxy %s" % (
         ncpu, model, load, rh.haproxy_version()))
-    print("wrk, HAProxy, agent, Redis and upstream all share these %d cores (and whatever else"
-          " runs):" % ncpu)
-    print("the numbers are relative, compare setups within one run. Requests carry X-API-Key:"
-          " %s;" % API_KEY)
-    print("SPOE timeout %s (decisions are measured, not fail-open), Redis command timeout"
-          " 1000 ms." % args.spoe_timeout)
+    print("the load generators, HAProxy, agents and Redis all share these %d cores (and whatever"
+          " else runs):" % ncpu)
+    print("compare rows within one run. Agents: default settings (command timeout %d ms), one"
+          " GCRA limit" % DEFAULT_COMMAND_TIMEOUT_MS)
+    print("of %d/s (burst %d): nothing denied. SPOE timeout %s through HAProxy." % (
+        BIG, BIG, args.spoe_timeout))
     print()
 
+    a, b = gcra_params(args.model)
+    params = [ALG_GCRA, a, b, 0, 1]        # alg, a, b, shadow, cost: src/store.c cmd_send
+
+    # ---- A, B, C through HAProxy
     text = rh.HAPROXY_CFG.read_text()
     cfgs = {}
-    for s in setups:
+    for s in "ABC":
         p = h.tmp / ("haproxy-%s.cfg" % s)
         p.write_text(derive_cfg(text, spoe=(s != "A")))
         cfgs[s] = p
     tier_map = h.tmp / "tiers.map"
     tier_map.write_text("%s bench\n" % API_KEY)
+    lua = h.tmp / "count.lua"
+    lua.write_text(COUNT_LUA)
+    os.environ["RL_STATS_SOCKET"] = str(h.tmp / "haproxy.sock")    # not the shared default
     up, up_port = rh.start_upstream(h)
-
-    results = {}
-    for s in setups:
-        results[s] = run_setup(h, s, args, agent_bin, up_port, tier_map, cfgs)
+    http = {}
+    for s in "ABC":
+        http[s] = run_http_setup(h, s, args, agent_bin, up_port, tier_map, cfgs, str(lua))
         print()
     h.stop(up)
 
-    # ---- the table
-    names = dict((s[0], s[1]) for s in SETUPS)
-    head = "  %-15s %10s %9s %9s %9s %9s %9s %9s" % (
-        "", "req/s", "p50 ms", "p90 ms", "p99 ms", "rps / A", "+p50 ms", "+p99 ms")
-    print("results (latency percentiles from wrk --latency; + = added vs A)")
-    print(head)
-    for run_key, title in (("light", "light load: wrk -t1 -c1 -d%ds" % args.duration),
-                           ("heavy", "throughput: wrk -t2 -c32 -d%ds" % args.duration)):
-        print("  " + title)
-        base = results.get("A", {}).get(run_key)
-        for s in setups:
-            r = results[s][run_key]
-            ratio = "%.2f" % (r["rps"] / base["rps"]) if base else "-"
-            d50 = fmt_delta(r["p50"] - base["p50"]) if base and s != "A" else "-"
-            d99 = fmt_delta(r["p99"] - base["p99"]) if base and s != "A" else "-"
-            print("    %s %-11s %10.0f %9s %9s %9s %9s %9s %9s" % (
-                s, names[s], r["rps"], fmt_ms(r["p50"]), fmt_ms(r["p90"]), fmt_ms(r["p99"]),
-                ratio, d50, d99))
-    if "B" in results and "C" in results:
-        print("  C vs B (what the Redis round trip adds to the agent):")
-        for run_key, label in (("light", "light load"), ("heavy", "throughput")):
-            b, c = results["B"][run_key], results["C"][run_key]
-            print("    %-11s req/s x%.2f, p50 %s ms, p99 %s ms" % (
-                label, c["rps"] / b["rps"], fmt_delta(c["p50"] - b["p50"]),
-                fmt_delta(c["p99"] - b["p99"])))
-    if "C" in setups and not args.no_ceiling:
-        print()
-        ceiling(h, args, agent_bin)
-    nwarn = sum(len(r["warnings"]) for r in results.values())
+    # ---- SPOP rows and the Redis ceilings
+    rows = {}
+    rows["N"] = run_null_reference(h, args)
     print()
-    print("done in %.0f s%s" % (time.monotonic() - t_start,
-                                "; %d warning(s) above" % nwarn if nwarn else ""))
+    rows["D"] = run_null_agent(h, args, agent_bin)
+    print()
+    red, rport = rh.start_redis(h, "redis-E")
+    sha = rh.redis_cmd(rport, "SCRIPT", "LOAD", script.read_text())
+    seed_sha = rh.redis_cmd(rport, "SCRIPT", "LOAD", SEED_LUA)
+    rows["E"] = run_exact_agent(h, args, agent_bin, rport, red, sha, params)
+    print()
+    # same key length as the agent's (32 hex digits), BENCH_KEYS of them
+    pad = "0" * 20 + "__rand_int__"
+    print("[P] [Q] redis-benchmark -P 32 -c 8 -r %d -n %d on the same Redis:" % (
+        BENCH_KEYS, args.ceiling_calls))
+    cmd_p = ["EVALSHA", sha, "1", "%s:{k:%s}:%s" % (KEY_PREFIX, pad, LIMIT)] + \
+        [str(x) for x in params]
+    cmd_q = ["EVALSHA", seed_sha, "1", "seed:{k:%s}:%s" % (pad, LIMIT), str(BIG), str(BIG), "1"]
+    print("    P: %s" % " ".join(cmd_p))
+    print("    Q: %s  (seed token bucket: HMGET, HSET, EXPIRE)" % " ".join(cmd_q))
+    rows["P"] = redis_bench(h, args, "P", "our script", rport, red, cmd_p)
+    rows["Q"] = redis_bench(h, args, "Q", "seed script", rport, red, cmd_q)
+    print()
+    rows["S"] = sustained(h, args, agent_bin, rport, red, rows["P"]["rate"])
+    h.stop(red)
+    print()
+
+    report(args, http, rows)
+    print()
+    print("done in %.0f s; load average %.1f at the end (this run and whatever else ran)" % (
+        time.monotonic() - t_start, machine()[2]))
     return 0
+
+
+def report(args, http, rows):
+    order = [(s, r) for s in "ABC" for r in http[s]] + \
+        [(k, rows[k]) for k in "NDEPQS" if rows.get(k)]
+    names = {"A": "no SPOE", "B": "null agent", "C": "exact", "N": "spoa-example",
+             "D": 'agent "allow"', "E": "agent exact", "P": "our script -P32",
+             "Q": "seed script -P32", "S": "sustained exact"}
+    how = {"A": "wrk", "B": "wrk", "C": "wrk", "N": "spop-load -r %d" % args.rate,
+           "D": "spop-load -r %d" % args.rate, "E": "spop-load -r %d" % args.rate,
+           "P": "redis-benchmark", "Q": "redis-benchmark", "S": "spop-load -r, 0 degraded"}
+    print("results (CPU from /proc: us per decision / request / call of the row's run;"
+          " * = not a throughput figure)")
+    print("  %-42s %9s %7s %7s %8s %6s %8s %8s %8s" % (
+        "row", "rate/s", "p50 ms", "p99 ms", "degraded", "errors", "agent us", "Redis us",
+        "HAProxy"))
+    marked = False
+    for s, r in order:
+        label = "%s %s, %s%s" % (s, names[s], how[s],
+                                 " " + ("-c1" if r["label"] == "light" else "-c32")
+                                 if s in "ABC" else "")
+        bad = r["degraded"] or r["errors"]
+        marked = marked or bool(bad)
+        cpu = r.get("cpu", {})
+        print("  %-42s %9.0f%1s %6s %7s %8d %6d %8s %8s %8s" % (
+            label, r["rate"], "*" if bad else "", fmt_ms(r["p50"]), fmt_ms(r["p99"]),
+            r["degraded"], r["errors"],
+            "%.1f" % cpu["agent"] if "agent" in cpu else "-",
+            "%.1f" % cpu["redis"] if "redis" in cpu else "-",
+            "%.1f" % cpu["haproxy"] if "haproxy" in cpu else "-"))
+    if marked:
+        print("  * degraded answers, SPOE errors, non-200 or unanswered requests in the run")
+    print()
+
+    # ---- the targets
+    print("targets (issue: a third of the cost per decision)")
+    A = dict((r["label"], r) for r in http["A"])
+    B = dict((r["label"], r) for r in http["B"])
+    C = dict((r["label"], r) for r in http["C"])
+    E, P, Q, S, N = rows["E"], rows["P"], rows["Q"], rows["S"], rows.get("N")
+
+    def line(what, value, ok, target, note=""):
+        print("  %-68s %9s  %-7s %s%s" % (what, value, target, "PASS" if ok else "FAIL",
+                                           "  (" + note + ")" if note else ""))
+
+    def clean(*rs):
+        bad = [r for r in rs if r["degraded"] or r["errors"]]
+        return "" if not bad else "row %s has %d degraded, %d errors" % (
+            "/".join(r["setup"] for r in bad), sum(r["degraded"] for r in bad),
+            sum(r["errors"] for r in bad))
+
+    ag = E["cpu"].get("agent", 0)
+    note = clean(E)
+    line("agent CPU per exact decision (E)", "%.1f us" % ag, ag <= 8 and not note, "<= 8",
+         note)
+    if N and N["cpu"].get("agent"):
+        x = ag / N["cpu"]["agent"]
+        line("  ... / spoa-example's (E / N)", "%.2f" % x, x <= 0.35 and not note, "<= 0.35")
+    else:
+        print("  %-68s %9s" % ("  ... / spoa-example's (E / N)", "n/a: no spoa-example"))
+    seed = Q["cpu"]["redis"]
+    x = E["cpu"].get("redis", 0) / seed
+    line("Redis CPU per exact decision in situ / seed's at -P32 (E / Q)", "%.2f" % x,
+         x <= 0.5 and not note, "<= 0.5", note)
+    x = P["cpu"]["redis"] / seed
+    line("Redis CPU per call at -P32, our script / seed's (P / Q)", "%.2f" % x, x <= 0.5,
+         "<= 0.5")
+    x = S["rate"] / P["rate"]
+    p99 = S["p99"]
+    line("sustained exact, 0 degraded, default timeout / -P32 ceiling (S / P)", "%.2f" % x,
+         x >= 0.8 and p99 is not None and p99 <= DEFAULT_COMMAND_TIMEOUT_MS, ">= 0.8",
+         "%.0f/s, p99 %s ms (<= %d ms)" % (S["rate"], fmt_ms(p99), DEFAULT_COMMAND_TIMEOUT_MS))
+    x = C["throughput"]["rate"] / B["throughput"]["rate"]
+    note = clean(C["throughput"], B["throughput"])
+    line("through HAProxy wrk -c32: exact / allow throughput (C / B)", "%.2f" % x,
+         x >= 0.9 and not note, ">= 0.9", note)
+    note = clean(C["light"])
+    d50 = C["light"]["p50"] - A["light"]["p50"]
+    d99 = C["light"]["p99"] - A["light"]["p99"]
+    line("light load wrk -c1: exact p50 - no SPOE p50 (C - A)", "%+.3f ms" % d50,
+         d50 <= 0.15 and not note, "<= 0.15", note)
+    line("light load wrk -c1: exact p99 - no SPOE p99 (C - A)", "%+.3f ms" % d99,
+         d99 <= 0.5 and not note, "<= 0.5", note)
 
 
 if __name__ == "__main__":

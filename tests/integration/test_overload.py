@@ -63,10 +63,14 @@ def test_short_stalls_under_paced_load_open_no_breaker(agent, procs, tmp):
     default 5 ms command timeout: the decisions caught in a stall are degraded (timeout or
     overload), but no breaker opens, so the degraded answers stay within twice the
     requests that arrived during the stalls (the breaker used to turn each stall into
-    500 ms of unprotected answers for everyone)."""
+    500 ms of unprotected answers for everyone), on top of what the same load without
+    stalls costs on this machine (a control run first: a slow or shared machine, or a
+    sanitizer build, may shed some of 2,000/s by itself)."""
     redis = DebugRedis(procs, tmp)
     a = agent(redis=redis, metrics=True, redis_cfg={"command_timeout_ms": 5})
-    before = degraded_by(a)             # the harness's probes while connecting
+    load = ["-r", 2000, "-d", 3, "-c", 4, "-p", 32, "-k", 1000]
+    control = run_load(a, *load, "-K", "calm-")
+    before = degraded_by(a)             # the harness's probes, the control run
     stalls, stop = [0], threading.Event()
 
     def staller():
@@ -76,19 +80,20 @@ def test_short_stalls_under_paced_load_open_no_breaker(agent, procs, tmp):
     t = threading.Thread(target=staller, daemon=True)
     t.start()
     try:
-        r = run_load(a, "-r", 2000, "-d", 6, "-c", 4, "-p", 32, "-k", 1000, "-K", "stall-")
+        r = run_load(a, *load, "-K", "stall-")
     finally:
         stop.set()
         t.join(5)
-    assert stalls[0] >= 10, stalls
+    assert stalls[0] >= 5, stalls
     assert r["unanswered"] == 0 and r["decisions"] >= 0.9 * r["sent"], r
     deg = {k: v - before.get(k, 0) for k, v in degraded_by(a).items()}
     assert metric(a, "spoa_ratelimit_redis_breaker_opened_total") == 0, (deg, r)
     assert deg.get("breaker", 0) == 0, deg
     # requests that arrived during the stalls: 2000/s x 30 ms each
     in_stalls = stalls[0] * 2000 * 0.03
-    assert r["degraded"] <= 2 * in_stalls, (r, stalls, deg)
-    print("stalls:", stalls[0], r, deg)
+    limit = metric(a, "spoa_ratelimit_redis_concurrency_limit")
+    print("control:", control, "stalls:", stalls[0], r, deg, "limit", limit)
+    assert r["degraded"] <= control["degraded"] + 2 * in_stalls, (r, control, stalls, deg)
     assert a.alive()
 
 

@@ -39,8 +39,13 @@
  * just frees the request (an "orphan"). A connection is never freed inside a
  * call that may still use it: conn_kill() only marks it and arms a zero timer.
  *
- * Each ACK is built whole in the request's buffer and queued with one send(),
- * so it leaves in one write unless the socket buffer is full.
+ * Each ACK is built whole in the request's buffer and queued on its
+ * connection; the connections with queued output are flushed once per loop
+ * iteration, just before the loop polls again (an ev_prepare watcher): every
+ * ACK completed in one iteration (a Redis reply read often completes dozens)
+ * leaves in one send() per connection, not one each. On loopback a send() is
+ * the most expensive call the agent makes (it runs the peer's receive path
+ * and wakes it), so this is most of the null path's cost.
  */
 #include "spoa.h"
 
@@ -95,6 +100,8 @@ struct spoa_conn {
 	enum conn_state state;
 	ev_io rio;                      /* readable */
 	ev_io wio;                      /* writable, only while tx has data */
+	struct list flush_node;         /* in spoa_server.flushq while flush_pending */
+	bool flush_pending;             /* output queued, flushed before the next poll */
 	ev_timer timer;                 /* hello timeout, linger, deferred free */
 	ev_timer idle;                  /* idle timeout in READY (checked lazily) */
 	ev_tstamp last_input;           /* ev_now() of the last bytes read: LRU order */
@@ -133,6 +140,8 @@ struct spoa_server {
 	struct spoa_handler h;          /* copy of the caller's hooks */
 	struct list listeners;          /* spoa_listener.node */
 	struct list conns;              /* spoa_conn.node, least recent input first */
+	struct list flushq;             /* spoa_conn.flush_node: output to send */
+	ev_prepare flusher;             /* sends flushq's output before each poll */
 	size_t nopen;                   /* connections in HELLO or READY */
 	size_t ack_bound;               /* largest ack_max ever set: the send bounds */
 	struct spoa_stats stats;
@@ -235,6 +244,8 @@ static void conn_free(struct spoa_conn *c)
 	ev_io_stop(srv->loop, &c->wio);
 	ev_timer_stop(srv->loop, &c->timer);
 	ev_timer_stop(srv->loop, &c->idle);
+	if (c->flush_pending)
+		list_del(&c->flush_node);
 	list_for_each_safe(n, tmp, &c->reqs)
 	{
 		struct spoa_req *r = LIST_ELEM(n, struct spoa_req, node);
@@ -397,7 +408,29 @@ static int conn_send(struct spoa_conn *c, const uint8_t *data, size_t len)
 	}
 	memcpy(c->tx + c->tx_len, data, len);
 	c->tx_len += len;
-	return conn_flush(c);
+	if (!c->flush_pending) {
+		c->flush_pending = true;
+		list_append(&c->srv->flushq, &c->flush_node);
+		if (!ev_is_active(&c->srv->flusher))
+			ev_prepare_start(c->srv->loop, &c->srv->flusher);
+	}
+	conn_update_io(c);
+	return 0;
+}
+
+/* Before the loop polls: sends what every connection queued in this iteration. */
+static void flusher_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+	struct spoa_server *srv = w->data;
+
+	while (!list_empty(&srv->flushq)) {
+		struct spoa_conn *c = LIST_ELEM(srv->flushq.next, struct spoa_conn, flush_node);
+
+		list_del(&c->flush_node);
+		c->flush_pending = false;
+		(void)conn_flush(c);
+	}
+	ev_prepare_stop(loop, w);
 }
 
 /* Sends AGENT-DISCONNECT(<status>) and closes once it is written. */
@@ -442,7 +475,8 @@ static void conn_update_io(struct spoa_conn *c)
 		return;
 	want_read = state_open(c->state) && c->inflight < srv->opts.max_inflight &&
 		    c->tx_len - c->tx_off < tx_pause(c);
-	want_write = c->tx_off < c->tx_len;
+	/* queued output waits for the flusher, which tries the socket first */
+	want_write = c->tx_off < c->tx_len && !c->flush_pending;
 	if (want_read && !c->reading) {
 		ev_io_start(srv->loop, &c->rio);
 		c->reading = true;
@@ -1079,6 +1113,9 @@ struct spoa_server *spoa_server_new(struct ev_loop *loop, const struct spoa_opts
 	srv->h = *handler;
 	list_init(&srv->listeners);
 	list_init(&srv->conns);
+	list_init(&srv->flushq);
+	ev_prepare_init(&srv->flusher, flusher_cb);
+	srv->flusher.data = srv;
 	srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	return srv;
 }
@@ -1318,6 +1355,9 @@ void spoa_server_free(struct spoa_server *srv)
 	if (!srv)
 		return;
 	spoa_server_stop_accepting(srv);
+	/* ACKs answered in this iteration (a store freed before us answers its
+	 * waiters) get their one try at the socket */
+	flusher_cb(srv->loop, &srv->flusher, 0);
 	list_for_each_safe(n, tmp, &srv->conns)
 		conn_free(LIST_ELEM(n, struct spoa_conn, node));
 	if (srv->spare_fd >= 0)

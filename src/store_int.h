@@ -93,6 +93,8 @@ struct store_node {
 	double rtt_window_end;          /* mono() when rtt_min becomes rtt_min_next */
 	double last_decrease;           /* mono() of the last multiplicative decrease */
 	struct list queue;              /* store_cmd.park: waiting for room under the limit */
+	struct list flush_node;         /* in store.flushq while flush_pending */
+	bool flush_pending;             /* commands written to ac's buffer, not yet sent */
 	unsigned nqueued;
 	int err_class;                  /* enum store_errclass of the last error reply, -1 none */
 	double err_at;                  /* mono() of that reply */
@@ -139,6 +141,8 @@ struct store {
 	struct store_node **scratch;    /* owned array of CRC16_SLOTS: next map */
 	ev_timer cmd_timer;             /* deadline of the oldest waiting command */
 	ev_timer tick;                  /* housekeeping */
+	struct list flushq;             /* store_node.flush_node: output to send */
+	ev_prepare flusher;             /* sends flushq's output before each poll */
 	char sha[41];                   /* digest of the script, from SCRIPT LOAD */
 	struct list waiting;            /* store_cmd.node, oldest first */
 	struct list queued;             /* store_cmd.node of queued commands, oldest first */

@@ -169,6 +169,8 @@ void node_free(struct store_node *n)
 	BUG_ON(n->nslots || !list_empty(&n->parked) || !list_empty(&n->queue));
 	ev_timer_stop(s->loop, &n->conn_timer);
 	node_close(n);
+	if (n->flush_pending)
+		list_del(&n->flush_node);
 	if (s->refresh_node == n)
 		s->refresh_node = NULL;
 	breaker_set(n, false);

@@ -38,6 +38,7 @@
 
 #include "config.h"
 #include "digest.h"
+#include "hll.h"
 #include "http.h"
 #include "list.h"
 #include "log.h"
@@ -62,6 +63,27 @@ struct blocked_slot {
 	struct store_result res;        /* the verdicts to repeat (times adjusted) */
 };
 
+/*
+ * Slots of the digest cache: an API key (up to DCACHE_KEY bytes) -> the hex of
+ * the first 16 bytes of its SHA-256, the Redis key part of its principal.
+ * Direct-mapped by a fast hash of the key, compared byte for byte: a key sent
+ * again (the common case) costs a memcmp, not a SHA-256.
+ */
+#define DCACHE_SLOTS 4096
+#define DCACHE_KEY   64
+struct digest_slot {
+	uint8_t len;                    /* 0: empty */
+	char key[DCACHE_KEY];
+	uint8_t digest[16];
+	char hex[33];
+};
+
+/*
+ * Unused decisions are kept for the next ones (up to DFREE_MAX): a decision
+ * is ~10 KB, mostly its store queries' key buffers, which need no clearing.
+ */
+#define DFREE_MAX 256
+
 /* Slots of the tier cache: API key digest -> tier name, with an expiry. */
 struct tier_slot {
 	uint8_t digest[16];             /* first 16 bytes of SHA-256(key) */
@@ -78,6 +100,9 @@ struct agent {
 	struct memstore *local;         /* owned: fallback state of on_failure "local" limits */
 	struct quota *quota;            /* owned, NULL unless store "redis": local quotas */
 	struct tier_slot *tcache;       /* owned: tier cache, tcache_size slots */
+	struct digest_slot *dcache;     /* owned: DCACHE_SLOTS, API key -> its digest */
+	struct decision *dfree;         /* owned: unused decisions, at most DFREE_MAX */
+	size_t ndfree;
 	size_t tcache_size;
 	size_t pending;                 /* decisions waiting for the store */
 	uint64_t outcomes[OUT_COUNT];
@@ -133,7 +158,6 @@ struct decision {
 	int next;                       /* next part to decide (parts go in order) */
 	size_t n;                       /* applied limits */
 	struct applied ap[MAX_APPLIED];
-	struct part parts[2];
 	/* kept while the tier is looked up */
 	char principal[80];
 	uint8_t digest[16];
@@ -144,6 +168,8 @@ struct decision {
 	const char *tier_name;          /* ref: rs, for metrics */
 	char client[64];                /* fingerprint for top offenders */
 	double t0;                      /* when the NOTIFY arrived (mono) */
+	struct decision *next_free;     /* in agent.dfree while unused */
+	struct part parts[2];           /* last: see decision_new() */
 };
 
 static void part_settle(struct decision *d, struct part *pt);
@@ -464,10 +490,54 @@ static void refund(struct decision *d)
 	}
 }
 
+/* A cleared part: everything but its query's key buffers, written before use. */
+static void part_clear(struct part *pt)
+{
+	memset(pt, 0, offsetof(struct part, q) + offsetof(struct store_query, keys));
+	memset(&pt->st, 0, sizeof(*pt) - offsetof(struct part, st));
+}
+
+/* A new decision, all zero but for the key buffers of its parts. */
+static struct decision *decision_new(struct agent *a)
+{
+	struct decision *d = a->dfree;
+	size_t i;
+
+	if (d) {
+		a->dfree = d->next_free;
+		a->ndfree--;
+	} else {
+		d = xmalloc(sizeof(*d));
+	}
+	memset(d, 0, offsetof(struct decision, parts));
+	for (i = 0; i < ARRAY_SIZE(d->parts); i++)
+		part_clear(&d->parts[i]);
+	return d;
+}
+
 static void decision_free(struct decision *d)
 {
+	struct agent *a = d->a;
+
 	ruleset_unref(d->rs);
-	free(d);
+	if (a->ndfree < DFREE_MAX) {
+		d->next_free = a->dfree;
+		a->dfree = d;
+		a->ndfree++;
+	} else {
+		free(d);
+	}
+}
+
+static void decisions_free_unused(struct agent *a)
+{
+	while (a->dfree) {
+		struct decision *d = a->dfree;
+
+		a->dfree = d->next_free;
+		free(d);
+	}
+	a->ndfree = 0;
 }
 
 /* Every part answered: refund if needed, answer HAProxy, free. */
@@ -618,8 +688,19 @@ static void add_limits(struct decision *d, int p, const struct rule_tier *t, con
 
 		if (d->ep && d->ep->limit_cost[t->idx[i]] >= 0)
 			cost = d->ep->limit_cost[t->idx[i]];
-		snprintf(pt->q.keys[pt->q.n], sizeof(pt->q.keys[0]), "%s:{%s}:%s%s",
-			 d->rs->cfg->redis.key_prefix, principal, l->name, sfx);
+		{
+			/* "<prefix>:{<principal>}:<limit><sfx>", truncated like snprintf */
+			char *k = pt->q.keys[pt->q.n];
+			size_t cap = sizeof(pt->q.keys[0]), len = 0;
+
+			k[0] = '\0';
+			len = str_cat(k, cap, len, d->rs->cfg->redis.key_prefix);
+			len = str_cat(k, cap, len, ":{");
+			len = str_cat(k, cap, len, principal);
+			len = str_cat(k, cap, len, "}:");
+			len = str_cat(k, cap, len, l->name);
+			(void)str_cat(k, cap, len, sfx);
+		}
 		pt->q.params[pt->q.n] = l->lp;
 		pt->q.cost[pt->q.n] = cost;
 		if (!l->shadow && cost > 0) {
@@ -827,9 +908,11 @@ static void decision_run(struct decision *d, const struct rule_tier *tier)
 	char sfx[72];
 
 	if (tier) {
-		snprintf(principal, sizeof(principal), "%s", d->principal);
+		principal[0] = '\0';
+		(void)str_cat(principal, sizeof(principal), 0, d->principal);
 		/* a short fingerprint: 32 bits of the digest, never the key */
-		snprintf(d->client, sizeof(d->client), "%.10s", d->principal);
+		memcpy(d->client, d->principal, 10);
+		d->client[10] = '\0';
 	} else {
 		tier = &rs->anon;
 		if (!principal_ip(rs, &d->ip, principal, sizeof(principal))) {
@@ -897,11 +980,28 @@ static void principal_key(struct decision *d, const char *key, size_t key_len)
 {
 	uint8_t md[SHA256_LEN];
 	char hex[2 * 16 + 1];
+	struct digest_slot *ds = NULL;
 
+	if (d->a->dcache && key_len && key_len <= DCACHE_KEY) {
+		ds = &d->a->dcache[hll_hash(key, key_len) % DCACHE_SLOTS];
+		if (ds->len == key_len && memcmp(ds->key, key, key_len) == 0) {
+			memcpy(d->digest, ds->digest, sizeof(d->digest));
+			memcpy(d->principal, "k:", 2);
+			memcpy(d->principal + 2, ds->hex, sizeof(ds->hex));
+			return;
+		}
+	}
 	sha256(key, key_len, md);
 	memcpy(d->digest, md, sizeof(d->digest));
 	hex_encode(md, 16, hex);
-	snprintf(d->principal, sizeof(d->principal), "k:%s", hex);
+	memcpy(d->principal, "k:", 2);
+	memcpy(d->principal + 2, hex, sizeof(hex));
+	if (ds) {
+		ds->len = (uint8_t)key_len;
+		memcpy(ds->key, key, key_len);
+		memcpy(ds->digest, md, sizeof(ds->digest));
+		memcpy(ds->hex, hex, sizeof(hex));
+	}
 }
 
 /* Reads our arguments from message <m>; unknown arguments are ignored. */
@@ -984,7 +1084,7 @@ static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 		spoa_req_done(req);
 		return;
 	}
-	d = xcalloc(1, sizeof(*d));
+	d = decision_new(a);
 	d->t0 = mono();
 	d->a = a;
 	d->req = req;
@@ -1248,6 +1348,7 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 	char err[256];
 	size_t i;
 
+	a->dcache = xcalloc(DCACHE_SLOTS, sizeof(*a->dcache));
 	a->loop = loop;
 	a->rs = rs;
 	a->srv = spoa_server_new(loop, &o, &h);
@@ -1310,6 +1411,7 @@ fail:
 	memstore_free(a->mem);
 	memstore_free(a->local);
 	free(a->tcache);
+	free(a->dcache);
 	free(a->blocked);
 	free(a);
 	return -1;
@@ -1445,6 +1547,8 @@ void agent_free(struct agent *a)
 	memstore_free(a->mem);
 	memstore_free(a->local);
 	free(a->tcache);
+	free(a->dcache);
+	decisions_free_unused(a);
 	free(a->blocked);
 	ruleset_unref(a->rs);
 	free(a);

@@ -17,6 +17,8 @@ char *xasprintf(const char *fmt, ...) PRINTF(1, 2);
 int parse_duration_ms(const char *s, uint64_t *ms) MUSTCHECK;
 void hex_encode(const uint8_t *in, size_t len, char *out);
 double mono(void);
+size_t fmt_i64(char *out, int64_t v);
+size_t str_cat(char *dst, size_t cap, size_t len, const char *src);
 
 #define FREE_AND_NULL(p)                                                                    \
 	do {                                                                                \

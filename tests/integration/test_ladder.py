@@ -50,6 +50,11 @@ def metrics(a):
     return Prom(body)
 
 
+def delta(m, m0, name, **labels):
+    """How much sample <name>{labels} grew from scrape <m0> to scrape <m>."""
+    return (m.get(name, **labels) or 0) - (m0.get(name, **labels) or 0)
+
+
 def test_default_ladder_is_local_when_redis_is_down(agent, redis):
     """No on_failure configured: with Redis down a key gets this gateway's share
     (rate / fallback.gateways) and is then denied locally, not allowed unlimited; the
@@ -59,6 +64,9 @@ def test_default_ladder_is_local_when_redis_is_down(agent, redis):
         c.hello()
         q = Asker(c)
         assert q.ask(key="warm", tier="t").get("degraded") is None
+        # the harness's start-up probe may have met a Redis not yet connected: count
+        # from here
+        m0 = metrics(a)
         redis.stop()
         vs = [q.ask(key="lk", tier="t") for _ in range(6)]
         assert [v["allow"] for v in vs] == [1, 1, 1, 0, 0, 0], vs
@@ -67,11 +75,11 @@ def test_default_ladder_is_local_when_redis_is_down(agent, redis):
         status, body = a.http("/ready")
         assert status == 200, body        # a local fallback exists: still ready
     m = metrics(a)
-    assert m.get("spoa_ratelimit_fallback_decisions_total", outcome="local_allowed") == 3
-    assert m.get("spoa_ratelimit_fallback_decisions_total", outcome="local_denied") == 3
-    assert m.get("spoa_ratelimit_fallback_decisions_total", outcome="open") == 0
-    assert m.get("spoa_ratelimit_decisions_total", tier="t", rule="k6", result="local") == 3
-    assert m.get("spoa_ratelimit_decisions_total", result="degraded") == 0
+    assert delta(m, m0, "spoa_ratelimit_fallback_decisions_total", outcome="local_allowed") == 3
+    assert delta(m, m0, "spoa_ratelimit_fallback_decisions_total", outcome="local_denied") == 3
+    assert delta(m, m0, "spoa_ratelimit_fallback_decisions_total", outcome="open") == 0
+    assert delta(m, m0, "spoa_ratelimit_decisions_total", tier="t", rule="k6", result="local") == 3
+    assert delta(m, m0, "spoa_ratelimit_decisions_total", result="degraded") == 0
 
 
 def test_fail_open_is_counted_apart(agent, redis):
@@ -89,13 +97,10 @@ def test_fail_open_is_counted_apart(agent, redis):
         assert all(v["allow"] == 1 and v["degraded"] == 1 and "rule" not in v
                    for v in vs), vs
     m = metrics(a)
-
-    def d(name, **kw):
-        return (m.get(name, **kw) or 0) - (m0.get(name, **kw) or 0)
-    assert d("spoa_ratelimit_fallback_decisions_total", outcome="open") == 5
-    assert d("spoa_ratelimit_fallback_decisions_total", outcome="local_allowed") == 0
-    assert d("spoa_ratelimit_decisions_total", result="degraded") == 5
-    assert d("spoa_ratelimit_decisions_total", result="local") == 0
+    assert delta(m, m0, "spoa_ratelimit_fallback_decisions_total", outcome="open") == 5
+    assert delta(m, m0, "spoa_ratelimit_fallback_decisions_total", outcome="local_allowed") == 0
+    assert delta(m, m0, "spoa_ratelimit_decisions_total", result="degraded") == 5
+    assert delta(m, m0, "spoa_ratelimit_decisions_total", result="local") == 0
 
 
 def test_redis_denial_outlives_an_outage_until_retry_after(agent, redis):

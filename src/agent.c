@@ -1186,6 +1186,8 @@ static void publish(struct agent *a)
 		ms->c[MC_REDIS_CONCURRENCY] = st->concurrency_limit;
 		ms->c[MC_REDIS_QUEUED] = st->queued;
 		ms->c[MC_REDIS_SHED] = st->shed;
+		ms->c[MC_REDIS_BATCH_CALLS] = st->batch_calls;
+		ms->c[MC_REDIS_BATCHED] = st->batched;
 		for (i = 0; i < STORE_EC_COUNT; i++)
 			ms->c[MC_REDIS_ERR_OOM + i] = st->errors[i];
 	}
@@ -1394,6 +1396,7 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 			.breaker_cooldown_ms = rs->cfg->breaker_cooldown_ms,
 			.queue_timeout_ms = rs->cfg->redis.queue_timeout_ms,
 			.max_concurrency = rs->cfg->redis.max_concurrency,
+			.batch_max = rs->cfg->redis.batch_max,
 		};
 
 		if (store_new(loop, &so, &a->store, err, sizeof(err)) < 0) {
@@ -1464,6 +1467,8 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 		LOG(LOG_WARN, "reload: 'redis.queue_timeout_ms' changed, ignored until restart");
 	if (o->redis.max_concurrency != n->redis.max_concurrency)
 		LOG(LOG_WARN, "reload: 'redis.max_concurrency' changed, ignored until restart");
+	if (o->redis.batch_max != n->redis.batch_max)
+		LOG(LOG_WARN, "reload: 'redis.batch_max' changed, ignored until restart");
 	if (o->breaker_failures != n->breaker_failures)
 		LOG(LOG_WARN, "reload: 'redis.breaker_failures' changed, ignored until restart");
 	if (o->breaker_cooldown_ms != n->breaker_cooldown_ms)

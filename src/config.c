@@ -644,7 +644,7 @@ static void load_root(struct loader *ld, config_t *lc)
 						  "connect_timeout_ms", "command_timeout_ms",
 						  "max_pending", "breaker_failures",
 						  "breaker_cooldown_ms", "queue_timeout_ms",
-						  "max_concurrency", NULL};
+						  "max_concurrency", "batch_max", NULL};
 	static const char *const known_resp[] = {"legacy_headers", NULL};
 	struct agent_config *cfg = ld->cfg;
 	config_setting_t *root = config_root_setting(lc);
@@ -720,6 +720,9 @@ static void load_root(struct loader *ld, config_t *lc)
 	cfg->redis.max_concurrency = 256;
 	get_uint(ld, s, "queue_timeout_ms", 1, 60000, &cfg->redis.queue_timeout_ms);
 	get_uint(ld, s, "max_concurrency", 2, 100000, &cfg->redis.max_concurrency);
+	cfg->redis.batch_max = 1;
+	/* 64: STORE_BATCH_MAX, the most the store sends in one call */
+	get_uint(ld, s, "batch_max", 1, 64, &cfg->redis.batch_max);
 	cfg->breaker_failures = 5;
 	cfg->breaker_cooldown_ms = 500;
 	get_uint(ld, s, "breaker_failures", 1, 1000000, &cfg->breaker_failures);

@@ -101,6 +101,7 @@ struct agent_config {
 		unsigned max_pending;
 		unsigned queue_timeout_ms; /* longest wait for room to send (0: command timeout) */
 		unsigned max_concurrency;  /* ceiling of a node's adaptive concurrency limit */
+		unsigned batch_max;        /* decisions per script call, 1 = one each */
 	} redis;
 	struct cfg_limit *limits;       /* owned array */
 	size_t nlimits;

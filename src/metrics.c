@@ -480,6 +480,11 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 		   "Commands not sent within their queue budget (answered by the failure ladder, "
 		   "reason overload).",
 		   MC_REDIS_SHED);
+	family_u64(r, m, "spoa_ratelimit_redis_batch_calls_total", PROM_COUNTER,
+		   "Script calls that carried several decisions (redis.batch_max).",
+		   MC_REDIS_BATCH_CALLS);
+	family_u64(r, m, "spoa_ratelimit_redis_batched_decisions_total", PROM_COUNTER,
+		   "Decisions sent in those calls.", MC_REDIS_BATCHED);
 	prom_family(r, "spoa_ratelimit_redis_errors_total", PROM_COUNTER,
 		    "Redis error replies (and replies of the wrong shape), by class.");
 	{

@@ -55,6 +55,8 @@ enum met_counter {
 	MC_REDIS_CONCURRENCY,   /* gauge: sum of the nodes' concurrency limits */
 	MC_REDIS_QUEUED,        /* gauge: commands waiting for room to be sent */
 	MC_REDIS_SHED,          /* commands shed (queue budget exceeded) */
+	MC_REDIS_BATCH_CALLS,   /* script calls carrying several decisions */
+	MC_REDIS_BATCHED,       /* decisions sent in them */
 	MC_REDIS_ERR_OOM,       /* error replies by class (enum store_errclass order) */
 	MC_REDIS_ERR_BUSY,
 	MC_REDIS_ERR_LOADING,

@@ -316,7 +316,7 @@ static void limit_decrease(struct store_node *n, double now)
 }
 
 /* A reply from <n> took <rtt> seconds. */
-static void limit_sample(struct store_node *n, double rtt, double now)
+void limit_sample(struct store_node *n, double rtt, double now)
 {
 	struct store *s = n->s;
 	double timeout = s->command_timeout_ms / 1000., good, v;
@@ -369,7 +369,7 @@ static struct store_cmd *cmd_new(struct store *s, enum cmd_kind kind, size_t qsi
 /* Frees <c>, which is on no list any more and owed by no hiredis callback. */
 void cmd_free(struct store_cmd *c)
 {
-	BUG_ON(c->parked || c->queued);
+	BUG_ON(c->parked || c->queued || c->batched);
 	c->s->stats.pending--;
 	free(c->hkey);
 	free(c->hfield);
@@ -377,7 +377,7 @@ void cmd_free(struct store_cmd *c)
 }
 
 /* True while <c>'s caller has not been answered. */
-static bool cmd_live(const struct store_cmd *c)
+bool cmd_live(const struct store_cmd *c)
 {
 	return c->cb || c->str_cb;
 }
@@ -524,7 +524,7 @@ static int cmd_start(struct store_node *n, struct store_cmd *c)
  * Sends what was queued at <n> while it has room under its limit, oldest
  * first. Invokes user callbacks (a send that fails is answered DOWN).
  */
-static void node_send_queue(struct store_node *n)
+void node_send_queue(struct store_node *n)
 {
 	while (!list_empty(&n->queue) && n->state == ND_READY && limit_room(n)) {
 		struct store_cmd *c = LIST_ELEM(n->queue.next, struct store_cmd, park);
@@ -655,8 +655,8 @@ static int parse_result(const redisReply *rep, const struct store_query *q,
  * decision's time. A command too large for the buffer (never, with the
  * bounds of a decision) takes hiredis' path. Returns REDIS_OK or REDIS_ERR.
  */
-static int send_formatted(redisAsyncContext *ac, struct store_cmd *c, int argc,
-			  const char **argv, const size_t *lens)
+int send_formatted(redisAsyncContext *ac, redisCallbackFn *fn, void *priv, int argc,
+		   const char **argv, const size_t *lens)
 {
 	char buf[16384], *p = buf, *end = buf + sizeof(buf);
 	int i;
@@ -669,7 +669,7 @@ static int send_formatted(redisAsyncContext *ac, struct store_cmd *c, int argc,
 	*p++ = '\n';
 	for (i = 0; i < argc; i++) {
 		if ((size_t)(end - p) < lens[i] + 28)
-			return redisAsyncCommandArgv(ac, cmd_reply_cb, c, argc, argv, lens);
+			return redisAsyncCommandArgv(ac, fn, priv, argc, argv, lens);
 		*p++ = '$';
 		p += fmt_i64(p, (int64_t)lens[i]);
 		*p++ = '\r';
@@ -679,16 +679,16 @@ static int send_formatted(redisAsyncContext *ac, struct store_cmd *c, int argc,
 		*p++ = '\r';
 		*p++ = '\n';
 	}
-	return redisAsyncFormattedCommand(ac, cmd_reply_cb, c, buf, (size_t)(p - buf));
+	return redisAsyncFormattedCommand(ac, fn, priv, buf, (size_t)(p - buf));
 }
 
 /*
- * Sends <c> on <n>'s connection: EVALSHA (or EVAL with the body when <eval>),
- * or HGET; preceded by ASKING after an ASK. Keys and numbers go as separate
- * argv entries: untrusted bytes never meet a format string. Returns 0 or -1.
- * Never invokes user callbacks.
+ * Writes <c> into <n>'s connection buffer: EVALSHA (or EVAL with the body when
+ * <eval>), or HGET; preceded by ASKING after an ASK. Keys and numbers go as
+ * separate argv entries: untrusted bytes never meet a format string. Returns
+ * REDIS_OK or REDIS_ERR. Never invokes user callbacks.
  */
-static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval)
+static int cmd_write(struct store_node *n, struct store_cmd *c, bool eval)
 {
 	struct store *s = n->s;
 	const char *argv[3 + STORE_MAX_LIMITS * 6 + 4];
@@ -696,21 +696,18 @@ static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval)
 	char nums[5 * STORE_MAX_LIMITS + 4][24];
 	char nkeys[16];
 	size_t i;
-	int argc = 0, k = 0, ret;
+	int argc = 0, k = 0;
 
-	if (!n->ac || n->state != ND_READY)
-		return -1;
 	if (c->asking) {
 		const char *asking[1] = {"ASKING"};
 
 		if (redisAsyncCommandArgv(n->ac, NULL, NULL, 1, asking, NULL) != REDIS_OK)
-			return -1;
+			return REDIS_ERR;
 	}
 	if (c->kind == CMD_HGET) {
 		const char *hget[3] = {"HGET", c->hkey, c->hfield};
 
-		ret = redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, 3, hget, NULL);
-		goto sent;
+		return redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, 3, hget, NULL);
 	}
 	if (c->kind == CMD_HEARTBEAT) {
 		const char *hb[6] = {"EVAL", script_heartbeat, "1", c->hkey, c->hfield, nkeys};
@@ -718,8 +715,7 @@ static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval)
 
 		snprintf(nkeys, sizeof(nkeys), "%u", c->window_ms);
 		hbl[5] = strlen(nkeys);
-		ret = redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, 6, hb, hbl);
-		goto sent;
+		return redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, 6, hb, hbl);
 	}
 
 #define PUSH_NUM(v)                                                                         \
@@ -754,10 +750,31 @@ static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval)
 		PUSH_NUM(c->q.min_units > 1 ? c->q.min_units : 1);
 	}
 #undef PUSH_NUM
-	ret = eval ? redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, argc, argv, lens)
-		   : send_formatted(n->ac, c, argc, argv, lens);
-sent:
-	if (ret != REDIS_OK)
+	return eval ? redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, argc, argv, lens)
+		    : send_formatted(n->ac, cmd_reply_cb, c, argc, argv, lens);
+}
+
+/* Writes the decision <c>, alone, in the single form (a batch of one). */
+int cmd_format(struct store_node *n, struct store_cmd *c)
+{
+	return cmd_write(n, c, false);
+}
+
+/*
+ * Sends <c> on <n>'s connection: written into its buffer now, or, for a
+ * decision to a single Redis, added to the node's batch (store_batch.c); the
+ * flusher sends both before the loop polls. Returns 0 or -1. Never invokes
+ * user callbacks.
+ */
+static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval)
+{
+	struct store *s = n->s;
+
+	if (!n->ac || n->state != ND_READY)
+		return -1;
+	if (batch_wants(n, c, eval))
+		batch_add(n, c);
+	else if (cmd_write(n, c, eval) != REDIS_OK)
 		return -1;
 	if (!n->flush_pending) {
 		n->flush_pending = true;
@@ -791,6 +808,7 @@ static void flusher_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 
 		list_del(&n->flush_node);
 		n->flush_pending = false;
+		batch_flush(n);
 		if (n->ac && n->state == ND_READY)
 			redisAsyncHandleWrite(n->ac);
 	}
@@ -802,7 +820,7 @@ static void flusher_cb(struct ev_loop *loop, ev_prepare *w, int revents)
  * answers its caller unless the deadline did, frees it unless re-sent.
  * Invokes user callbacks.
  */
-static void cmd_reply(struct store_node *n, struct store_cmd *c, const redisReply *rep)
+void cmd_reply(struct store_node *n, struct store_cmd *c, const redisReply *rep)
 {
 	struct store *s = n->s;
 	struct store_result res;
@@ -1153,6 +1171,9 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 	s->max_concurrency = opts->max_concurrency ? opts->max_concurrency : 256;
 	if (s->max_concurrency < LIMIT_MIN)
 		s->max_concurrency = LIMIT_MIN;
+	s->batch_max = opts->batch_max ? opts->batch_max : 32;
+	if (s->batch_max > STORE_BATCH_MAX)
+		s->batch_max = STORE_BATCH_MAX;
 	/* a stall is 20 command timeouts, at least 1 s and at most 5 s */
 	s->stall_s = s->command_timeout_ms * 20 / 1000.;
 	if (s->stall_s < 1.)

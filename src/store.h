@@ -70,6 +70,7 @@ struct store_opts {
 	unsigned breaker_cooldown_ms;   /* how long it stays open before a probe (500) */
 	unsigned queue_timeout_ms;      /* longest wait for room to send (command_timeout_ms) */
 	unsigned max_concurrency;       /* ceiling of a node's adaptive concurrency limit (256) */
+	unsigned batch_max;             /* decisions per script call (32; 1: one each) */
 };
 
 /* Batch modes (struct store_query.want > 0). */
@@ -129,6 +130,8 @@ struct store_stats {
 	uint64_t replies;               /* replies received in time */
 	uint64_t late;                  /* replies after their deadline */
 	uint64_t noscript;              /* NOSCRIPT retries */
+	uint64_t batch_calls;           /* script calls carrying several decisions */
+	uint64_t batched;               /* decisions sent in them */
 	uint64_t failed[STORE_COUNT];   /* outcomes other than OK, by status */
 	uint64_t errors[STORE_EC_COUNT]; /* error replies by class */
 	uint64_t shed;                  /* queries answered OVERLOAD (queue budget exceeded) */

@@ -4,6 +4,7 @@
  *   store.c          commands, deadlines, admission, breaker, the API
  *   store_node.c     one connection: connect, AUTH + SCRIPT LOAD, reconnect, addresses
  *   store_cluster.c  mode, slot map, CLUSTER SLOTS, MOVED/ASK
+ *   store_batch.c    several decisions in one script call
  * Nothing here is part of the store's API (store.h).
  */
 #ifndef AGENT_STORE_INT_H
@@ -33,6 +34,7 @@
 #define LIMIT_DECREASE    0.8   /* multiplicative decrease on congestion */
 #define RTT_WINDOW_S      10.0  /* the minimum latency is re-learnt this often */
 #define TROUBLE_S         10.0  /* an error reply makes a node unhealthy this long */
+#define STORE_BATCH_MAX   64    /* decisions in one script call, at most */
 
 enum store_mode {
 	MODE_UNKNOWN = 0,       /* CLUSTER SLOTS not answered yet */
@@ -94,6 +96,8 @@ struct store_node {
 	double last_decrease;           /* mono() of the last multiplicative decrease */
 	struct list queue;              /* store_cmd.park: waiting for room under the limit */
 	struct list flush_node;         /* in store.flushq while flush_pending */
+	struct list batch;              /* store_cmd.park: decisions for the next call */
+	unsigned nbatch;
 	bool flush_pending;             /* commands written to ac's buffer, not yet sent */
 	unsigned nqueued;
 	int err_class;                  /* enum store_errclass of the last error reply, -1 none */
@@ -121,6 +125,7 @@ struct store_cmd {
 	bool asking;                    /* ASK: send ASKING before it */
 	bool parked;                    /* on at->parked, owned by us, not by hiredis */
 	bool queued;                    /* on at->queue and store.queued, owned by us */
+	bool batched;                   /* on at->batch, owned by us until the flusher */
 	char *hkey, *hfield;            /* owned: HGET key and field; heartbeat key and id */
 	unsigned window_ms;             /* heartbeat liveness window */
 	struct store_query q;           /* decisions: kept for re-sends; last, and only
@@ -148,6 +153,7 @@ struct store {
 	struct list queued;             /* store_cmd.node of queued commands, oldest first */
 	double queue_s;                 /* queue budget of a command */
 	unsigned max_concurrency;       /* ceiling of the nodes' limits */
+	unsigned batch_max;             /* decisions per script call (1: no batching) */
 	struct store_stats stats;
 	bool freeing;
 	double stall_s;                 /* no reply for this long with commands out: reconnect */
@@ -174,6 +180,19 @@ void limit_reset(struct store_node *n);
 void breaker_trip(struct store_node *n, const char *why);
 enum store_errclass error_class(const char *err);
 void node_error(struct store_node *n, enum store_errclass ec);
+bool cmd_live(const struct store_cmd *c);
+void cmd_reply(struct store_node *n, struct store_cmd *c, const redisReply *rep);
+int cmd_format(struct store_node *n, struct store_cmd *c);
+void limit_sample(struct store_node *n, double rtt, double now);
+void node_send_queue(struct store_node *n);
+int send_formatted(redisAsyncContext *ac, redisCallbackFn *fn, void *priv, int argc,
+		   const char **argv, const size_t *lens);
+
+/* store_batch.c */
+bool batch_wants(const struct store_node *n, const struct store_cmd *c, bool eval);
+void batch_add(struct store_node *n, struct store_cmd *c);
+void batch_fail(struct store_node *n);
+void batch_flush(struct store_node *n);
 
 /* store_node.c */
 void store_log_trouble(struct store_node *n, const char *what, const char *detail);

@@ -113,6 +113,7 @@ struct store_node *node_new(struct store *s, const struct endpoint *ep, bool see
 	n->backoff_ms = BACKOFF_MIN_MS;
 	list_init(&n->parked);
 	list_init(&n->queue);
+	list_init(&n->batch);
 	n->err_class = -1;
 	limit_reset(n);
 	ev_timer_init(&n->conn_timer, conn_timer_cb, 0., 0.);
@@ -157,6 +158,7 @@ void node_close(struct store_node *n)
 
 	n->ac = NULL; /* our callbacks ignore this context from now on */
 	n->state = ND_DISCONNECTED;
+	batch_fail(n);
 	if (ac)
 		redisAsyncFree(ac);
 }

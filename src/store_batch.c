@@ -1,0 +1,216 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Several decisions in one script call.
+ *
+ * A decision sent to a single Redis does not leave at once: it joins its
+ * node's batch, and just before the loop polls (the store's flusher) each
+ * node's batch goes out as script calls of up to STORE_BATCH_MAX decisions
+ * (the script's multi form, see lua/decide.lua): one call overhead, one TIME
+ * and one reply for all of them, on Redis' side the largest part of a cheap
+ * decision. A batch of one is sent in the single form, as before.
+ *
+ * Every decision keeps its own deadline, concurrency slot, latency sample and
+ * answer: the call's reply is an array with one element per decision, each
+ * exactly the reply of a single call (or an error for that decision only),
+ * handed to cmd_reply() as if it had come alone. A reply for the whole call
+ * (an error such as NOSCRIPT, OOM or BUSY, the connection lost) is handed to
+ * each of its decisions the same way, which then take their usual course
+ * (re-sent alone with EVAL, answered ERROR or DOWN).
+ *
+ * Only a single Redis batches: in a cluster the keys of one call must share a
+ * slot, and decisions of one slot rarely meet in one loop iteration.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store_int.h"
+#include "util.h"
+
+/* One script call carrying several decisions; owned by hiredis until its reply. */
+struct batch_call {
+	struct store_node *n;           /* ref */
+	unsigned count;
+	struct store_cmd *cmds[STORE_BATCH_MAX];
+};
+
+/* True when <c> may wait for its node's batch instead of leaving alone. */
+bool batch_wants(const struct store_node *n, const struct store_cmd *c, bool eval)
+{
+	return n->s->batch_max > 1 && n->s->mode == MODE_SINGLE && c->kind == CMD_DECIDE &&
+	       !eval && !c->asking;
+}
+
+/* Adds the sent command <c> to <n>'s batch (the flusher sends it). */
+void batch_add(struct store_node *n, struct store_cmd *c)
+{
+	c->batched = true;
+	list_append(&n->batch, &c->park);
+	n->nbatch++;
+}
+
+static struct store_cmd *batch_pop(struct store_node *n)
+{
+	struct store_cmd *c = LIST_ELEM(n->batch.next, struct store_cmd, park);
+
+	list_del(&c->park);
+	list_init(&c->park);
+	c->batched = false;
+	n->nbatch--;
+	return c;
+}
+
+/*
+ * Answers what waits in <n>'s batch as if its connection had been lost (DOWN,
+ * SHUTDOWN while the store is freed). Invokes user callbacks.
+ */
+void batch_fail(struct store_node *n)
+{
+	while (n->nbatch) {
+		struct store_cmd *c = batch_pop(n);
+
+		n->out--;
+		cmd_reply(n, c, NULL);
+	}
+}
+
+/* hiredis calls this once per batch call: with its reply, or NULL when the connection is gone. */
+static void batch_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct batch_call *b = privdata;
+	struct store_node *n = ac->data;
+	redisReply *rep = reply;
+	bool split = rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == b->count;
+	double now = mono();
+	unsigned i;
+
+	n->out -= b->count;
+	if (rep)
+		n->last_progress = now;
+	for (i = 0; i < b->count; i++) {
+		struct store_cmd *c = b->cmds[i];
+
+		if (rep && cmd_live(c) && c->sent_at > 0)
+			limit_sample(n, now - c->sent_at, now);
+		cmd_reply(n, c, split ? rep->element[i] : rep);
+	}
+	free(b);
+	if (rep && n->ac == ac && !n->s->freeing)
+		node_send_queue(n);
+}
+
+/*
+ * The argv of one call of <b>'s decisions in the multi form:
+ *   EVALSHA sha <keys> <every decision's keys> M <count>
+ *           { <limits n> <extra e> <5n + e arguments> } x count
+ * Returns REDIS_OK when hiredis took it.
+ */
+static int batch_send_call(struct store_node *n, struct batch_call *b)
+{
+	struct store *s = n->s;
+	unsigned nargs = 5, i;
+	const char **argv;
+	size_t *lens, k;
+	char (*nums)[24];
+	int argc = 0, ret, nk = 0;
+	size_t nkeys = 0;
+
+	for (i = 0; i < b->count; i++) {
+		const struct store_query *q = &b->cmds[i]->q;
+
+		nkeys += q->n;
+		nargs += (unsigned)(q->n + 2 + 5 * q->n + (q->want > 0 ? 4 : 0));
+	}
+	argv = xmalloc(nargs * sizeof(*argv));
+	lens = xmalloc(nargs * sizeof(*lens));
+	nums = xmalloc(nargs * sizeof(*nums));
+#define PUSH_NUM(v)                                                                         \
+	do {                                                                                \
+		argv[argc] = nums[nk];                                                      \
+		lens[argc++] = fmt_i64(nums[nk++], (int64_t)(v));                           \
+	} while (0)
+	argv[argc] = "EVALSHA";
+	lens[argc++] = 7;
+	argv[argc] = s->sha;
+	lens[argc++] = strlen(s->sha);
+	PUSH_NUM(nkeys);
+	for (i = 0; i < b->count; i++) {
+		const struct store_query *q = &b->cmds[i]->q;
+
+		for (k = 0; k < q->n; k++) {
+			argv[argc] = q->keys[k];
+			lens[argc++] = strlen(q->keys[k]);
+		}
+	}
+	argv[argc] = "M";
+	lens[argc++] = 1;
+	PUSH_NUM(b->count);
+	for (i = 0; i < b->count; i++) {
+		const struct store_query *q = &b->cmds[i]->q;
+
+		PUSH_NUM(q->n);
+		PUSH_NUM(q->want > 0 ? 4 : 0);
+		for (k = 0; k < q->n; k++) {
+			PUSH_NUM(q->params[k].alg);
+			PUSH_NUM(q->params[k].a);
+			PUSH_NUM(q->params[k].b);
+			PUSH_NUM(q->params[k].shadow ? 1 : 0);
+			PUSH_NUM(q->cost[k]);
+		}
+		if (q->want > 0) {
+			PUSH_NUM(q->want);
+			PUSH_NUM(q->batch);
+			PUSH_NUM(q->lease_us);
+			PUSH_NUM(q->min_units > 1 ? q->min_units : 1);
+		}
+	}
+#undef PUSH_NUM
+	ret = send_formatted(n->ac, batch_reply_cb, b, argc, argv, lens);
+	free(argv);
+	free(lens);
+	free(nums);
+	return ret;
+}
+
+/*
+ * Sends <n>'s batch (the flusher, before the loop polls): calls of up to
+ * batch_max decisions, a lone decision in the single form. What cannot be
+ * sent (the connection is gone) is answered DOWN. Invokes user callbacks.
+ */
+void batch_flush(struct store_node *n)
+{
+	struct store *s = n->s;
+
+	while (n->nbatch) {
+		struct batch_call *b;
+
+		if (!n->ac || n->state != ND_READY) {
+			batch_fail(n);
+			return;
+		}
+		if (n->nbatch == 1) {
+			struct store_cmd *c = batch_pop(n);
+
+			if (cmd_format(n, c) != REDIS_OK) {
+				n->out--;
+				cmd_reply(n, c, NULL);
+			}
+			continue;
+		}
+		b = xmalloc(sizeof(*b));
+		b->n = n;
+		b->count = 0;
+		while (n->nbatch && b->count < s->batch_max)
+			b->cmds[b->count++] = batch_pop(n);
+		s->stats.batch_calls++;
+		s->stats.batched += b->count;
+		if (batch_send_call(n, b) != REDIS_OK) {
+			unsigned i;
+
+			n->out -= b->count;
+			for (i = 0; i < b->count; i++)
+				cmd_reply(n, b->cmds[i], NULL);
+			free(b);
+		}
+	}
+}

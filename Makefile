@@ -227,7 +227,7 @@ check-config: $(BIN)
 
 DEB_PKGS = gcc make pkg-config xxd libev-dev libhiredis-dev libconfig-dev libcmocka-dev \
            redis-server redis-tools haproxy python3 python3-pytest wrk clang-14 \
-           libclang-rt-14-dev
+           libclang-rt-14-dev socat
 
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \

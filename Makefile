@@ -244,7 +244,7 @@ deps:
 
 install: $(BIN)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/spoa-ratelimit/haproxy \
-	  $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit
+	  $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit/doc
 	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/spoa-ratelimit
 	install -m 0644 haproxy/haproxy.cfg haproxy/spoe-ratelimit.conf haproxy/tiers.map \
 	  $(DESTDIR)$(PREFIX)/share/spoa-ratelimit/haproxy/
@@ -252,6 +252,7 @@ install: $(BIN)
 	  contrib/prometheus-alerts.yml contrib/grafana-dashboard.json README.md \
 	  $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit/
 	install -m 0644 contrib/README.md $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit/contrib.md
+	install -m 0644 doc/*.md $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit/doc/
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/spoa-ratelimit

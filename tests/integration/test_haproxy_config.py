@@ -272,8 +272,8 @@ def test_stats_socket_only_where_asked(procs, tmp_path, fake):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching user needs root")
 def test_rl_user_drops_root(procs, tmp_path, fake):
-    """Started as root with RL_USER=haproxy (the user Debian's package creates), HAProxy
-    runs as that user and group once its sockets are bound."""
+    """Started as root with RL_USER=haproxy (the user Debian's package creates), the
+    gateway and the stand-in upstream run as that user and group once bound."""
     import pwd
     try:
         pw = pwd.getpwnam("haproxy")
@@ -281,8 +281,15 @@ def test_rl_user_drops_root(procs, tmp_path, fake):
         pytest.skip("no user haproxy")
     p = _start_sample(procs, tmp_path, fake, RL_USER="haproxy",
                       RL_STATS_SOCKET=str(tmp_path / "gw.sock"))
-    status = open("/proc/%d/status" % p.pid).read()
-    uid = [l.split()[1:] for l in status.splitlines() if l.startswith("Uid:")][0]
-    gid = [l.split()[1:] for l in status.splitlines() if l.startswith("Gid:")][0]
-    assert set(uid) == {str(pw.pw_uid)}, status
-    assert set(gid) == {str(pw.pw_gid)}, status
+    port = free_port()
+    up = procs.spawn("upstream-sample",
+                     [HAPROXY_BIN, "-db", "-f", str(HAPROXY_DIR / "upstream.cfg")],
+                     env=dict(os.environ, RL_USER="haproxy",
+                              RL_UPSTREAM_ADDR="127.0.0.1:%d" % port), cwd=str(tmp_path))
+    wait_port("127.0.0.1", port, 15, up)
+    for proc in (p, up):
+        status = open("/proc/%d/status" % proc.pid).read()
+        uid = [l.split()[1:] for l in status.splitlines() if l.startswith("Uid:")][0]
+        gid = [l.split()[1:] for l in status.splitlines() if l.startswith("Gid:")][0]
+        assert set(uid) == {str(pw.pw_uid)}, status
+        assert set(gid) == {str(pw.pw_gid)}, status

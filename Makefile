@@ -227,7 +227,7 @@ check-config: $(BIN)
 
 DEB_PKGS = gcc make pkg-config xxd libev-dev libhiredis-dev libconfig-dev libcmocka-dev \
            redis-server redis-tools haproxy python3 python3-pytest wrk clang-14 \
-           libclang-rt-14-dev
+           libclang-rt-14-dev socat
 
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
@@ -244,7 +244,7 @@ deps:
 
 install: $(BIN)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/spoa-ratelimit/haproxy \
-	  $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit
+	  $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit/doc
 	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/spoa-ratelimit
 	install -m 0644 haproxy/haproxy.cfg haproxy/spoe-ratelimit.conf haproxy/tiers.map \
 	  $(DESTDIR)$(PREFIX)/share/spoa-ratelimit/haproxy/
@@ -252,6 +252,7 @@ install: $(BIN)
 	  contrib/prometheus-alerts.yml contrib/grafana-dashboard.json README.md \
 	  $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit/
 	install -m 0644 contrib/README.md $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit/contrib.md
+	install -m 0644 doc/*.md $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit/doc/
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/spoa-ratelimit

@@ -312,10 +312,39 @@ static void fallback(struct decision *d, struct part *pt)
 }
 
 /*
+ * Requests of this decision's kind that limit <i>'s verdict <v> still admits:
+ * its tokens left divided by what such a request costs it. A limit the
+ * request does not charge (cost 0: it only reports) never runs out.
+ */
+static int64_t requests_left(const struct decision *d, size_t i, const struct limit_verdict *v)
+{
+	int64_t cost = d->parts[d->ap[i].part].q.cost[d->ap[i].slot];
+
+	return cost > 0 ? v->remaining / cost : INT64_MAX;
+}
+
+/*
+ * True if limit <i> (verdict <v>) describes an allowed request better than the
+ * one chosen so far (<bi>, verdict <bv>): the RateLimit field reports the limit
+ * closest to being exhausted (draft-ietf-httpapi-ratelimit-headers, "Multiple
+ * policies in response"), i.e. the one that admits the fewest more requests
+ * like this one; on a tie the one that takes longest to be fully available.
+ * Tokens relative to the quota would pick a 10,000/day limit with 9,999 left
+ * over a 10/s bucket with 19 left, which denies first.
+ */
+static bool closer_to_exhaustion(const struct decision *d, size_t i, const struct limit_verdict *v,
+				 size_t bi, const struct limit_verdict *bv)
+{
+	int64_t n = requests_left(d, i, v), bn = requests_left(d, bi, bv);
+
+	return n < bn || (n == bn && v->reset_ms > bv->reset_ms);
+}
+
+/*
  * Fills the ACK from the parts' verdicts. The limit reported is the one that
  * decided: on a denial the one that makes the client wait longest, otherwise
- * the one with the fewest tokens left relative to its quota. A part whose store
- * failed counts as allowing (fail-open) and marks the answer degraded.
+ * the one closest to being exhausted (closer_to_exhaustion()). A part whose
+ * store failed counts as allowing (fail-open) and marks the answer degraded.
  */
 static void respond(struct decision *d)
 {
@@ -323,6 +352,7 @@ static void respond(struct decision *d)
 	struct spoa_req *req = d->req;
 	const struct limit_verdict *pv = NULL;
 	const struct rule_limit *l = NULL, *shadow = NULL;
+	size_t li_best = 0;
 	bool allowed = true, degraded = false, any = false, local = false, local_denied = false;
 	char buf[1024];
 	size_t i;
@@ -359,9 +389,10 @@ static void respond(struct decision *d)
 			continue;
 		}
 		if (!l || (!allowed && v->retry_ms > pv->retry_ms) ||
-		    (allowed && v->remaining * (int64_t)l->rate < pv->remaining * (int64_t)li->rate)) {
+		    (allowed && closer_to_exhaustion(d, i, v, li_best, pv))) {
 			l = li;
 			pv = v;
+			li_best = i;
 		}
 	}
 	if (shadow)
@@ -424,7 +455,8 @@ static void respond(struct decision *d)
 		 (long long)t);
 	set_str(req, "ratelimit", buf);
 	if (d->rs->cfg->legacy_headers) {
-		set_int(req, "limit", (int64_t)l->rate);
+		/* the legacy trio describes the bucket: what it holds, what is left, when full */
+		set_int(req, "limit", (int64_t)l->capacity);
 		set_int(req, "remaining", pv->remaining);
 		set_int(req, "reset", t);
 	}

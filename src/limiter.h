@@ -61,7 +61,8 @@ enum limit_alg {
  * while Redis serves nobody else. A limit holds at most LOG_RATE_MAX entries
  * per window (config), a call adds or refunds at most LOG_ADD_MAX of them (a
  * cost above is never admitted) and a log never holds more than its limit +
- * LOG_ADD_MAX entries (reports): see the README for the worst call measured.
+ * LOG_ADD_MAX entries (reports): see doc/configuration.md, "Precision and
+ * bounds", for the worst call measured.
  */
 #define LOG_RATE_MAX    1000
 #define LOG_ADD_MAX     100

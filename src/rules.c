@@ -22,9 +22,15 @@ static void tier_compile(struct ruleset *rs, const struct cfg_tier *ct, struct r
 				break;
 		BUG_ON(j == rs->cfg->nlimits); /* config_load() checked the references */
 		t->idx[i] = j;
-		size += strlen(rs->limits[j].name) + 64;
+		size += strlen(rs->limits[j].name) + 96;
 	}
-	/* RateLimit-Policy (draft-ietf-httpapi-ratelimit-headers): one item per limit */
+	/*
+	 * RateLimit-Policy (draft-ietf-httpapi-ratelimit-headers): one item per
+	 * limit, q tokens per w seconds. A bucket that holds more (or less) than
+	 * q says so in a vendor parameter, rl-burst (the draft defines no burst
+	 * parameter and asks for a prefix on others), so that a RateLimit r above
+	 * q is explained by the policy itself.
+	 */
 	t->policy = xmalloc(size + 1);
 	t->policy[0] = 0;
 	for (i = 0; i < t->n; i++) {
@@ -35,6 +41,9 @@ static void tier_compile(struct ruleset *rs, const struct cfg_tier *ct, struct r
 		used += (size_t)snprintf(t->policy + used, size + 1 - used, "%s\"%s\";q=%llu;w=%llu",
 					 used ? ", " : "", l->name, (unsigned long long)l->rate,
 					 (unsigned long long)l->period_s);
+		if (l->capacity != l->rate)
+			used += (size_t)snprintf(t->policy + used, size + 1 - used, ";rl-burst=%llu",
+						 (unsigned long long)l->capacity);
 	}
 }
 
@@ -111,6 +120,7 @@ struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen)
 
 		l->name = cl->name;
 		l->rate = cl->rate;
+		l->capacity = cl->alg == ALG_GCRA ? cl->burst : cl->rate;
 		l->period_s = (cl->period_ms + 999) / 1000;
 		limit_params_init(&l->lp, cl->alg, cl->rate, cl->period_ms, cl->burst);
 		l->lp.shadow = cl->shadow;

@@ -18,6 +18,7 @@
 struct rule_limit {
 	const char *name;               /* ref: cfg */
 	uint64_t rate;                  /* tokens per period */
+	uint64_t capacity;              /* most tokens it holds: burst (gcra), else rate */
 	uint64_t period_s;              /* period in whole seconds, at least 1 (for headers) */
 	struct limit_params lp;         /* as sent to the script */
 	bool shadow;                    /* never denies */

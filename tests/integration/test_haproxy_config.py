@@ -10,7 +10,8 @@ import subprocess
 import pytest
 
 import spop_client as sc
-from conftest import HAPROXY_BIN, HAPROXY_DIR, http_request, parse_sf_list, wait_until
+from conftest import (HAPROXY_BIN, HAPROXY_DIR, free_port, http_request, parse_sf_list,
+                      wait_port, wait_until)
 from fake_agent import FakeAgent, txn_vars
 
 DENY = txn_vars(allow=0, retry_after=7, rule="key_rpm",
@@ -208,3 +209,87 @@ def test_bench_copies_valid(tmp_path):
         assert not any(l.strip().startswith("log") for l in live)
         assert any("filter spoe" in l for l in live) == spoe
         assert any("send-spoe-group" in l for l in live) == spoe
+
+
+def _unix_paths_of(pid):
+    """Paths of the UNIX sockets process <pid> holds (bound ones have a path)."""
+    inodes = set()
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            link = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    paths = []
+    with open("/proc/net/unix") as f:
+        next(f)
+        for line in f:
+            cols = line.split()
+            if len(cols) >= 8 and cols[6] in inodes:
+                paths.append(cols[7])
+    return paths
+
+
+def _start_sample(procs, tmp_path, fake, **env_over):
+    """haproxy.cfg as shipped, on a free port, from a directory that is not the
+    repository, with only the variables a by-hand run sets."""
+    agent = fake(lambda msgs: (ALLOW, 0))
+    port = free_port()
+    env = {k: v for k, v in check_env().items() if k not in ("RL_STATS_SOCKET", "RL_USER")}
+    env.update(RL_FRONT_ADDR="127.0.0.1:%d" % port, RL_AGENT_ADDR=agent.addr_str, **env_over)
+    p = procs.spawn("sample", [HAPROXY_BIN, "-db", "-f", str(HAPROXY_DIR / "haproxy.cfg")],
+                    env=env, cwd=str(tmp_path))
+    wait_port("127.0.0.1", port, 15, p)
+    return p
+
+
+def test_stats_socket_only_where_asked(procs, tmp_path, fake):
+    """No RL_STATS_SOCKET: no runtime API socket at all (no fixed path that two gateways
+    would share or that would be left behind). With it: the socket at that path, and the
+    runtime API answers there."""
+    p = _start_sample(procs, tmp_path, fake)
+    assert _unix_paths_of(p.pid) == [], _unix_paths_of(p.pid)
+    sock = tmp_path / "gw.sock"
+    p2 = _start_sample(procs, tmp_path, fake, RL_STATS_SOCKET=str(sock))
+    # HAProxy binds "<path>.<pid>.tmp" and renames it to <path>; /proc keeps the first name
+    paths = _unix_paths_of(p2.pid)
+    assert len(paths) == 1 and paths[0].startswith(str(sock)), paths
+    assert sock.is_socket()
+    import socket
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(5)
+        s.connect(str(sock))
+        s.sendall(b"show map\n")
+        out = b""
+        while True:
+            b = s.recv(4096)
+            if not b:
+                break
+            out += b
+    assert b"tiers.map" in out, out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching user needs root")
+def test_rl_user_drops_root(procs, tmp_path, fake):
+    """Started as root with RL_USER=haproxy (the user Debian's package creates), the
+    gateway and the stand-in upstream run as that user and group once bound."""
+    import pwd
+    try:
+        pw = pwd.getpwnam("haproxy")
+    except KeyError:
+        pytest.skip("no user haproxy")
+    p = _start_sample(procs, tmp_path, fake, RL_USER="haproxy",
+                      RL_STATS_SOCKET=str(tmp_path / "gw.sock"))
+    port = free_port()
+    up = procs.spawn("upstream-sample",
+                     [HAPROXY_BIN, "-db", "-f", str(HAPROXY_DIR / "upstream.cfg")],
+                     env=dict(os.environ, RL_USER="haproxy",
+                              RL_UPSTREAM_ADDR="127.0.0.1:%d" % port), cwd=str(tmp_path))
+    wait_port("127.0.0.1", port, 15, up)
+    for proc in (p, up):
+        status = open("/proc/%d/status" % proc.pid).read()
+        uid = [l.split()[1:] for l in status.splitlines() if l.startswith("Uid:")][0]
+        gid = [l.split()[1:] for l in status.splitlines() if l.startswith("Gid:")][0]
+        assert set(uid) == {str(pw.pw_uid)}, status
+        assert set(gid) == {str(pw.pw_gid)}, status

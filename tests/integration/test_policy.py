@@ -440,9 +440,10 @@ def test_per_limit_cost_override(setup):
         # outside the endpoint: HAProxy's cost for every limit
         v_allowed(c.ask(key="pc", path="/", cost=6), "m", 40)
         assert c.remaining("h", key="pc") == 592
-        # HAProxy's cost 0: m only reports, h still pays its own cost
+        # HAProxy's cost 0: m only reports, h still pays its own cost, so h is the
+        # limit such requests exhaust: it is the one reported
         v = c.ask(key="pc", path="/exp", cost=0)
-        assert v["allow"] == 1 and v["rule"] == "m" and v["remaining"] == 40, v
+        assert v["allow"] == 1 and v["rule"] == "h" and v["remaining"] == 591, v
         assert c.remaining("h", key="pc") == 591
         # ep_m's own cost is 0: it only reports, so it never denies
         for _ in range(25):                    # more than ep_m's 20

@@ -8,6 +8,8 @@
 #   make accuracy        20 agents on one Redis: admitted / limit, exact vs local-only
 #   make attack          attacks on two gateways, one row each with PASS/FAIL (~2 min)
 #   make fuzz-smoke      libFuzzer (clang) on the frame decoder for ~60 s
+#   make deb             Debian package (dpkg-buildpackage + lintian) into build/deb/
+#   make test-deb        build it, install it, run it, purge it (root; tests/package/)
 #   make SANITIZE=address,undefined   ASan/UBSan build into build-asan/
 #   make WERROR=1        warnings are errors
 #   make install PREFIX=/usr/local DESTDIR=...
@@ -64,17 +66,17 @@ MODEL     = $(BUILD)/limit_model
 REPLAY    = $(BUILD)/fuzz_replay
 
 .PHONY: all deps unit replay itest test demo bench accuracy attack fuzz fuzz-smoke check-config install \
-        uninstall clean help
+        uninstall clean help deb deb-deps test-deb version check-version
 
 all: $(BIN) $(LIBSPOA) $(BUILD)/spop-load
 
 help:
-	@sed -n '1,15p' Makefile
+	@sed -n '1,17p' Makefile
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@echo "  CC      $<"
-	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
 
 # The Lua scripts are assembled into one script and embedded in the binary:
 # what was tested is what runs.
@@ -95,7 +97,7 @@ $(BUILD)/gen/scripts.c: $(BUILD)/gen/ratelimit.lua lua/heartbeat.lua
 
 $(BUILD)/gen/scripts.o: $(BUILD)/gen/scripts.c
 	@echo "  CC      $<"
-	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
 
 $(LIBSPOA): $(SPOA_OBJ)
 	@echo "  AR      $@"
@@ -229,8 +231,9 @@ DEB_PKGS = gcc make pkg-config xxd libev-dev libhiredis-dev libconfig-dev libcmo
            redis-server redis-tools haproxy python3 python3-pytest wrk clang-14 \
            libclang-rt-14-dev socat
 
-deps:
-	@missing=""; for p in $(DEB_PKGS); do \
+# apt-get installs those of the packages $(1) that are missing (sudo unless root).
+define apt_install
+	@missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || \
 	    missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -239,6 +242,56 @@ deps:
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
+endef
+
+deps:
+	$(call apt_install,$(DEB_PKGS))
+
+# ---- Debian package (debian/) ------------------------------------------------
+#
+# dpkg-buildpackage writes into the parent directory; `make deb` moves what it
+# built (the .deb, the -dbgsym .deb, .buildinfo, .changes) into $(DEB_OUT)/ and
+# runs lintian on it. The source tree is cleaned after the build (--post-clean);
+# debian/rules builds in debian/build/, never in build/.
+
+DEB_TOOLS   = build-essential debhelper devscripts lintian fakeroot
+DEB_OUT    ?= build/deb
+# The package version: the first line of debian/changelog (a native package,
+# so it is the upstream version itself; `check-version` compares it with VERSION).
+DEB_VERSION = $(shell head -n 1 debian/changelog | cut -d ' ' -f 2 | tr -d '()')
+
+version:
+	@echo $(VERSION)
+
+check-version:
+	@v='$(DEB_VERSION)'; v=$${v#*:}; v=$${v%-*}; \
+	if [ "$$v" != "$(VERSION)" ]; then \
+	  echo "version mismatch: Makefile VERSION = $(VERSION), debian/changelog = $(DEB_VERSION)" >&2; \
+	  exit 1; fi; \
+	echo "version $(VERSION): Makefile and debian/changelog agree"
+
+# The tools, then the Build-Depends of debian/control (apt-get build-dep reads them).
+deb-deps:
+	$(call apt_install,$(DEB_TOOLS))
+	$(Q)dpkg-checkbuilddeps 2>/dev/null || { \
+	  SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get build-dep -y -qq --no-install-recommends ./; }
+
+deb: deb-deps check-version
+	$(Q)arch=$$(dpkg --print-architecture); \
+	  changes=../spoa-ratelimit_$(DEB_VERSION)_$$arch.changes; \
+	  rm -rf $(DEB_OUT) && mkdir -p $(DEB_OUT) && \
+	  dpkg-buildpackage -us -uc -b --post-clean && \
+	  for f in $$(awk '/^Files:/ {f = 1; next} /^[^ ]/ {f = 0} f {print $$5}' $$changes); do \
+	    mv "../$$f" $(DEB_OUT)/; done && \
+	  mv $$changes $(DEB_OUT)/ && \
+	  echo "== lintian" && lintian --fail-on error,warning $(DEB_OUT)/*.changes && \
+	  echo "== built in $(DEB_OUT)/:" && ls -1 $(DEB_OUT)
+
+# Installs the package built by `make deb` and purges it again (root; see the script).
+test-deb:
+	tests/package/test_deb.sh
 
 # ---- install ---------------------------------------------------------------
 
@@ -253,10 +306,15 @@ install: $(BIN)
 	  $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit/
 	install -m 0644 contrib/README.md $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit/contrib.md
 	install -m 0644 doc/*.md $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit/doc/
+	install -d $(DESTDIR)$(PREFIX)/share/man/man5 $(DESTDIR)$(PREFIX)/share/man/man8
+	install -m 0644 doc/man/spoa-ratelimit.8 $(DESTDIR)$(PREFIX)/share/man/man8/
+	install -m 0644 doc/man/spoa-ratelimit.conf.5 $(DESTDIR)$(PREFIX)/share/man/man5/
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/spoa-ratelimit
 	rm -rf $(DESTDIR)$(PREFIX)/share/spoa-ratelimit $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit
+	rm -f $(DESTDIR)$(PREFIX)/share/man/man8/spoa-ratelimit.8 \
+	  $(DESTDIR)$(PREFIX)/share/man/man5/spoa-ratelimit.conf.5
 
 clean:
 	rm -rf build build-asan build-fuzz

@@ -50,7 +50,8 @@ endif
 SPOA_SRC  = spoa/spop.c spoa/server.c
 AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/store_node.c \
             src/store_cluster.c src/limiter.c src/digest.c src/log.c src/util.c src/memstore.c \
-            src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c src/normalize.c
+            src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c src/normalize.c \
+            src/overrides.c src/ctl.c
 SPOA_OBJ  = $(SPOA_SRC:%.c=$(BUILD)/%.o)
 AGENT_OBJ = $(AGENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/scripts.o
 LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lua \

@@ -43,6 +43,7 @@
 
 #define OVR_ERR_LOG_S   10.0    /* poll errors: one log line per period at most */
 #define OVR_START_S     0.02    /* poll period until the first load settled */
+#define OVR_BACKOFF_MAX 30.0    /* longest pause after error replies (seconds) */
 
 /* The entries in force and their index. */
 struct ovr_table {
@@ -68,6 +69,8 @@ struct overrides {
 	bool settled;                   /* the first load was tried (or Redis was) */
 	ev_timer poll;
 	struct ovr_stats stats;
+	double backoff;                 /* pause after an error reply, doubling (0: none) */
+	double next_at;                 /* mono() before which no poll is sent */
 	double err_at;                  /* mono() of the last error logged */
 	uint64_t err_quiet;             /* errors not logged since */
 };
@@ -590,11 +593,24 @@ static void audit(const char *verb, const struct ovr_entry *e, int64_t now)
 	    e->by[0] ? e->by : "(not given)", e->reason);
 }
 
-/* Counts and logs (at most once per OVR_ERR_LOG_S) a failed poll or load. */
-static void poll_error(struct overrides *ov, const char *what, const char *why)
+/*
+ * Counts and logs (at most once per OVR_ERR_LOG_S) a failed poll or load of
+ * status <st>. An error reply (a hash of the wrong type, an ACL refusing the
+ * command) pauses polling, 1 s doubling up to OVR_BACKOFF_MAX: the store
+ * counts error replies against the node's breaker, and our data must not
+ * open it for the decisions.
+ */
+static void poll_error(struct overrides *ov, const char *what, enum store_status st)
 {
+	const char *why = store_status_str((int)st);
 	double now = mono();
 
+	if (st == STORE_ERROR) {
+		ov->backoff = ov->backoff ? ov->backoff * 2 : 1;
+		if (ov->backoff > OVR_BACKOFF_MAX)
+			ov->backoff = OVR_BACKOFF_MAX;
+		ov->next_at = now + ov->backoff;
+	}
 	ov->stats.poll_errors++;
 	if (ov->err_at && now - ov->err_at < OVR_ERR_LOG_S) {
 		ov->err_quiet++;
@@ -734,9 +750,10 @@ static void all_cb(enum store_status st, const char *val, size_t len, void *arg)
 	if (st == STORE_SHUTDOWN)
 		return;
 	if (st != STORE_OK || !val) {
-		poll_error(ov, "HGETALL", store_status_str(st));
+		poll_error(ov, "HGETALL", st);
 		return;
 	}
+	ov->backoff = 0;
 	load(ov, val, len);
 }
 
@@ -751,9 +768,10 @@ static void version_cb(enum store_status st, const char *val, size_t len, void *
 		return;
 	if (st != STORE_OK) {
 		ov->settled = true;
-		poll_error(ov, "version check", store_status_str(st));
+		poll_error(ov, "version check", st);
 		return;
 	}
+	ov->backoff = 0;
 	if (ov->have_version && set == ov->version_set && (!set || hll_hash(val, len) == ov->version)) {
 		ov->settled = true;
 		return;
@@ -761,7 +779,7 @@ static void version_cb(enum store_status st, const char *val, size_t len, void *
 	ret = store_hgetall(ov->st, ov->key, all_cb, ov);
 	if (ret < 0) {
 		ov->settled = true;
-		poll_error(ov, "HGETALL", store_status_str(-ret));
+		poll_error(ov, "HGETALL", (enum store_status)-ret);
 		return;
 	}
 	ov->busy = true;
@@ -779,13 +797,18 @@ static void poll_cb(struct ev_loop *loop, ev_timer *t, int revents)
 		t->repeat = ov->poll_ms / 1000.;
 		ev_timer_again(ov->loop, t);
 	}
-	if (ov->busy || !store_ready(ov->st))
+	if (ov->busy || !store_ready(ov->st) || mono() < ov->next_at)
 		return;
+	if (store_stats(ov->st)->breaker_open) {
+		/* its probe must be a decision, never our poll (which decisions would wait for) */
+		ov->settled = true;
+		return;
+	}
 	ov->stats.polls++;
 	ret = store_hget(ov->st, ov->key, "version", version_cb, ov);
 	if (ret < 0) {
 		ov->settled = true;
-		poll_error(ov, "version check", store_status_str(-ret));
+		poll_error(ov, "version check", (enum store_status)-ret);
 		return;
 	}
 	ov->busy = true;

@@ -229,14 +229,16 @@ static void render_policy(const struct decision *d, char *buf, size_t len)
 
 	buf[0] = 0;
 	if (d->overridden) {
-		/* the rates in force; the one prepared for the tier if it would not fit */
-		for (i = 0; i < d->n && used < len; i++)
+		/* the rates in force (ack_size() made room for them), within policy_max */
+		size_t cap = len < d->rs->policy_max + 1 ? len : d->rs->policy_max + 1;
+
+		for (i = 0; i < d->n && used < cap; i++)
 			if (!d->ap[i].l->shadow)
-				used += (size_t)snprintf(buf + used, len - used, "%s\"%s\";q=%llu;w=%llu",
+				used += (size_t)snprintf(buf + used, cap - used, "%s\"%s\";q=%llu;w=%llu",
 							 used ? ", " : "", d->ap[i].l->name,
 							 (unsigned long long)d->ap[i].rate,
 							 (unsigned long long)d->ap[i].l->period_s);
-		if (used < len)
+		if (used < cap)
 			return;
 		buf[0] = 0;
 		used = 0;

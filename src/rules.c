@@ -5,10 +5,13 @@
 #include <string.h>
 
 #include "normalize.h"
+#include "overrides.h"
 #include "spop.h"
 #include "util.h"
 
 #define ACK_SLACK 256   /* room for answer variables added without updating ack_size() */
+
+_Static_assert(OVR_RATE_MAX < UINT64_C(10000000000000), "override rates fit 13 digits");
 
 static void tier_compile(struct ruleset *rs, const struct cfg_tier *ct, struct rule_tier *t)
 {
@@ -80,7 +83,8 @@ static size_t ack_size(struct ruleset *rs)
 		if (l > eppol)
 			eppol = l;
 	}
-	policy = tier + eppol + 2;
+	/* a limit override may raise each rate to 13 digits (below OVR_RATE_MAX) */
+	policy = tier + eppol + 2 + 12 * STORE_MAX_LIMITS;
 	rs->policy_max = policy;
 	n += setvar_str_size("shadow", name) + setvar_str_size("endpoint", ep) +
 	     setvar_str_size("policy", policy) + setvar_str_size("rule", name) +

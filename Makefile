@@ -60,7 +60,7 @@ LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lu
 BIN       = $(BUILD)/spoa-ratelimit
 LIBSPOA   = $(BUILD)/libspoa.a
 UNIT_BINS = $(BUILD)/test_spop $(BUILD)/test_limiter $(BUILD)/test_memstore $(BUILD)/test_obs \
-            $(BUILD)/test_normalize
+            $(BUILD)/test_normalize $(BUILD)/test_overrides
 MODEL     = $(BUILD)/limit_model
 REPLAY    = $(BUILD)/fuzz_replay
 
@@ -132,6 +132,12 @@ $(BUILD)/test_normalize: tests/unit/test_normalize.c $(BUILD)/src/normalize.o $(
                          $(BUILD)/src/log.o $(BUILD)/spoa/spop.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lcmocka -lm
+
+# the parser lives with the agent's runtime: link every agent object but main()
+$(BUILD)/test_overrides: tests/unit/test_overrides.c $(filter-out $(BUILD)/src/main.o,$(AGENT_OBJ)) \
+                         $(LIBSPOA)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LIBS) -lcmocka
 
 $(MODEL): tests/tools/limit_model.c $(BUILD)/src/limiter.o
 	@echo "  LD      $@"

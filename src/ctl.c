@@ -299,8 +299,10 @@ static int ctl_add(struct ctl *c, int kind, int argc, char **argv)
 		} else if (strcmp(opt, "--by") == 0) {
 			by = val;
 		} else if (strcmp(opt, "--status") == 0 && kind == OVR_BLOCK) {
-			status = atoll(val);
-			if (status < 400 || status > 599) {
+			char *end;
+
+			status = strtoll(val, &end, 10);
+			if (*end || status < 400 || status > 599) {
 				fprintf(stderr, "--status %s: an HTTP status from 400 to 599\n", val);
 				return 2;
 			}

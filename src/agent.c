@@ -97,6 +97,8 @@ struct agent {
 	struct overrides *ovr;          /* owned, NULL unless store "redis" and overrides.enabled */
 	uint64_t ovr_blocked;           /* requests denied by a block override */
 	uint64_t ovr_limited;           /* decisions with limits changed by an override */
+	struct list parked;             /* decisions waiting for the first overrides load */
+	bool no_park;                   /* stopping: nothing waits any more */
 	ev_timer publish;               /* copies gauges and top-K snapshots into ms */
 	size_t ntopk;
 	struct {
@@ -147,6 +149,9 @@ struct decision {
 	int64_t cost;                   /* from HAProxy, or -1 (COST_MAX when invalid) */
 	bool closed;                    /* a fail-closed limit denied */
 	bool overridden;                /* some limit has a limit override's parameters */
+	bool keyed;                     /* an API key was sent */
+	const struct rule_tier *sent_tier; /* ref: rs, the tier HAProxy sent, if known */
+	struct list park;               /* on a->parked while it waits for the overrides */
 	const struct rule_tier *tier;   /* ref: rs, the tier applied */
 	const char *tier_name;          /* ref: rs, for metrics */
 	char client[64];                /* fingerprint for top offenders */
@@ -770,11 +775,6 @@ static bool part_start(struct decision *d, struct part *pt)
 		blocked_put(a, pt);
 		return false;
 	}
-	if (a->ovr && !ovr_settled(a->ovr)) {
-		/* just started: Redis decides once the overrides in force are known */
-		pt->st = STORE_DOWN;
-		return false;
-	}
 	d->waiting++;
 	a->pending++;
 	pt->t_sent = mono();
@@ -1075,11 +1075,12 @@ static void read_args(struct spop_msg *m, struct req_args *ra)
 	}
 }
 
+static void decision_begin(struct decision *d);
+
 static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 {
 	struct agent *a = arg;
 	struct ruleset *rs = a->rs;
-	const struct rule_tier *tier = NULL;
 	struct decision *d;
 	struct req_args ra;
 	struct spop_msg m;
@@ -1109,6 +1110,7 @@ static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 	d->t0 = mono();
 	d->a = a;
 	d->req = req;
+	list_init(&d->park);
 	d->rs = ruleset_ref(rs);
 	d->ip = ra.ip;
 	d->cost = ra.cost;
@@ -1116,13 +1118,37 @@ static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 		a->invalid_costs++;
 	d->ep = ruleset_endpoint(rs, ra.route.p, ra.route.len, ra.method.p, ra.method.len,
 				 ra.path.p, ra.path.len);
-	if (!ra.key.len) {
+	d->keyed = ra.key.len > 0;
+	if (d->keyed) {
+		principal_key(d, ra.key.p, ra.key.len);
+		d->sent_tier = ruleset_tier_find(rs, ra.tier.p, ra.tier.len);
+	}
+	decision_begin(d);
+}
+
+/*
+ * Decides <d>, whose arguments were read: a block override answers at once;
+ * else the tier (looked up in Redis if needed), then decision_run(). Right
+ * after start, while the overrides in force are not known yet and Redis is
+ * ready, it waits for them on a->parked (one or two round trips).
+ */
+static void decision_begin(struct decision *d)
+{
+	struct agent *a = d->a;
+	const struct ruleset *rs = d->rs;
+	const struct rule_tier *tier = d->sent_tier;
+
+	if (a->ovr && !ovr_settled(a->ovr) && !a->no_park && store_ready(a->store)) {
+		list_append(&a->parked, &d->park);
+		a->pending++;
+		ovr_kick(a->ovr); /* may wake us at once */
+		return;
+	}
+	if (!d->keyed) {
 		if (!deny_blocked(d, false, &rs->anon))
 			decision_run(d, NULL);
 		return;
 	}
-	principal_key(d, ra.key.p, ra.key.len);
-	tier = ruleset_tier_find(rs, ra.tier.p, ra.tier.len);
 	/* before any Redis call, the tier lookup included: a blocked client costs Redis nothing */
 	if (a->ovr && ovr_count(a->ovr) &&
 	    deny_blocked(d, true,
@@ -1361,6 +1387,28 @@ static void quota_setup(struct agent *a, const struct ruleset *rs)
 	quota_configure(a->quota, &o, leasing);
 }
 
+/* The first overrides load was tried, or Redis went: the parked decisions go on. */
+static void ovr_wake(void *arg)
+{
+	struct agent *a = arg;
+	struct list l;
+
+	if (list_empty(&a->parked))
+		return;
+	/* taken off first: a decision that must wait again goes back on a->parked */
+	l = a->parked;
+	l.next->prev = &l;
+	l.prev->next = &l;
+	list_init(&a->parked);
+	while (!list_empty(&l)) {
+		struct decision *d = LIST_ELEM(l.next, struct decision, park);
+
+		list_del(&d->park);
+		a->pending--;
+		decision_begin(d);
+	}
+}
+
 /* Counts a reload for the metrics. */
 void agent_note_reload(struct agent *a, bool ok, uint64_t generation)
 {
@@ -1397,6 +1445,7 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 
 	a->loop = loop;
 	a->rs = rs;
+	list_init(&a->parked);
 	a->srv = spoa_server_new(loop, &o, &h);
 	a->metrics = opts->metrics;
 	if (a->metrics) {
@@ -1448,7 +1497,7 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 		}
 		quota_setup(a, rs);
 		if (rs->cfg->overrides.enabled)
-			a->ovr = ovr_new(loop, a->store, &ovr_opts);
+			a->ovr = ovr_new(loop, a->store, &ovr_opts, ovr_wake, a);
 	}
 	*out = a;
 	return 0;
@@ -1591,6 +1640,9 @@ void agent_free(struct agent *a)
 		return;
 	ev_timer_stop(a->loop, &a->publish);
 	http_server_free(a->http);
+	/* decisions still waiting for the overrides go to the store, which answers them */
+	a->no_park = true;
+	ovr_wake(a);
 	/* first answer what is still in flight (the failure ladder decides, ACKs go
 	 * out on the open connections), then say goodbye */
 	store_free(a->store);

@@ -67,6 +67,8 @@ struct overrides {
 	uint64_t version;               /* hash of that field's value */
 	bool busy;                      /* a command in flight (its callback owes us) */
 	bool settled;                   /* the first load was tried (or Redis was) */
+	void (*wake)(void *arg);        /* decisions waiting for that, to go on */
+	void *wake_arg;
 	ev_timer poll;
 	struct ovr_stats stats;
 	double backoff;                 /* pause after an error reply, doubling (0: none) */
@@ -741,20 +743,31 @@ static void load(struct overrides *ov, const char *buf, size_t len)
 	LOG(LOG_INFO, "overrides: loaded %zu entries (%zu fields read)", nt.n, pairs);
 }
 
+/*
+ * The first load was tried (whatever came of it), or Redis went away: the
+ * decisions waiting for it (ovr_new()'s <wake>) may go on.
+ */
+static void settle(struct overrides *ov)
+{
+	if (ov->settled)
+		return;
+	ov->settled = true;
+	if (ov->wake)
+		ov->wake(ov->wake_arg);
+}
+
 static void all_cb(enum store_status st, const char *val, size_t len, void *arg)
 {
 	struct overrides *ov = arg;
 
 	ov->busy = false;
-	ov->settled = true;
-	if (st == STORE_SHUTDOWN)
-		return;
-	if (st != STORE_OK || !val) {
+	if (st == STORE_OK && val) {
+		ov->backoff = 0;
+		load(ov, val, len);
+	} else if (st != STORE_SHUTDOWN) {
 		poll_error(ov, "HGETALL", st);
-		return;
 	}
-	ov->backoff = 0;
-	load(ov, val, len);
+	settle(ov);
 }
 
 static void version_cb(enum store_status st, const char *val, size_t len, void *arg)
@@ -764,22 +777,49 @@ static void version_cb(enum store_status st, const char *val, size_t len, void *
 	int ret;
 
 	ov->busy = false;
-	if (st == STORE_SHUTDOWN)
-		return;
 	if (st != STORE_OK) {
-		ov->settled = true;
-		poll_error(ov, "version check", st);
+		if (st != STORE_SHUTDOWN)
+			poll_error(ov, "version check", st);
+		settle(ov);
 		return;
 	}
 	ov->backoff = 0;
 	if (ov->have_version && set == ov->version_set && (!set || hll_hash(val, len) == ov->version)) {
-		ov->settled = true;
+		settle(ov);
 		return;
 	}
 	ret = store_hgetall(ov->st, ov->key, all_cb, ov);
 	if (ret < 0) {
-		ov->settled = true;
 		poll_error(ov, "HGETALL", (enum store_status)-ret);
+		settle(ov);
+		return;
+	}
+	ov->busy = true;
+}
+
+/* Sends a version check now, unless one is in flight or Redis cannot take it. */
+static void poll_send(struct overrides *ov)
+{
+	int ret;
+
+	if (ov->busy || mono() < ov->next_at)
+		return;
+	if (!store_ready(ov->st)) {
+		/* decisions waiting for the first load go to the failure ladder meanwhile */
+		if (!ov->settled && ov->wake)
+			ov->wake(ov->wake_arg);
+		return;
+	}
+	if (store_stats(ov->st)->breaker_open) {
+		/* its probe must be a decision, never our poll (which decisions would wait for) */
+		settle(ov);
+		return;
+	}
+	ov->stats.polls++;
+	ret = store_hget(ov->st, ov->key, "version", version_cb, ov);
+	if (ret < 0) {
+		poll_error(ov, "version check", (enum store_status)-ret);
+		settle(ov);
 		return;
 	}
 	ov->busy = true;
@@ -788,7 +828,6 @@ static void version_cb(enum store_status st, const char *val, size_t len, void *
 static void poll_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	struct overrides *ov = container_of(t, struct overrides, poll);
-	int ret;
 
 	(void)loop;
 	(void)revents;
@@ -797,35 +836,26 @@ static void poll_cb(struct ev_loop *loop, ev_timer *t, int revents)
 		t->repeat = ov->poll_ms / 1000.;
 		ev_timer_again(ov->loop, t);
 	}
-	if (ov->busy || !store_ready(ov->st) || mono() < ov->next_at)
-		return;
-	if (store_stats(ov->st)->breaker_open) {
-		/* its probe must be a decision, never our poll (which decisions would wait for) */
-		ov->settled = true;
-		return;
-	}
-	ov->stats.polls++;
-	ret = store_hget(ov->st, ov->key, "version", version_cb, ov);
-	if (ret < 0) {
-		ov->settled = true;
-		poll_error(ov, "version check", (enum store_status)-ret);
-		return;
-	}
-	ov->busy = true;
+	poll_send(ov);
 }
 
 /* ---- API ------------------------------------------------------------------ */
 
 /*
  * Starts polling the overrides of <o>->key_prefix on <st> (which must outlive
- * the table: free the store first, its callbacks still reach us).
+ * the table: free the store first, its callbacks still reach us). <wake>
+ * (<arg>) is called when decisions held until the first load (ovr_settled()
+ * false while Redis is ready) should look again: it was tried, or Redis went.
  */
-struct overrides *ovr_new(struct ev_loop *loop, struct store *st, const struct ovr_opts *o)
+struct overrides *ovr_new(struct ev_loop *loop, struct store *st, const struct ovr_opts *o,
+			  void (*wake)(void *arg), void *arg)
 {
 	struct overrides *ov = xcalloc(1, sizeof(*ov));
 
 	ov->loop = loop;
 	ov->st = st;
+	ov->wake = wake;
+	ov->wake_arg = arg;
 	ovr_configure(ov, o);
 	table_init(&ov->tab, 0);
 	ev_timer_init(&ov->poll, poll_cb, 0., OVR_START_S);
@@ -867,6 +897,12 @@ void ovr_free(struct overrides *ov)
 bool ovr_settled(const struct overrides *ov)
 {
 	return ov->settled;
+}
+
+/* A decision waits for the first load: ask now rather than at the next tick. */
+void ovr_kick(struct overrides *ov)
+{
+	poll_send(ov);
 }
 
 size_t ovr_count(const struct overrides *ov)

@@ -112,10 +112,12 @@ bool ovr_adjust(const struct ovr_entry *e, const char *limit, uint64_t rate, uin
 		uint64_t *nrate, uint64_t *nburst);
 
 /* ---- the table each agent keeps ---- */
-struct overrides *ovr_new(struct ev_loop *loop, struct store *st, const struct ovr_opts *o);
+struct overrides *ovr_new(struct ev_loop *loop, struct store *st, const struct ovr_opts *o,
+			  void (*wake)(void *arg), void *arg);
 void ovr_configure(struct overrides *ov, const struct ovr_opts *o);
 void ovr_free(struct overrides *ov);
 bool ovr_settled(const struct overrides *ov);
+void ovr_kick(struct overrides *ov);
 size_t ovr_count(const struct overrides *ov);
 const struct ovr_entry *ovr_match_key(const struct overrides *ov, int kind,
 				      const uint8_t digest[16], int64_t now);

@@ -9,6 +9,7 @@ import time
 
 import spop_client as sc
 from conftest import SPOA_BIN, agent_env, parse_sf_list, wait_until
+from fake_redis import FakeRedis, resp_array
 from test_ops import fingerprint, scrape, top_json
 from test_quota import script_calls
 
@@ -272,8 +273,8 @@ def test_restart_keeps_the_blocks(redis, agent, haproxy):
                what="the block applied")
     a.kill()
     a.restart()
-    # the agent decides with Redis only once the overrides are loaded: the very first
-    # request after the restart is blocked (SPOP straight, no HAProxy health check between)
+    # the table is only in memory: reloaded from Redis at start (and decisions wait for
+    # it, see test_first_decisions_wait_for_the_overrides)
     with sc.SpopClient(a.addr) as c:
         c.hello()
         v = ask(c, 1, key="persistent")
@@ -304,3 +305,38 @@ def test_ctl_refuses_bad_input(redis, agent):
     # a raw key from standard input (not on the command line)
     out = ctl_ok(a, "block", "key:-", "--for", "1m", stdin="secret-key\n")
     assert "block:k:%s" % digest_hex("secret-key") in out, out
+
+
+def test_first_decisions_wait_for_the_overrides(agent):
+    """Right after start, a decision that arrives while the first load is in flight waits
+    for it (a Redis slow to answer the version check here): the blocked key never passes,
+    and the others are decided by Redis, not degraded."""
+    until = int(time.time()) + 600
+    entry = b"until=%d reason=restart" % until
+
+    class Slow(FakeRedis):
+        def _answer(self, argv):
+            name = argv[0].upper()
+            if name == b"HGET" and argv[1] == HASH.encode():
+                time.sleep(0.1)                 # below the agent's 150 ms command timeout
+                return b"$1\r\n1\r\n"
+            if name == b"HGETALL":
+                field = b"block:k:" + digest_hex("early").encode()
+                return resp_array([b"$%d\r\n%s\r\n" % (len(x), x) for x in (field, entry)])
+            return super()._answer(argv)
+
+    fr = Slow()
+    try:
+        a = agent(redis=fr, metrics=True, wait_redis=False, **BIG)
+        wait_until(lambda: "single Redis" in a.proc.log_text(), 10, 0.005, "store ready")
+        with sc.SpopClient(a.addr) as c:
+            c.hello()
+            v = ask(c, 1, key="early")
+            assert v["allow"] == 0 and v["rule"] == "blocked", v
+            v = ask(c, 3, key="someone-else")
+            assert v["allow"] == 1 and "degraded" not in v, v
+        m = scrape(a)
+        assert m.get("spoa_ratelimit_degraded_total") == 0, m.samples
+        assert fr.count("HGETALL") >= 1
+    finally:
+        fr.close()

@@ -259,6 +259,7 @@ install: $(BIN)
 	  contrib/prometheus-alerts.yml contrib/grafana-dashboard.json README.md \
 	  $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit/
 	install -m 0644 contrib/README.md $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit/contrib.md
+	install -m 0644 doc/overrides.md $(DESTDIR)$(PREFIX)/share/doc/spoa-ratelimit/overrides.md
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/spoa-ratelimit

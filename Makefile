@@ -51,8 +51,9 @@ endif
 
 SPOA_SRC  = spoa/spop.c spoa/server.c
 AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/store_node.c \
-            src/store_cluster.c src/store_batch.c src/limiter.c src/digest.c src/log.c src/util.c src/memstore.c \
-            src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c src/normalize.c
+            src/store_cluster.c src/store_batch.c src/limiter.c src/digest.c src/log.c src/util.c \
+            src/memstore.c src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c \
+            src/normalize.c src/overrides.c src/ctl.c
 SPOA_OBJ  = $(SPOA_SRC:%.c=$(BUILD)/%.o)
 AGENT_OBJ = $(AGENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/scripts.o
 LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lua \
@@ -61,7 +62,7 @@ LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lu
 BIN       = $(BUILD)/spoa-ratelimit
 LIBSPOA   = $(BUILD)/libspoa.a
 UNIT_BINS = $(BUILD)/test_spop $(BUILD)/test_limiter $(BUILD)/test_memstore $(BUILD)/test_obs \
-            $(BUILD)/test_normalize
+            $(BUILD)/test_normalize $(BUILD)/test_overrides
 MODEL     = $(BUILD)/limit_model
 REPLAY    = $(BUILD)/fuzz_replay
 
@@ -133,6 +134,12 @@ $(BUILD)/test_normalize: tests/unit/test_normalize.c $(BUILD)/src/normalize.o $(
                          $(BUILD)/src/log.o $(BUILD)/spoa/spop.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lcmocka -lm
+
+# the parser lives with the agent's runtime: link every agent object but main()
+$(BUILD)/test_overrides: tests/unit/test_overrides.c $(filter-out $(BUILD)/src/main.o,$(AGENT_OBJ)) \
+                         $(LIBSPOA)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LIBS) -lcmocka
 
 $(MODEL): tests/tools/limit_model.c $(BUILD)/src/limiter.o
 	@echo "  LD      $@"

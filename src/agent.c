@@ -44,6 +44,7 @@
 #include "log.h"
 #include "memstore.h"
 #include "metrics.h"
+#include "overrides.h"
 #include "quota.h"
 #include "rules.h"
 #include "spoa.h"
@@ -118,6 +119,11 @@ struct agent {
 	struct http_server *http;       /* owned or NULL */
 	struct blocked_slot *blocked;   /* owned: BLOCKED_SLOTS, or NULL when disabled */
 	uint64_t blocked_hits;
+	struct overrides *ovr;          /* owned, NULL unless store "redis" and overrides.enabled */
+	uint64_t ovr_blocked;           /* requests denied by a block override */
+	uint64_t ovr_limited;           /* decisions with limits changed by an override */
+	struct list parked;             /* decisions waiting for the first overrides load */
+	bool no_park;                   /* stopping: nothing waits any more */
 	ev_timer publish;               /* copies gauges and top-K snapshots into ms */
 	size_t ntopk;
 	struct {
@@ -131,6 +137,9 @@ struct applied {
 	const struct rule_limit *l;     /* ref: into the decision's ruleset */
 	int part;                       /* which store query: 0 principal, 1 global */
 	size_t slot;                    /* index inside that query */
+	uint64_t rate;                  /* l->rate, or a limit override's */
+	uint64_t capacity;              /* l->capacity, or a limit override's */
+	struct limit_params local_lp;   /* l->local_lp, or a limit override's */
 };
 
 /* One store query of a decision and its outcome. */
@@ -164,6 +173,10 @@ struct decision {
 	struct spop_data ip;
 	int64_t cost;                   /* from HAProxy, or -1 (COST_MAX when invalid) */
 	bool closed;                    /* a fail-closed limit denied */
+	bool overridden;                /* some limit has a limit override's parameters */
+	bool keyed;                     /* an API key was sent */
+	const struct rule_tier *sent_tier; /* ref: rs, the tier HAProxy sent, if known */
+	struct list park;               /* on a->parked while it waits for the overrides */
 	const struct rule_tier *tier;   /* ref: rs, the tier applied */
 	const char *tier_name;          /* ref: rs, for metrics */
 	char client[64];                /* fingerprint for top offenders */
@@ -247,6 +260,26 @@ static void render_policy(const struct decision *d, char *buf, size_t len)
 	size_t i, used = 0;
 
 	buf[0] = 0;
+	if (d->overridden) {
+		/* the rates in force (ack_size() made room for them), within policy_max */
+		size_t cap = len < d->rs->policy_max + 1 ? len : d->rs->policy_max + 1;
+
+		for (i = 0; i < d->n && used < cap; i++) {
+			if (d->ap[i].l->shadow)
+				continue;
+			used += (size_t)snprintf(buf + used, cap - used, "%s\"%s\";q=%llu;w=%llu",
+						 used ? ", " : "", d->ap[i].l->name,
+						 (unsigned long long)d->ap[i].rate,
+						 (unsigned long long)d->ap[i].l->period_s);
+			if (used < cap && d->ap[i].capacity != d->ap[i].rate)
+				used += (size_t)snprintf(buf + used, cap - used, ";rl-burst=%llu",
+							 (unsigned long long)d->ap[i].capacity);
+		}
+		if (used < cap)
+			return;
+		buf[0] = 0;
+		used = 0;
+	}
 	for (i = 0; i < 3 && used < len; i++)
 		if (parts[i][0])
 			used += (size_t)snprintf(buf + used, len - used, "%s%s", used ? ", " : "",
@@ -294,7 +327,7 @@ static void fallback(struct decision *d, struct part *pt)
 			d->closed = true;
 		} else if (l->on_failure == FAIL_LOCAL) {
 			memcpy(lq.keys[lq.n], pt->q.keys[slot], sizeof(lq.keys[0]));
-			lq.params[lq.n] = l->local_lp;
+			lq.params[lq.n] = d->ap[i].local_lp;
 			lq.cost[lq.n] = pt->q.cost[slot];
 			map[lq.n++] = slot;
 		}
@@ -456,7 +489,7 @@ static void respond(struct decision *d)
 	set_str(req, "ratelimit", buf);
 	if (d->rs->cfg->legacy_headers) {
 		/* the legacy trio describes the bucket: what it holds, what is left, when full */
-		set_int(req, "limit", (int64_t)l->capacity);
+		set_int(req, "limit", (int64_t)d->ap[li_best].capacity);
 		set_int(req, "remaining", pv->remaining);
 		set_int(req, "reset", t);
 	}
@@ -705,9 +738,12 @@ int64_t now_us_real(void)
 	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-/* Adds the limits of <t> to part <p> of <d>, keyed "<prefix>:{<principal>}:<limit><sfx>". */
+/*
+ * Adds the limits of <t> to part <p> of <d>, keyed "<prefix>:{<principal>}:<limit><sfx>",
+ * with the parameters of limit override <ov> (NULL: none).
+ */
 static void add_limits(struct decision *d, int p, const struct rule_tier *t, const char *principal,
-		       const char *sfx)
+		       const char *sfx, const struct ovr_entry *ov)
 {
 	struct part *pt = &d->parts[p];
 	size_t i;
@@ -735,8 +771,24 @@ static void add_limits(struct decision *d, int p, const struct rule_tier *t, con
 		}
 		pt->q.params[pt->q.n] = l->lp;
 		pt->q.cost[pt->q.n] = cost;
+		d->ap[d->n].rate = l->rate;
+		d->ap[d->n].capacity = l->capacity;
+		d->ap[d->n].local_lp = l->local_lp;
+		if (ov) {
+			const struct cfg_limit *cl = &d->rs->cfg->limits[t->idx[i]];
+			uint64_t rate, burst;
+
+			/* the parameters travel with this call: every bucket of the key at once */
+			if (ovr_adjust(ov, l->name, cl->rate, cl->burst, &rate, &burst)) {
+				rule_limit_params(d->rs->cfg, cl, rate, burst, &pt->q.params[pt->q.n],
+						  &d->ap[d->n].local_lp);
+				d->ap[d->n].rate = rate;
+				d->ap[d->n].capacity = cl->alg == ALG_GCRA ? burst : rate;
+				d->overridden = true;
+			}
+		}
 		if (!l->shadow && cost > 0) {
-			double c = l->budget * (double)l->rate / (double)cost;
+			double c = l->budget * (double)d->ap[d->n].rate / (double)cost;
 
 			pt->cap = pt->cap < 0 || c < pt->cap ? c : pt->cap;
 		}
@@ -929,6 +981,77 @@ static void deny_no_address(struct decision *d)
 	decision_free(d);
 }
 
+/* The source address of <d> as bytes: 4 or 16 of them, or 0 without one. */
+static size_t ip_bytes(const struct spop_data *ip, const uint8_t **b)
+{
+	*b = ip->type == SPOP_T_IPV4 ? ip->v.ipv4 : ip->v.ipv6;
+	return ip->type == SPOP_T_IPV4 ? 4 : ip->type == SPOP_T_IPV6 ? 16 : 0;
+}
+
+/*
+ * The limit override of <d>'s principal, or NULL: its API key's when <keyed>,
+ * else its address's (anonymous clients). Valid until the loop runs again.
+ */
+static const struct ovr_entry *ovr_limit(const struct decision *d, bool keyed)
+{
+	const struct overrides *ov = d->a->ovr;
+	const uint8_t *b;
+	size_t len;
+
+	if (!ov || !ovr_count(ov))
+		return NULL;
+	if (keyed)
+		return ovr_match_key(ov, OVR_LIMIT, d->digest, now_us_real() / 1000000);
+	len = ip_bytes(&d->ip, &b);
+	return len ? ovr_match_addr(ov, OVR_LIMIT, b, len, now_us_real() / 1000000) : NULL;
+}
+
+/*
+ * Answers <d> at once when a block override covers its API key (<keyed>) or
+ * its source address: denied with the block's status and a Retry-After of
+ * the time it has left, counted under the rule "blocked" and tier <tier>
+ * (NULL: not known without a lookup); no Redis call at all. Returns false
+ * (nothing done) when it is not blocked.
+ */
+static bool deny_blocked(struct decision *d, bool keyed, const struct rule_tier *tier)
+{
+	struct agent *a = d->a;
+	const struct ovr_entry *e = NULL;
+	const uint8_t *b;
+	int64_t now_ms, left;
+	size_t len;
+
+	if (!a->ovr || !ovr_count(a->ovr))
+		return false;
+	now_ms = now_us_real() / 1000;
+	if (keyed)
+		e = ovr_match_key(a->ovr, OVR_BLOCK, d->digest, now_ms / 1000);
+	len = ip_bytes(&d->ip, &b);
+	if (!e && len)
+		e = ovr_match_addr(a->ovr, OVR_BLOCK, b, len, now_ms / 1000);
+	if (!e)
+		return false;
+	left = e->until * 1000 - now_ms;
+	set_int(d->req, "allow", 0);
+	set_int(d->req, "status", ovr_block_status(a->ovr, e));
+	set_int(d->req, "retry_after", ms_to_s(left, 1));
+	set_str(d->req, "rule", "blocked");
+	a->outcomes[OUT_DENIED]++;
+	a->ovr_blocked++;
+	if (a->ms) {
+		if (keyed)
+			snprintf(d->client, sizeof(d->client), "%.10s", d->principal);
+		else
+			client_ip(d->rs, &d->ip, d->client, sizeof(d->client));
+		metrics_decision(a->ms, tier ? tier->name : "-", "blocked", MR_DENIED);
+		note_denied(a, "blocked", d->client);
+		prom_hist_observe(&a->ms->decision_lat, mono() - d->t0);
+	}
+	spoa_req_done(d->req);
+	decision_free(d);
+	return true;
+}
+
 /*
  * Builds the store queries of <d> for tier <tier> (NULL: anonymous) and
  * decides them (see decision_next()).
@@ -936,6 +1059,7 @@ static void deny_no_address(struct decision *d)
 static void decision_run(struct decision *d, const struct rule_tier *tier)
 {
 	const struct ruleset *rs = d->rs;
+	const struct ovr_entry *ov;
 	char principal[80];
 	char sfx[72];
 
@@ -958,15 +1082,18 @@ static void decision_run(struct decision *d, const struct rule_tier *tier)
 	}
 	d->tier = tier;
 	d->tier_name = tier->name;
-	add_limits(d, 0, tier, principal, "");
+	ov = ovr_limit(d, tier != &rs->anon);
+	add_limits(d, 0, tier, principal, "", ov);
 	if (d->ep) {
 		char global[80];
 
 		snprintf(sfx, sizeof(sfx), "@%s", d->ep->name);
-		add_limits(d, 0, &d->ep->extra, principal, sfx);
+		add_limits(d, 0, &d->ep->extra, principal, sfx, ov);
 		snprintf(global, sizeof(global), "g:%s", d->ep->name);
-		add_limits(d, 1, &d->ep->global, global, "");
+		add_limits(d, 1, &d->ep->global, global, "", NULL);
 	}
+	if (d->overridden)
+		d->a->ovr_limited++;
 	decision_next(d);
 }
 
@@ -1086,11 +1213,12 @@ static void read_args(struct spop_msg *m, struct req_args *ra)
 	}
 }
 
+static void decision_begin(struct decision *d);
+
 static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 {
 	struct agent *a = arg;
 	struct ruleset *rs = a->rs;
-	const struct rule_tier *tier = NULL;
 	struct decision *d;
 	struct req_args ra;
 	struct spop_msg m;
@@ -1120,6 +1248,7 @@ static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 	d->t0 = mono();
 	d->a = a;
 	d->req = req;
+	list_init(&d->park);
 	d->rs = ruleset_ref(rs);
 	d->ip = ra.ip;
 	d->cost = ra.cost;
@@ -1127,12 +1256,45 @@ static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 		a->invalid_costs++;
 	d->ep = ruleset_endpoint(rs, ra.route.p, ra.route.len, ra.method.p, ra.method.len,
 				 ra.path.p, ra.path.len);
-	if (!ra.key.len) {
-		decision_run(d, NULL);
+	d->keyed = ra.key.len > 0;
+	if (d->keyed) {
+		principal_key(d, ra.key.p, ra.key.len);
+		d->sent_tier = ruleset_tier_find(rs, ra.tier.p, ra.tier.len);
+	}
+	decision_begin(d);
+}
+
+/*
+ * Decides <d>, whose arguments were read: a block override answers at once;
+ * else the tier (looked up in Redis if needed), then decision_run(). Right
+ * after start, while the overrides in force are not known yet and Redis is
+ * ready, it waits for them on a->parked (one or two round trips).
+ */
+static void decision_begin(struct decision *d)
+{
+	struct agent *a = d->a;
+	const struct ruleset *rs = d->rs;
+	const struct rule_tier *tier = d->sent_tier;
+
+	if (a->ovr && !ovr_settled(a->ovr) && !a->no_park && store_ready(a->store)) {
+		list_append(&a->parked, &d->park);
+		a->pending++;
+		ovr_kick(a->ovr); /* may wake us at once */
 		return;
 	}
-	principal_key(d, ra.key.p, ra.key.len);
-	tier = ruleset_tier_find(rs, ra.tier.p, ra.tier.len);
+	if (!d->keyed) {
+		if (!deny_blocked(d, false, &rs->anon))
+			decision_run(d, NULL);
+		return;
+	}
+	/* before any Redis call, the tier lookup included: a blocked client costs Redis nothing */
+	if (a->ovr && ovr_count(a->ovr) &&
+	    deny_blocked(d, true,
+			 tier ? tier
+			 : rs->cfg->tier_hash ? NULL /* not looked up */
+			 : rs->cfg->unknown_keys == UNKNOWN_DEFAULT_TIER ? &rs->tiers[rs->default_tier]
+									 : &rs->anon))
+		return;
 	if (!tier && rs->cfg->tier_hash && a->store && a->tcache) {
 		struct tier_slot *slot = tier_slot(a, d->digest);
 
@@ -1202,6 +1364,16 @@ static void publish(struct agent *a)
 	ms->c[MC_REFUNDS] = a->refunds;
 	ms->c[MC_REFUNDS_LOST] = a->refunds_lost;
 	ms->c[MC_BLOCKED_HITS] = a->blocked_hits;
+	ms->c[MC_OVR_BLOCKED] = a->ovr_blocked;
+	ms->c[MC_OVR_LIMITED] = a->ovr_limited;
+	if (a->ovr) {
+		const struct ovr_stats *os = ovr_stats(a->ovr);
+
+		ms->c[MC_OVR_ENTRIES] = os->entries;
+		ms->c[MC_OVR_LOADS] = os->loads;
+		ms->c[MC_OVR_SKIPPED] = os->skipped;
+		ms->c[MC_OVR_POLL_ERRORS] = os->poll_errors;
+	}
 	ms->c[MC_LOCAL_DECISIONS] = a->local_decisions;
 	ms->c[MC_INVALID_COSTS] = a->invalid_costs;
 	ms->c[MC_NO_ADDRESS] = a->no_address;
@@ -1309,6 +1481,9 @@ static void http_cb(const char *path, struct http_reply *r, void *arg)
 		publish(a);
 		http_reply_status(r, 200, "application/json");
 		metrics_render_top(a->metrics, r);
+	} else if (strcmp(path, "/overrides") == 0 && a->ovr) {
+		http_reply_status(r, 200, "application/json");
+		ovr_render(a->ovr, r);
 	} else if (strcmp(path, "/healthz") == 0) {
 		http_reply_status(r, 200, "text/plain");
 		http_reply_printf(r, "ok\n");
@@ -1352,6 +1527,28 @@ static void quota_setup(struct agent *a, const struct ruleset *rs)
 	quota_configure(a->quota, &o, leasing);
 }
 
+/* The first overrides load was tried, or Redis went: the parked decisions go on. */
+static void ovr_wake(void *arg)
+{
+	struct agent *a = arg;
+	struct list l;
+
+	if (list_empty(&a->parked))
+		return;
+	/* taken off first: a decision that must wait again goes back on a->parked */
+	l = a->parked;
+	l.next->prev = &l;
+	l.prev->next = &l;
+	list_init(&a->parked);
+	while (!list_empty(&l)) {
+		struct decision *d = LIST_ELEM(l.next, struct decision, park);
+
+		list_del(&d->park);
+		a->pending--;
+		decision_begin(d);
+	}
+}
+
 /* Counts a reload for the metrics. */
 void agent_note_reload(struct agent *a, bool ok, uint64_t generation)
 {
@@ -1379,12 +1576,17 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 			      .stale_ms = rs->cfg->spoe_timeout_ms,
 			      .ack_max = rs->ack_max,
 			      .reuseport = opts->reuseport};
+	struct ovr_opts ovr_opts = {.key_prefix = rs->cfg->redis.key_prefix,
+				    .poll_ms = rs->cfg->overrides.poll_ms,
+				    .max_entries = rs->cfg->overrides.max_entries,
+				    .block_status = rs->cfg->overrides.block_status};
 	char err[256];
 	size_t i;
 
 	a->dcache = xcalloc(DCACHE_SLOTS, sizeof(*a->dcache));
 	a->loop = loop;
 	a->rs = rs;
+	list_init(&a->parked);
 	a->srv = spoa_server_new(loop, &o, &h);
 	a->metrics = opts->metrics;
 	if (a->metrics) {
@@ -1436,6 +1638,8 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 			goto fail;
 		}
 		quota_setup(a, rs);
+		if (rs->cfg->overrides.enabled)
+			a->ovr = ovr_new(loop, a->store, &ovr_opts, ovr_wake, a);
 	}
 	*out = a;
 	return 0;
@@ -1511,6 +1715,16 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 		FREE_AND_NULL(rs->cfg->tier_hash);
 	tier_cache_setup(a, rs);
 	quota_setup(a, rs);
+	if (o->overrides.enabled != n->overrides.enabled)
+		LOG(LOG_WARN, "reload: 'overrides.enabled' changed, ignored until restart");
+	if (a->ovr) {
+		struct ovr_opts oo = {.key_prefix = n->redis.key_prefix,
+				      .poll_ms = n->overrides.poll_ms,
+				      .max_entries = n->overrides.max_entries,
+				      .block_status = n->overrides.block_status};
+
+		ovr_configure(a->ovr, &oo);
+	}
 	/* cached denials were decided by the old limits */
 	if (!rs->cfg->blocked_cache)
 		FREE_AND_NULL(a->blocked);
@@ -1571,12 +1785,17 @@ void agent_free(struct agent *a)
 		return;
 	ev_timer_stop(a->loop, &a->publish);
 	http_server_free(a->http);
+	/* decisions still waiting for the overrides go to the store, which answers them */
+	a->no_park = true;
+	ovr_wake(a);
 	/* first answer what is still in flight (the failure ladder decides, ACKs go
 	 * out on the open connections), then say goodbye */
 	store_free(a->store);
 	a->store = NULL;
 	quota_free(a->quota);
 	a->quota = NULL;
+	ovr_free(a->ovr);
+	a->ovr = NULL;
 	spoa_server_disconnect_all(a->srv, SPOP_ST_NORMAL, "agent shutting down");
 	for (size_t i = 0; i < a->ntopk; i++)
 		topk_free(a->topk[i].t);

@@ -639,7 +639,7 @@ static void load_root(struct loader *ld, config_t *lc)
 		"listen", "log_level", "store", "message", "max_frame_size", "max_inflight", "redis",
 		"limits", "tiers", "default_tier", "anonymous", "response", "endpoints",
 		"unknown_keys", "tier_lookup", "reload", "fallback", "workers", "metrics", "blocked_cache",
-		"local_quota", "max_connections", "idle_timeout", "spoe_timeout", NULL};
+		"local_quota", "overrides", "max_connections", "idle_timeout", "spoe_timeout", NULL};
 	static const char *const known_redis[] = {"address", "user", "password", "key_prefix",
 						  "connect_timeout_ms", "command_timeout_ms",
 						  "max_pending", "breaker_failures",
@@ -859,6 +859,24 @@ static void load_root(struct loader *ld, config_t *lc)
 		cfg->metrics_listen = get_str(ld, s, "listen", NULL);
 		if (cfg->metrics_listen && strncmp(cfg->metrics_listen, "unix:", 5) == 0)
 			add_err(ld, line_of(s), "metrics: 'listen' must be ip:port");
+	}
+
+	s = config_setting_get_member(root, "overrides");
+	cfg->overrides.enabled = true;
+	cfg->overrides.poll_ms = 250;
+	cfg->overrides.max_entries = 10000;
+	cfg->overrides.block_status = 429;
+	if (s && !config_setting_is_group(s)) {
+		add_err(ld, line_of(s), "'overrides' must be a group");
+	} else if (s) {
+		static const char *const known_o[] = {"enabled", "poll", "max_entries",
+						      "block_status", NULL};
+
+		check_known(ld, s, "overrides", known_o);
+		get_bool(ld, s, "enabled", &cfg->overrides.enabled);
+		get_duration(ld, s, "poll", 10, 10000, &cfg->overrides.poll_ms);
+		get_uint(ld, s, "max_entries", 1, 1000000, &cfg->overrides.max_entries);
+		get_uint(ld, s, "block_status", 400, 599, &cfg->overrides.block_status);
 	}
 
 	s = config_setting_get_member(root, "reload");

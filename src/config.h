@@ -130,6 +130,12 @@ struct agent_config {
 	unsigned metrics_idle_timeout_ms; /* metrics connection deadline */
 	bool blocked_cache;             /* deny locally until a denial's Retry-After */
 	struct {
+		bool enabled;           /* poll Redis for live overrides (restart-only) */
+		unsigned poll_ms;       /* version check period */
+		unsigned max_entries;   /* entries kept in memory */
+		unsigned block_status;  /* HTTP status of a block without its own */
+	} overrides;
+	struct {
 		unsigned lease_ms;      /* lease lifetime asked for (Redis time) */
 		unsigned heartbeat_ms;  /* gateway heartbeat period (alive for 3 periods) */
 		unsigned flush_ms;      /* pre-checked usage reported at least this often */

@@ -22,6 +22,7 @@
 
 #include "agent.h"
 #include "config.h"
+#include "ctl.h"
 #include "digest.h"
 #include "log.h"
 #include "metrics.h"
@@ -53,6 +54,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: spoa-ratelimit [-f FILE] [-c] [-d] [-w N] [-V] [-h]\n"
+		"       spoa-ratelimit ctl [-f FILE] COMMAND ...   live overrides (ctl -h)\n"
 		"  -f FILE  configuration file (default /etc/spoa-ratelimit/spoa-ratelimit.conf)\n"
 		"  -w N     worker processes (overrides `workers`; 1 = no master process)\n"
 		"  -c       check the configuration and exit (errors as file:line: message)\n"
@@ -425,6 +427,8 @@ int main(int argc, char **argv)
 	struct ruleset *rs;
 	int opt, workers = 0;
 
+	if (argc > 1 && strcmp(argv[1], "ctl") == 0)
+		return ctl_main(argc - 1, argv + 1);
 	while ((opt = getopt(argc, argv, "f:cdw:Vh")) != -1) {
 		switch (opt) {
 		case 'f':

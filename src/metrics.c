@@ -417,6 +417,23 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 	family_u64(r, m, "spoa_ratelimit_blocked_cache_hits_total", PROM_COUNTER,
 		   "Denials answered locally, without Redis, until their Retry-After.",
 		   MC_BLOCKED_HITS);
+	family_u64(r, m, "spoa_ratelimit_override_blocked_total", PROM_COUNTER,
+		   "Requests denied by a block override (rule \"blocked\"), without Redis.",
+		   MC_OVR_BLOCKED);
+	family_u64(r, m, "spoa_ratelimit_override_limited_total", PROM_COUNTER,
+		   "Decisions made with limits changed by a limit override.", MC_OVR_LIMITED);
+	prom_family(r, "spoa_ratelimit_override_entries", PROM_GAUGE,
+		    "Override entries loaded from Redis (the largest count among workers).");
+	prom_sample_u64(r, "spoa_ratelimit_override_entries", NULL, 0,
+			max_counter(m, MC_OVR_ENTRIES));
+	family_u64(r, m, "spoa_ratelimit_override_loads_total", PROM_COUNTER,
+		   "Override tables loaded (the version in Redis changed).", MC_OVR_LOADS);
+	family_u64(r, m, "spoa_ratelimit_override_skipped_total", PROM_COUNTER,
+		   "Override entries skipped: not parsable, or beyond overrides.max_entries.",
+		   MC_OVR_SKIPPED);
+	family_u64(r, m, "spoa_ratelimit_override_poll_errors_total", PROM_COUNTER,
+		   "Override version checks or loads that failed (the loaded table stays).",
+		   MC_OVR_POLL_ERRORS);
 	family_u64(r, m, "spoa_ratelimit_lease_grants_total", PROM_COUNTER,
 		   "Redis calls that granted a lease of tokens to spend locally.", MC_LEASE_GRANTS);
 	prom_family(r, "spoa_ratelimit_local_quota_requests_total", PROM_COUNTER,

@@ -96,6 +96,12 @@ enum met_counter {
 	MC_SPOP_IDLE_TIMEOUTS,  /* SPOP connections closed by idle_timeout */
 	MC_SPOP_REFUSED,        /* SPOP connections refused: every one busy, or no fd */
 	MC_HTTP_EVICTED,        /* idle metrics connections closed to admit a new one */
+	MC_OVR_BLOCKED,         /* requests denied by a block override */
+	MC_OVR_LIMITED,         /* decisions with limits changed by a limit override */
+	MC_OVR_ENTRIES,         /* gauge: overrides loaded */
+	MC_OVR_LOADS,           /* override tables loaded */
+	MC_OVR_SKIPPED,         /* override entries skipped (bad, or over the cap) */
+	MC_OVR_POLL_ERRORS,     /* override polls or loads that failed */
 	MC_COUNT                /* sentinel */
 };
 

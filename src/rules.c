@@ -5,10 +5,13 @@
 #include <string.h>
 
 #include "normalize.h"
+#include "overrides.h"
 #include "spop.h"
 #include "util.h"
 
 #define ACK_SLACK 256   /* room for answer variables added without updating ack_size() */
+
+_Static_assert(OVR_RATE_MAX < UINT64_C(10000000000000), "override rates fit 13 digits");
 
 static void tier_compile(struct ruleset *rs, const struct cfg_tier *ct, struct rule_tier *t)
 {
@@ -89,7 +92,8 @@ static size_t ack_size(struct ruleset *rs)
 		if (l > eppol)
 			eppol = l;
 	}
-	policy = tier + eppol + 2;
+	/* a limit override may raise each rate to 13 digits (below OVR_RATE_MAX) */
+	policy = tier + eppol + 2 + 12 * STORE_MAX_LIMITS;
 	rs->policy_max = policy;
 	n += setvar_str_size("shadow", name) + setvar_str_size("endpoint", ep) +
 	     setvar_str_size("policy", policy) + setvar_str_size("rule", name) +
@@ -99,6 +103,32 @@ static size_t ack_size(struct ruleset *rs)
 	     setvar_int_size("retry_after") + setvar_int_size("limit") +
 	     setvar_int_size("remaining") + setvar_int_size("reset");
 	return n + ACK_SLACK;
+}
+
+/*
+ * The script parameters <lp> of limit <cl> of <cfg> at <rate> tokens per
+ * period with bucket <burst> (its own, or a limit override's), and <local>,
+ * those of its local fallback variant: a configured local_rate (scaled like
+ * the rate), else this gateway's share of the rate.
+ */
+void rule_limit_params(const struct agent_config *cfg, const struct cfg_limit *cl, uint64_t rate,
+		       uint64_t burst, struct limit_params *lp, struct limit_params *local)
+{
+	uint64_t lr, lb;
+
+	if (cl->alg == ALG_SLIDING_LOG && rate > LOG_RATE_MAX)
+		rate = LOG_RATE_MAX;
+	if (!rate)
+		rate = 1;
+	limit_params_init(lp, cl->alg, rate, cl->period_ms, burst);
+	lp->shadow = cl->shadow;
+	lr = cl->local_rate ? (uint64_t)((unsigned __int128)cl->local_rate * rate / cl->rate)
+			    : (rate + cfg->gateways - 1) / cfg->gateways;
+	if (!lr)
+		lr = 1;
+	lb = cl->alg == ALG_GCRA ? (uint64_t)(((unsigned __int128)burst * lr + rate - 1) / rate) : 0;
+	limit_params_init(local, cl->alg, lr, cl->period_ms, lb ? lb : lr);
+	local->shadow = cl->shadow;
 }
 
 /*
@@ -122,22 +152,10 @@ struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen)
 		l->rate = cl->rate;
 		l->capacity = cl->alg == ALG_GCRA ? cl->burst : cl->rate;
 		l->period_s = (cl->period_ms + 999) / 1000;
-		limit_params_init(&l->lp, cl->alg, cl->rate, cl->period_ms, cl->burst);
-		l->lp.shadow = cl->shadow;
+		rule_limit_params(cfg, cl, cl->rate, cl->burst, &l->lp, &l->local_lp);
 		l->shadow = cl->shadow;
 		l->on_failure = cl->on_failure;
 		l->budget = cl->budget;
-		{
-			/* a configured floor, or this gateway's share of the limit */
-			uint64_t lr = cl->local_rate ? cl->local_rate
-						     : (cl->rate + cfg->gateways - 1) / cfg->gateways;
-			uint64_t lb = cl->alg == ALG_GCRA
-					      ? (cl->burst * lr + cl->rate - 1) / cl->rate
-					      : 0;
-
-			limit_params_init(&l->local_lp, cl->alg, lr, cl->period_ms, lb ? lb : lr);
-			l->local_lp.shadow = cl->shadow;
-		}
 	}
 	rs->ntiers = cfg->ntiers;
 	rs->tiers = xcalloc(cfg->ntiers, sizeof(*rs->tiers));

@@ -64,6 +64,8 @@ struct ruleset {
 	size_t policy_max;              /* longest RateLimit-Policy value, NUL excluded */
 };
 
+void rule_limit_params(const struct agent_config *cfg, const struct cfg_limit *cl, uint64_t rate,
+		       uint64_t burst, struct limit_params *lp, struct limit_params *local);
 struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen);
 struct ruleset *ruleset_ref(struct ruleset *rs);
 void ruleset_unref(struct ruleset *rs);

@@ -705,9 +705,9 @@ static int cmd_write(struct store_node *n, struct store_cmd *c, bool eval)
 			return REDIS_ERR;
 	}
 	if (c->kind == CMD_HGET) {
-		const char *hget[3] = {"HGET", c->hkey, c->hfield};
+		const char *hget[3] = {c->hfield ? "HGET" : "HGETALL", c->hkey, c->hfield};
 
-		return redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, 3, hget, NULL);
+		return redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, c->hfield ? 3 : 2, hget, NULL);
 	}
 	if (c->kind == CMD_HEARTBEAT) {
 		const char *hb[6] = {"EVAL", script_heartbeat, "1", c->hkey, c->hfield, nkeys};
@@ -816,6 +816,35 @@ static void flusher_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 }
 
 /*
+ * An array of strings <rep> (HGETALL) as one allocated buffer of <*len> bytes:
+ * each element as its length (uint32_t, host order) then its bytes. NULL for
+ * any other reply.
+ */
+static char *flatten_strings(const redisReply *rep, size_t *len)
+{
+	size_t i, n = 0;
+	char *buf, *p;
+
+	for (i = 0; rep->type == REDIS_REPLY_ARRAY && i < rep->elements; i++) {
+		if (rep->element[i]->type != REDIS_REPLY_STRING || rep->element[i]->len > UINT32_MAX)
+			return NULL;
+		n += 4 + rep->element[i]->len;
+	}
+	if (rep->type != REDIS_REPLY_ARRAY)
+		return NULL;
+	p = buf = xmalloc(n + 1);
+	for (i = 0; i < rep->elements; i++, p += 4) {
+		uint32_t l = (uint32_t)rep->element[i]->len;
+
+		memcpy(p, &l, 4);
+		memcpy(p + 4, rep->element[i]->str, l);
+		p += l;
+	}
+	*len = n;
+	return buf;
+}
+
+/*
  * The reply <rep> (NULL: connection gone) of node <n> to the command <c>:
  * answers its caller unless the deadline did, frees it unless re-sent.
  * Invokes user callbacks.
@@ -864,6 +893,19 @@ void cmd_reply(struct store_node *n, struct store_cmd *c, const redisReply *rep)
 			node_error(n, STORE_EC_OTHER);
 			cmd_answer(c, STORE_ERROR, NULL);
 		}
+	} else if (c->kind == CMD_HGET && !c->hfield) {
+		size_t len;
+		char *all = flatten_strings(rep, &len);
+
+		if (all) {
+			s->stats.replies++;
+			cmd_answer_full(c, STORE_OK, NULL, all, len);
+		} else {
+			store_log_trouble(n, "lookup", "bad reply");
+			node_error(n, STORE_EC_OTHER);
+			cmd_answer(c, STORE_ERROR, NULL);
+		}
+		free(all);
 	} else if (c->kind == CMD_HGET) {
 		if (rep->type == REDIS_REPLY_STRING) {
 			s->stats.replies++;
@@ -1050,7 +1092,7 @@ static int submit_str(struct store *s, enum cmd_kind kind, const char *key, cons
 	c->str_cb = cb;
 	c->arg = arg;
 	c->hkey = xstrdup(key);
-	c->hfield = xstrdup(field);
+	c->hfield = field ? xstrdup(field) : NULL;
 	c->window_ms = window_ms;
 	return store_submit(n, c);
 }
@@ -1063,6 +1105,16 @@ static int submit_str(struct store *s, enum cmd_kind kind, const char *key, cons
 int store_hget(struct store *s, const char *key, const char *field, store_str_fn cb, void *arg)
 {
 	return submit_str(s, CMD_HGET, key, field, 0, cb, arg);
+}
+
+/*
+ * Reads the whole hash <key> (HGETALL): <cb> gets every field and value in
+ * turn, each as a uint32_t length (host order) and its bytes; an empty hash is
+ * a zero length. Same contract as store_hget().
+ */
+int store_hgetall(struct store *s, const char *key, store_str_fn cb, void *arg)
+{
+	return submit_str(s, CMD_HGET, key, NULL, 0, cb, arg);
 }
 
 /*

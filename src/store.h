@@ -155,6 +155,7 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 void store_free(struct store *s);
 int store_decide(struct store *s, const struct store_query *q, store_done_fn cb, void *arg);
 int store_hget(struct store *s, const char *key, const char *field, store_str_fn cb, void *arg);
+int store_hgetall(struct store *s, const char *key, store_str_fn cb, void *arg);
 int store_heartbeat(struct store *s, const char *key, const char *id, unsigned window_ms,
 		    store_str_fn cb, void *arg);
 bool store_ready(const struct store *s);

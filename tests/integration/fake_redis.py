@@ -1,5 +1,5 @@
 """A scripted fake Redis on loopback: enough RESP2 for the agent's store (SCRIPT LOAD,
-CLUSTER SLOTS, EVALSHA/EVAL, HGET, AUTH), with the answers a test chooses. Used where a
+CLUSTER SLOTS, EVALSHA/EVAL, HGET, HGETALL, AUTH), with the answers a test chooses. Used where a
 real Redis cannot be made to misbehave: malformed topology replies, out-of-range integers.
 
     fr = FakeRedis(slots=[b"*1\\r\\n*1\\r\\n:1\\r\\n", ERR_NO_CLUSTER], script=ok_script)
@@ -95,6 +95,8 @@ class FakeRedis:
             return self.script(int(argv[2]), argv)
         if name == b"HGET":
             return b"$-1\r\n"
+        if name == b"HGETALL":
+            return b"*0\r\n"
         return b"+OK\r\n"
 
     def _serve(self, c):

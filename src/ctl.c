@@ -1,0 +1,616 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * `spoa-ratelimit ctl`: the operator's side of live overrides. Reads the
+ * agent's configuration file for the Redis address, credentials, key prefix
+ * and limits, then talks to Redis directly with blocking hiredis (a command
+ * line tool may block). Writes go through small Lua scripts so that a change,
+ * the pruning of expired entries, the cap and the version bump are one atomic
+ * step; every agent polling the version then applies it (see overrides.c).
+ *
+ * Entries are validated with the agents' own parser before they are written.
+ */
+#include "ctl.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <hiredis/hiredis.h>
+
+#include "config.h"
+#include "digest.h"
+#include "overrides.h"
+#include "store.h"
+#include "util.h"
+
+#define CTL_TIMEOUT_S   5       /* connect and command timeout */
+#define CTL_REDIRECTS   3       /* MOVED redirections followed */
+
+/*
+ * KEYS[1] the hash; ARGV: field, value, max entries, now (Unix s). Drops the
+ * entries whose until has passed, refuses a new entry beyond the cap, sets
+ * the field and bumps the version. Returns the new version.
+ */
+static const char script_add[] =
+	"local now = tonumber(ARGV[4])\n"
+	"local all = redis.call('HGETALL', KEYS[1])\n"
+	"local n = 0\n"
+	"for i = 1, #all, 2 do\n"
+	"  local f = all[i]\n"
+	"  if f ~= 'version' and f ~= ARGV[1] then\n"
+	"    local u = tonumber(string.match(all[i + 1], '^until=(%d+)') or\n"
+	"                       string.match(all[i + 1], ' until=(%d+)'))\n"
+	"    if u and u <= now then\n"
+	"      redis.call('HDEL', KEYS[1], f)\n"
+	"    else\n"
+	"      n = n + 1\n"
+	"    end\n"
+	"  end\n"
+	"end\n"
+	"if n >= tonumber(ARGV[3]) then\n"
+	"  return redis.error_reply('ERR ' .. n .. ' overrides in force: overrides.max_entries "
+	"reached')\n"
+	"end\n"
+	"redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])\n"
+	"return redis.call('HINCRBY', KEYS[1], 'version', 1)\n";
+
+/* KEYS[1] the hash; ARGV the fields to delete. Bumps the version if any was there. */
+static const char script_remove[] =
+	"local n = redis.call('HDEL', KEYS[1], unpack(ARGV))\n"
+	"if n > 0 then redis.call('HINCRBY', KEYS[1], 'version', 1) end\n"
+	"return n\n";
+
+struct ctl {
+	struct agent_config *cfg;       /* owned */
+	redisContext *rc;               /* owned */
+	char key[STORE_KEY_MAX];        /* the overrides hash */
+};
+
+static void ctl_usage(FILE *f)
+{
+	fprintf(f,
+		"usage: spoa-ratelimit ctl [-f FILE] COMMAND ...\n"
+		"  list                                  overrides in Redis, invalid ones flagged\n"
+		"  block TARGET DURATION [OPTIONS]       deny every request of TARGET\n"
+		"  limit TARGET DURATION LIMITS [OPTIONS] other limits for TARGET\n"
+		"  unblock TARGET | unlimit TARGET       lift one override\n"
+		"  remove TARGET                         lift every override of TARGET\n"
+		"  remove --field FIELD                  delete one field as listed (bad entries)\n"
+		"  (`add block|limit ...` is `block|limit ...`)\n"
+		"TARGET   key:RAWKEY (hashed here; key:- reads it from stdin), k:HEX (8 to 32 hex\n"
+		"         digits of the key's digest, as /top shows), ip:ADDR[/BITS] or ADDR[/BITS]\n"
+		"DURATION --for 10m | --until UNIXSECONDS\n"
+		"LIMITS   --factor X (every limit of TARGET times X) and/or --rate LIMIT=N ...\n"
+		"OPTIONS  --reason TEXT, --by NAME (default $SUDO_USER or $USER), --status 403\n"
+		"  -f FILE  the agent's configuration (default "
+		"/etc/spoa-ratelimit/spoa-ratelimit.conf)\n");
+}
+
+/* Connects to "ip:port", "[ip6]:port" or "unix:/path"; NULL (printed) on failure. */
+static redisContext *ctl_connect(const char *addr, const char *user, const char *password)
+{
+	struct timeval tv = {.tv_sec = CTL_TIMEOUT_S};
+	char host[256], *colon;
+	redisContext *rc;
+	redisReply *rep;
+
+	if (strncmp(addr, "unix:", 5) == 0) {
+		rc = redisConnectUnixWithTimeout(addr + 5, tv);
+	} else {
+		snprintf(host, sizeof(host), "%s", addr[0] == '[' ? addr + 1 : addr);
+		colon = strrchr(host, ':');
+		if (!colon) {
+			fprintf(stderr, "redis address '%s': ip:port expected\n", addr);
+			return NULL;
+		}
+		*colon = 0;
+		if (addr[0] == '[' && colon > host && colon[-1] == ']')
+			colon[-1] = 0;
+		rc = redisConnectWithTimeout(host, atoi(colon + 1), tv);
+	}
+	if (!rc || rc->err) {
+		fprintf(stderr, "redis %s: %s\n", addr, rc ? rc->errstr : "out of memory");
+		redisFree(rc);
+		return NULL;
+	}
+	(void)redisSetTimeout(rc, tv);
+	if (!password)
+		return rc;
+	if (user)
+		rep = redisCommand(rc, "AUTH %s %s", user, password);
+	else
+		rep = redisCommand(rc, "AUTH %s", password);
+	if (!rep || rep->type == REDIS_REPLY_ERROR) {
+		fprintf(stderr, "redis %s: AUTH: %s\n", addr, rep ? rep->str : rc->errstr);
+		freeReplyObject(rep);
+		redisFree(rc);
+		return NULL;
+	}
+	freeReplyObject(rep);
+	return rc;
+}
+
+/*
+ * Runs one command (argv form: bytes never meet a format string), following
+ * a MOVED of Redis Cluster to the key's owner. NULL (printed) on a connection
+ * error; an error reply is returned for the caller to print.
+ */
+static redisReply *ctl_run(struct ctl *c, int argc, const char **argv)
+{
+	int i;
+
+	for (i = 0; i <= CTL_REDIRECTS; i++) {
+		redisReply *rep = redisCommandArgv(c->rc, argc, argv, NULL);
+		char addr[300];
+		const char *to;
+
+		if (!rep) {
+			fprintf(stderr, "redis: %s\n", c->rc->errstr);
+			return NULL;
+		}
+		if (rep->type != REDIS_REPLY_ERROR || strncmp(rep->str, "MOVED ", 6) != 0)
+			return rep;
+		to = strchr(rep->str + 6, ' ');
+		snprintf(addr, sizeof(addr), "%s", to ? to + 1 : "");
+		freeReplyObject(rep);
+		redisFree(c->rc);
+		c->rc = ctl_connect(addr, c->cfg->redis.user, c->cfg->redis.password);
+		if (!c->rc)
+			return NULL;
+	}
+	fprintf(stderr, "redis: too many redirections\n");
+	return NULL;
+}
+
+/* Redis's clock (TIME), so that every entry is timed by one clock; -1 on error. */
+static int64_t ctl_time(struct ctl *c)
+{
+	const char *argv[] = {"TIME"};
+	redisReply *rep = ctl_run(c, 1, argv);
+	int64_t now = -1;
+
+	if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
+	    rep->element[0]->type == REDIS_REPLY_STRING)
+		now = strtoll(rep->element[0]->str, NULL, 10);
+	else if (rep)
+		fprintf(stderr, "redis: TIME: unexpected reply\n");
+	freeReplyObject(rep);
+	return now;
+}
+
+/*
+ * Parses the TARGET argument into <t>: key:RAW (digest computed here), k:HEX,
+ * ip:ADDR[/BITS], or a bare address. Returns 0, or -1 (printed).
+ */
+static int ctl_target(const char *arg, struct ovr_target *t)
+{
+	char err[160], buf[OVR_FIELD_MAX + 4];
+
+	if (strncmp(arg, "key:", 4) == 0) {
+		uint8_t md[SHA256_LEN];
+		char line[4096];
+		const char *raw = arg + 4;
+		size_t len = strlen(raw);
+
+		if (strcmp(raw, "-") == 0) {
+			if (!fgets(line, sizeof(line), stdin)) {
+				fprintf(stderr, "key:-: no key on standard input\n");
+				return -1;
+			}
+			len = strcspn(line, "\r\n");
+			line[len] = 0;
+			raw = line;
+		}
+		if (!len) {
+			fprintf(stderr, "key: an empty key is an anonymous client, not a key\n");
+			return -1;
+		}
+		sha256(raw, len, md);
+		memset(t, 0, sizeof(*t));
+		t->type = OVR_T_KEY;
+		t->bits = 128;
+		memcpy(t->b, md, 16);
+		return 0;
+	}
+	if (strncmp(arg, "k:", 2) == 0 || strncmp(arg, "ip:", 3) == 0)
+		snprintf(buf, sizeof(buf), "%s", arg);
+	else
+		snprintf(buf, sizeof(buf), "ip:%s", arg);
+	if (ovr_target_parse(buf, strlen(buf), t, err, sizeof(err)) < 0) {
+		fprintf(stderr, "target '%s': %s\n", arg, err);
+		return -1;
+	}
+	return 0;
+}
+
+/* The operator's name for by=: $SUDO_USER, $USER or $LOGNAME, if it is one word. */
+static const char *default_by(void)
+{
+	static const char *const vars[] = {"SUDO_USER", "USER", "LOGNAME"};
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(vars); i++) {
+		const char *v = getenv(vars[i]);
+		const char *p;
+
+		if (!v || !*v || strlen(v) > OVR_BY_MAX)
+			continue;
+		for (p = v; *p > 0x20 && *p < 0x7f; p++)
+			;
+		if (!*p)
+			return v;
+	}
+	return NULL;
+}
+
+static bool known_limit(const struct agent_config *cfg, const char *name)
+{
+	size_t i;
+
+	for (i = 0; i < cfg->nlimits; i++)
+		if (strcmp(cfg->limits[i].name, name) == 0)
+			return true;
+	return false;
+}
+
+/* block|limit TARGET options...: writes one entry. */
+static int ctl_add(struct ctl *c, int kind, int argc, char **argv)
+{
+	struct ovr_entry e;
+	char field[OVR_FIELD_MAX + 8], value[OVR_VALUE_MAX + 64], err[160], num[24], what[256];
+	const char *reason = NULL, *by = default_by();
+	int64_t now, until = 0, dur_ms = -1, status = 0;
+	size_t used;
+	int i;
+
+	memset(&e, 0, sizeof(e));
+	e.kind = (uint8_t)kind;
+	if (argc < 1 || ctl_target(argv[0], &e.t) < 0)
+		return argc < 1 ? 2 : 1;
+	for (i = 1; i < argc; i++) {
+		const char *opt = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+		uint64_t ms;
+
+		if (!val) {
+			fprintf(stderr, "%s: a value is missing\n", opt);
+			return 2;
+		}
+		i++;
+		if (strcmp(opt, "--for") == 0) {
+			if (parse_duration_ms(val, &ms) < 0 || ms < 1000 || ms > 366ULL * 86400000) {
+				fprintf(stderr, "--for %s: a duration from 1s to 366d (\"90s\", \"10m\", "
+						"\"2h\", \"1d\")\n", val);
+				return 2;
+			}
+			dur_ms = (int64_t)ms;
+		} else if (strcmp(opt, "--until") == 0) {
+			char *end;
+
+			errno = 0;
+			until = strtoll(val, &end, 10);
+			if (*end || errno || until <= 0) {
+				fprintf(stderr, "--until %s: Unix seconds expected\n", val);
+				return 2;
+			}
+		} else if (strcmp(opt, "--reason") == 0) {
+			reason = val;
+		} else if (strcmp(opt, "--by") == 0) {
+			by = val;
+		} else if (strcmp(opt, "--status") == 0 && kind == OVR_BLOCK) {
+			char *end;
+
+			status = strtoll(val, &end, 10);
+			if (*end || status < 400 || status > 599) {
+				fprintf(stderr, "--status %s: an HTTP status from 400 to 599\n", val);
+				return 2;
+			}
+		} else if (strcmp(opt, "--factor") == 0 && kind == OVR_LIMIT) {
+			char *end;
+
+			e.factor = strtod(val, &end);
+			if (*end || !(e.factor >= 1 / OVR_FACTOR_MAX && e.factor <= OVR_FACTOR_MAX)) {
+				fprintf(stderr, "--factor %s: a number from 0.001 to 1000\n", val);
+				return 2;
+			}
+		} else if (strcmp(opt, "--rate") == 0 && kind == OVR_LIMIT) {
+			const char *eq = strchr(val, '=');
+			char *end;
+
+			if (!eq || eq == val || (size_t)(eq - val) > OVR_NAME_MAX ||
+			    e.nrates == OVR_RATES_MAX) {
+				fprintf(stderr, "--rate %s: LIMIT=N, at most %d of them\n", val,
+					OVR_RATES_MAX);
+				return 2;
+			}
+			snprintf(e.rates[e.nrates].name, sizeof(e.rates[0].name), "%.*s",
+				 (int)(eq - val), val);
+			if (!known_limit(c->cfg, e.rates[e.nrates].name)) {
+				fprintf(stderr, "--rate %s: no limit '%s' in %s\n", val,
+					e.rates[e.nrates].name, c->cfg->file);
+				return 1;
+			}
+			e.rates[e.nrates++].rate = strtoull(eq + 1, &end, 10);
+			if (*end || eq[1] < '0' || eq[1] > '9') {
+				fprintf(stderr, "--rate %s: N is a number of requests per period\n", val);
+				return 2;
+			}
+		} else {
+			fprintf(stderr, "unknown option '%s' for %s\n", opt,
+				kind == OVR_BLOCK ? "block" : "limit");
+			return 2;
+		}
+	}
+	if ((dur_ms < 0) == !until) {
+		fprintf(stderr, "give one of --for DURATION or --until UNIXSECONDS\n");
+		return 2;
+	}
+	if (kind == OVR_LIMIT && !e.factor && !e.nrates) {
+		fprintf(stderr, "limit: give --factor X and/or --rate LIMIT=N\n");
+		return 2;
+	}
+	now = ctl_time(c);
+	if (now < 0)
+		return 1;
+	if (dur_ms >= 0)
+		until = now + (dur_ms + 999) / 1000;
+	if (until <= now) {
+		fprintf(stderr, "--until %lld: that is in the past (Redis time %lld)\n",
+			(long long)until, (long long)now);
+		return 2;
+	}
+	used = (size_t)snprintf(value, sizeof(value), "until=%lld created=%lld", (long long)until,
+				(long long)now);
+	if (by)
+		used += (size_t)snprintf(value + used, sizeof(value) - used, " by=%s", by);
+	if (status)
+		used += (size_t)snprintf(value + used, sizeof(value) - used, " status=%lld",
+					 (long long)status);
+	if (e.factor)
+		used += (size_t)snprintf(value + used, sizeof(value) - used, " factor=%.6g", e.factor);
+	for (i = 0; i < (int)e.nrates; i++)
+		used += (size_t)snprintf(value + used, sizeof(value) - used, " rate.%s=%llu",
+					 e.rates[i].name, (unsigned long long)e.rates[i].rate);
+	if (reason && used < sizeof(value))
+		snprintf(value + used, sizeof(value) - used, " reason=%s", reason);
+	/* what the agents will read: checked with their parser */
+	ovr_field_format(&e, field, sizeof(field));
+	if (ovr_value_parse(value, strlen(value), &e, err, sizeof(err)) < 0) {
+		fprintf(stderr, "not written: %s\n", err);
+		return 2;
+	}
+	{
+		const char *av[] = {"EVAL", script_add, "1", c->key, field, value, num, NULL};
+		char nows[24];
+		redisReply *rep;
+
+		snprintf(num, sizeof(num), "%u", c->cfg->overrides.max_entries);
+		snprintf(nows, sizeof(nows), "%lld", (long long)now);
+		av[7] = nows;
+		rep = ctl_run(c, 8, av);
+		if (!rep)
+			return 1;
+		if (rep->type != REDIS_REPLY_INTEGER) {
+			fprintf(stderr, "redis: %s\n",
+				rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+			freeReplyObject(rep);
+			return 1;
+		}
+		ovr_describe(&e, what, sizeof(what));
+		printf("%s: %s until %lld (%lld s), version %lld\n", field, what, (long long)until,
+		       (long long)(until - now), (long long)rep->integer);
+		freeReplyObject(rep);
+	}
+	return 0;
+}
+
+/* Reads the whole hash; NULL (printed) on error. */
+static redisReply *ctl_all(struct ctl *c)
+{
+	const char *av[] = {"HGETALL", c->key};
+	redisReply *rep = ctl_run(c, 2, av);
+
+	if (rep && rep->type != REDIS_REPLY_ARRAY) {
+		fprintf(stderr, "redis: HGETALL %s: %s\n", c->key,
+			rep->type == REDIS_REPLY_ERROR ? rep->str : "not a hash");
+		freeReplyObject(rep);
+		return NULL;
+	}
+	return rep;
+}
+
+static int ctl_list(struct ctl *c)
+{
+	redisReply *rep = ctl_all(c);
+	int64_t now = ctl_time(c);
+	size_t i;
+
+	if (!rep || now < 0) {
+		freeReplyObject(rep);
+		return 1;
+	}
+	printf("%-6s %-44s %-20s %8s  %-12s %-24s %s\n", "KIND", "TARGET", "UNTIL (UTC)", "LEFT",
+	       "BY", "WHAT", "REASON");
+	for (i = 0; i + 1 < rep->elements; i += 2) {
+		const redisReply *f = rep->element[i], *v = rep->element[i + 1];
+		struct ovr_entry e;
+		char err[160], t[OVR_FIELD_MAX], what[256], when[32];
+		struct tm tm;
+		time_t u;
+
+		if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
+			continue;
+		if (f->len == 7 && memcmp(f->str, "version", 7) == 0) {
+			printf("# version %.*s\n", (int)v->len, v->str);
+			continue;
+		}
+		memset(&e, 0, sizeof(e));
+		if (ovr_field_parse(f->str, f->len, &e, err, sizeof(err)) < 0 ||
+		    ovr_value_parse(v->str, v->len, &e, err, sizeof(err)) < 0) {
+			printf("INVALID field '%.*s': %s (agents skip it; remove --field to delete)\n",
+			       (int)(f->len > 200 ? 200 : f->len), f->str, err);
+			continue;
+		}
+		u = (time_t)e.until;
+		if (!gmtime_r(&u, &tm) || !strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm))
+			snprintf(when, sizeof(when), "%lld", (long long)e.until);
+		ovr_target_format(&e.t, t, sizeof(t));
+		ovr_describe(&e, what, sizeof(what));
+		printf("%-6s %-44s %-20s %8s  %-12s %-24s %s\n", e.kind == OVR_BLOCK ? "block" : "limit",
+		       t, when,
+		       e.until > now ? (snprintf(err, sizeof(err), "%llds", (long long)(e.until - now)),
+					err)
+				     : "expired",
+		       e.by[0] ? e.by : "-", what, e.reason);
+	}
+	freeReplyObject(rep);
+	return 0;
+}
+
+/*
+ * remove [--field FIELD | TARGET] with <kind> (-1: every kind): deletes the
+ * fields naming that target, whatever their spelling.
+ */
+static int ctl_remove(struct ctl *c, int kind, int argc, char **argv)
+{
+	const char **av;
+	redisReply *rep, *all;
+	struct ovr_target t;
+	size_t i, n = 3;
+	int ret = 0;
+
+	if (argc == 2 && strcmp(argv[0], "--field") == 0 && kind < 0) {
+		const char *one[] = {"EVAL", script_remove, "1", c->key, argv[1]};
+
+		rep = ctl_run(c, 5, one);
+		goto done;
+	}
+	if (argc != 1) {
+		ctl_usage(stderr);
+		return 2;
+	}
+	if (ctl_target(argv[0], &t) < 0)
+		return 1;
+	all = ctl_all(c);
+	if (!all)
+		return 1;
+	av = xcalloc(4 + all->elements / 2 + 2, sizeof(*av));
+	av[0] = "EVAL";
+	av[1] = script_remove;
+	av[2] = "1";
+	av[3] = c->key;
+	n = 4;
+	for (i = 0; i + 1 < all->elements; i += 2) {
+		const redisReply *f = all->element[i];
+		struct ovr_entry e;
+		char err[160];
+
+		memset(&e, 0, sizeof(e));
+		if (f->type != REDIS_REPLY_STRING || ovr_field_parse(f->str, f->len, &e, err, sizeof(err)) < 0)
+			continue;
+		if ((kind < 0 || e.kind == kind) && e.t.type == t.type && e.t.bits == t.bits &&
+		    memcmp(e.t.b, t.b, 16) == 0)
+			av[n++] = f->str;
+	}
+	if (n == 4) {
+		char ts[OVR_FIELD_MAX];
+
+		ovr_target_format(&t, ts, sizeof(ts));
+		printf("nothing to remove for %s\n", ts);
+		freeReplyObject(all);
+		free(av);
+		return 0;
+	}
+	rep = ctl_run(c, (int)n, av);
+	freeReplyObject(all);
+	free(av);
+done:
+	if (!rep)
+		return 1;
+	if (rep->type == REDIS_REPLY_INTEGER) {
+		printf("removed %lld entr%s\n", (long long)rep->integer,
+		       rep->integer == 1 ? "y" : "ies");
+	} else {
+		fprintf(stderr, "redis: %s\n", rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+		ret = 1;
+	}
+	freeReplyObject(rep);
+	return ret;
+}
+
+int ctl_main(int argc, char **argv)
+{
+	const char *file = "/etc/spoa-ratelimit/spoa-ratelimit.conf", *cmd;
+	struct cfg_errors errs = {0};
+	struct ctl c = {0};
+	int i = 1, ret, kind = -1;
+
+	while (i < argc && argv[i][0] == '-') {
+		if (strcmp(argv[i], "-f") == 0 && i + 1 < argc) {
+			file = argv[i + 1];
+			i += 2;
+		} else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+			ctl_usage(stdout);
+			return 0;
+		} else {
+			ctl_usage(stderr);
+			return 2;
+		}
+	}
+	if (i >= argc) {
+		ctl_usage(stderr);
+		return 2;
+	}
+	cmd = argv[i++];
+	if (strcmp(cmd, "add") == 0 || strcmp(cmd, "remove") == 0) {
+		if (i < argc && strcmp(argv[i], "block") == 0)
+			kind = OVR_BLOCK;
+		else if (i < argc && strcmp(argv[i], "limit") == 0)
+			kind = OVR_LIMIT;
+		if (kind >= 0)
+			i++;
+		else if (strcmp(cmd, "add") == 0) {
+			ctl_usage(stderr);
+			return 2;
+		}
+	} else if (strcmp(cmd, "block") == 0 || strcmp(cmd, "unblock") == 0) {
+		kind = OVR_BLOCK;
+	} else if (strcmp(cmd, "limit") == 0 || strcmp(cmd, "unlimit") == 0) {
+		kind = OVR_LIMIT;
+	} else if (strcmp(cmd, "list") != 0) {
+		fprintf(stderr, "unknown command '%s'\n", cmd);
+		ctl_usage(stderr);
+		return 2;
+	}
+	if (config_load(file, &c.cfg, &errs) < 0) {
+		size_t k;
+
+		for (k = 0; k < errs.n; k++)
+			fprintf(stderr, "%s\n", errs.msgs[k]);
+		cfg_errors_release(&errs);
+		return 1;
+	}
+	if (c.cfg->store != STORE_KIND_REDIS) {
+		fprintf(stderr, "%s: overrides need store \"redis\"\n", file);
+		config_free(c.cfg);
+		return 1;
+	}
+	ovr_hash_key(c.cfg->redis.key_prefix, c.key, sizeof(c.key));
+	c.rc = ctl_connect(c.cfg->redis.address, c.cfg->redis.user, c.cfg->redis.password);
+	if (!c.rc) {
+		config_free(c.cfg);
+		return 1;
+	}
+	if (strcmp(cmd, "list") == 0)
+		ret = i == argc ? ctl_list(&c) : 2;
+	else if (strcmp(cmd, "add") == 0 || strcmp(cmd, "block") == 0 || strcmp(cmd, "limit") == 0)
+		ret = ctl_add(&c, kind, argc - i, argv + i);
+	else
+		ret = ctl_remove(&c, kind, argc - i, argv + i);
+	if (ret == 2)
+		ctl_usage(stderr);
+	redisFree(c.rc);
+	config_free(c.cfg);
+	return ret;
+}

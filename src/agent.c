@@ -346,14 +346,22 @@ static void fallback(struct decision *d, struct part *pt)
 
 /*
  * Requests of this decision's kind that limit <i>'s verdict <v> still admits:
- * its tokens left divided by what such a request costs it. A limit the
- * request does not charge (cost 0: it only reports) never runs out.
+ * its tokens left divided by what such a request costs it. A limit this
+ * request does not charge never runs out, unless the request charges no limit
+ * at all (it only asks, e.g. the quota route): then requests of one token,
+ * what the client asks about.
  */
 static int64_t requests_left(const struct decision *d, size_t i, const struct limit_verdict *v)
 {
 	int64_t cost = d->parts[d->ap[i].part].q.cost[d->ap[i].slot];
+	size_t j;
 
-	return cost > 0 ? v->remaining / cost : INT64_MAX;
+	if (cost > 0)
+		return v->remaining / cost;
+	for (j = 0; j < d->n; j++)
+		if (d->parts[d->ap[j].part].q.cost[d->ap[j].slot] > 0)
+			return INT64_MAX;
+	return v->remaining;
 }
 
 /*

@@ -50,6 +50,20 @@ def free_port(host="127.0.0.1"):
         return s.getsockname()[1]
 
 
+def free_ports(n, host="127.0.0.1"):
+    """<n> distinct TCP ports that were free a moment ago (all bound at once, then closed:
+    two free_port() calls in a row may return the same port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    socks = [socket.socket(family, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def wait_port(host, port, timeout=10.0, proc=None):
     """Wait until a TCP connect to host:port succeeds; fail early if <proc> exited."""
     deadline = time.monotonic() + timeout
@@ -514,9 +528,10 @@ def agent(procs, tmp, agent_bin):
     sets `metrics.listen` to a free loopback port (Agent.metrics_addr, Agent.http())."""
     def start(redis=None, name="agent", redis_cfg=None, wait_redis=True, args=(),
               metrics=False, **over):
-        listen = over.pop("listen", None) or "127.0.0.1:%d" % free_port()
+        ports = free_ports(2)
+        listen = over.pop("listen", None) or "127.0.0.1:%d" % ports[0]
         if metrics:
-            over["metrics"] = {"listen": "127.0.0.1:%d" % free_port()}
+            over["metrics"] = {"listen": "127.0.0.1:%d" % ports[1]}
         cfg = agent_config(listen, redis.address if redis else None, **over)
         cfg["redis"].update(redis_cfg or {})
         return Agent(procs, tmp, cfg, name=name, wait_redis=wait_redis, args=args)

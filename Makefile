@@ -5,6 +5,7 @@
 #                        replay (ASan), integration tests (real HAProxy + Redis)
 #   make demo            two gateways, two agents, one Redis: the shared budget
 #   make bench           CPU per decision, the Redis ceiling (-P 32), targets (~2 min)
+#   make bench-script    Redis CPU per decision of the script, single and multi (~1 min)
 #   make accuracy        20 agents on one Redis: admitted / limit, exact vs local-only
 #   make attack          attacks on two gateways, one row each with PASS/FAIL (~2 min)
 #   make fuzz-smoke      libFuzzer (clang) on the frame decoder for ~60 s
@@ -66,8 +67,8 @@ UNIT_BINS = $(BUILD)/test_spop $(BUILD)/test_limiter $(BUILD)/test_memstore $(BU
 MODEL     = $(BUILD)/limit_model
 REPLAY    = $(BUILD)/fuzz_replay
 
-.PHONY: all deps unit replay itest test demo bench accuracy attack fuzz fuzz-smoke check-config install \
-        uninstall clean help deb deb-deps test-deb version check-version
+.PHONY: all deps unit replay itest test demo bench bench-script accuracy attack fuzz fuzz-smoke \
+        check-config install uninstall clean help deb deb-deps test-deb version check-version
 
 all: $(BIN) $(LIBSPOA) $(BUILD)/spop-load
 
@@ -215,6 +216,11 @@ demo: deps
 bench: deps
 	$(Q)$(MAKE) --no-print-directory all $(MODEL)
 	$(PYTHON) tests/tools/bench.py --agent $(abspath $(BIN)) --load $(abspath $(BUILD)/spop-load) \
+	  --model $(abspath $(MODEL))
+
+bench-script: deps
+	$(Q)$(MAKE) --no-print-directory $(MODEL) $(BUILD)/gen/ratelimit.lua
+	$(PYTHON) tests/tools/script_bench.py --script $(abspath $(BUILD)/gen/ratelimit.lua) \
 	  --model $(abspath $(MODEL))
 
 accuracy: deps

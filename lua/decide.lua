@@ -2,11 +2,14 @@
 -- atomically (Redis runs a script whole). Time comes from Redis TIME, so every
 -- gateway shares one clock.
 --
+-- One decision a call (the single form):
+--
 -- KEYS[i]          state of limit i; all keys of one call share a hash tag
 -- ARGV[5(i-1)+1]   algorithm of limit i: 1 gcra, 2 fixed window, 3 sliding
 --                  log, 4 sliding window counter
 -- ARGV[5(i-1)+2]   parameter a of the algorithm (see its file), an integer >= 1
--- ARGV[5(i-1)+3]   parameter b of the algorithm, an integer >= 0
+-- ARGV[5(i-1)+3]   parameter b of the algorithm, an integer >= 0 (both below
+--                  2^53, and a GCRA's as src/limiter.h bounds them)
 -- ARGV[5(i-1)+4]   flags: 1 = shadow (evaluated and reported, never denies)
 -- ARGV[5(i-1)+5]   cost of the request for limit i, in tokens: > 0 charges,
 --                  0 only reports, < 0 refunds an earlier charge (always
@@ -27,6 +30,7 @@
 --                  limit then costs one call per lease, not per request; the
 --                  tokens wait in the bucket); when it would take longer (a
 --                  window that ends later), what fits is granted
+-- Arguments beyond 5n+4 are ignored, and so are one or two after the limits.
 --
 -- Without a batch, a request passes only if every enforcing limit admits it;
 -- then every limit that admits it is charged (a shadow limit that would deny
@@ -36,157 +40,344 @@
 --   { allowed, n, now_us, then per limit i: ok_i, remaining_i, retry_ms_i, reset_ms_i }
 -- and with a batch two more: { ..., granted, lease_ms }: granted = units
 -- charged (grant) or units that fitted (report; the rest were over the limit).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local n = #KEYS
-local batch = #ARGV >= 5 * n + 3
-local want = 1
-local report = false
-local minu = 1
-local life = 0
-if batch then
-	want = tonumber(ARGV[5 * n + 1])
-	report = tonumber(ARGV[5 * n + 2]) == 1
-	life = tonumber(ARGV[5 * n + 3]) or 0
-	minu = tonumber(ARGV[5 * n + 4]) or 1
-	if not want or want < 1 or want > COUNT_MAX or want ~= math.floor(want) then
-		return redis.error_reply('bad batch size ' .. tostring(ARGV[5 * n + 1]))
-	end
-end
+-- Bad arguments are an error reply, and nothing is written.
+--
+-- Several decisions a call (the multi form): D decisions, each exactly as
+-- its own call of the single form, made in order at one Redis time (one TIME
+-- and one script call for all: what a decision costs Redis drops by about a
+-- quarter at D = 8, a third at D = 32; for one decision the single form is
+-- the cheaper).
+--
+-- ARGV[1]          "M" (never an algorithm)
+-- ARGV[2]          D, the number of decisions (0 or more)
+-- then per decision j = 1..D, in order:
+--   n_j            its number of limits (0 or more)
+--   x_j            its number of arguments after the limits: 0 without a
+--                  batch, 3 or 4 with one
+--   5 n_j + x_j    its arguments exactly as in the single form
+-- KEYS             the n_1 keys of decision 1, then the n_2 of decision 2...
+--                  (in a cluster, every key of the call in one hash slot)
+-- For example two decisions, one GCRA limit each, the second a grant of up
+-- to 5 units with a lease of 1 s:
+--   EVALSHA <sha> 2 <key1> <key2> M 2  1 0 1 <a> <b> 0 1  1 3 1 <a> <b> 0 1 5 0 1000000
+--
+-- Returns an array of D elements, in the order of the decisions. Element j is
+-- exactly the single form's reply to decision j made alone at that point:
+-- its array of integers (now_us is the same in every one), or an error
+-- element. An error element is the single form's error message: bad
+-- arguments (nothing of that decision is written), or a Redis command of the
+-- decision that failed (e.g. WRONGTYPE, OOM: what it wrote before stays, as
+-- in a single call; the single form's error reply adds the script and line).
+-- Either way the other decisions are made. A call whose counts do not add up
+-- to its KEYS and ARGV is one error reply, and no decision is made.
+-- Decisions may share keys: each sees what the ones before it wrote.
+-- Redis serves nobody else during the call, which lasts as long as its
+-- decisions together: bound D (a sliding log limit may take up to ~1 ms of a
+-- decision, see sliding_log.lua).
 
-local algs, ids, pa, pb, costs, shadows = {}, {}, {}, {}, {}, {}
-for i = 1, n do
-	local o = 1 + 5 * (i - 1)
-	ids[i] = tonumber(ARGV[o])
-	algs[i] = ALG[ids[i]]
-	if not algs[i] then return redis.error_reply('unknown algorithm ' .. tostring(ARGV[o])) end
-	pa[i] = tonumber(ARGV[o + 1])
-	pb[i] = tonumber(ARGV[o + 2])
-	costs[i] = tonumber(ARGV[o + 4])
-	shadows[i] = (tonumber(ARGV[o + 3]) or 0) % 2 == 1
-	-- integers only, and a bucket's interval and tolerance as src/limiter.h
-	-- bounds them: nothing below may leave the exact range of doubles
-	if not pa[i] or pa[i] < 1 or pa[i] ~= math.floor(pa[i]) or not pb[i] or pb[i] < 0 or
-		pb[i] ~= math.floor(pb[i]) or (ids[i] == 1 and (pa[i] > 2 ^ 50 or
-		pb[i] > 2 ^ 50 + 40 or pb[i] % pa[i] > 40)) then
-		return redis.error_reply('bad parameters for limit ' .. i)
-	end
-	if not costs[i] or costs[i] ~= math.floor(costs[i]) then
-		return redis.error_reply('bad cost ' .. tostring(ARGV[o + 4]))
-	end
-	costs[i] = clampm(costs[i], COUNT_MAX)
-end
+-- The algorithms by id: ALG[2 id - 1] checks, ALG[2 id] commits.
+local ALG = { gcra_check, gcra_commit, fixed_window_check, fixed_window_commit,
+	sliding_log_check, sliding_log_commit, sliding_window_check, sliding_window_commit }
 
--- Checks every limit for <units> units; returns the results and whether every
--- enforcing limit admits them.
-local function check(units)
-	local res, all = {}, 1
+-- Checks the <n> limits of <lim> (5 per limit: id, a, b, shadow, cost; keys
+-- KEYS[kb + 1..kb + n]) at <now> for <units> units. Fills <res>, 9 per limit:
+-- ok, rem_c, rem_u, retry, reset_c, reset_u, the cost checked and the
+-- algorithm's state s1, s2. Returns 1 if every enforcing limit admits them,
+-- else 0, and how long until they fit (us, 0 = now). Windows (fixed, sliding
+-- counter) only make room when they reset, and what is left in the old one
+-- would be lost: for them there is no waiting (math.huge).
+local function check(ALG, res, lim, n, kb, now, units)
+	local keys = KEYS
+	local all, wait = 1, 0
 	for i = 1, n do
-		local cost = clampm(costs[i] * units, COUNT_MAX)
-		local r = algs[i](KEYS[i], now, cost, pa[i], pb[i])
-		r.shadow = shadows[i]
-		if cost < 0 then r.ok = 1; r.retry = 0 end
-		if r.ok == 0 and not r.shadow then all = 0 end
-		res[i] = r
+		local o, r = 5 * i - 5, 9 * i - 9
+		local id, cost = lim[o + 1], lim[o + 5]
+		if units ~= 1 then
+			cost = cost * units
+			if cost > 2 ^ 50 then cost = 2 ^ 50 elseif cost < -2 ^ 50 then cost = -2 ^ 50 end
+		end
+		local ok, rc, ru, retry, sc, su, s1, s2 =
+			ALG[2 * id - 1](keys[kb + i], now, cost, lim[o + 2], lim[o + 3])
+		if cost < 0 then ok = 1; retry = 0 end
+		if ok == 0 and not lim[o + 4] then
+			all = 0
+			if id == 2 or id == 4 then
+				wait = math.huge
+			elseif retry > wait then
+				wait = retry
+			end
+		end
+		res[r + 1], res[r + 2], res[r + 3], res[r + 4], res[r + 5] = ok, rc, ru, retry, sc
+		res[r + 6], res[r + 7], res[r + 8], res[r + 9] = su, cost, s1, s2
 	end
-	return res, all
+	return all, wait
 end
 
--- The results for <units> units and how long until they fit (us, 0 = now).
--- Windows (fixed, sliding counter) only make room when they reset, and what
--- is left in the old one would be lost: for them there is no waiting.
-local function batch_wait(units)
-	local rm = check(units)
-	local wait = 0
-	for i = 1, n do
-		if not shadows[i] and rm[i].ok == 0 then
-			if ids[i] == 2 or ids[i] == 4 then return rm, math.huge end
-			if rm[i].retry > wait then wait = rm[i].retry end
+-- One decision at <now>: <n> limits with keys KEYS[kb + 1..kb + n] and <na>
+-- arguments ARGV[ab + 1..ab + na], laid out as in the single form. Returns
+-- its reply, or an error reply (bad arguments: nothing is written). <lim>
+-- and <res> are scratch arrays (their contents are overwritten), or nil: then
+-- they are made if needed. <cache>, if not nil, holds what the decisions of
+-- one call convert again and again (they share limits): the numbers of
+-- arguments by their text, and the text of TTLs by their number.
+local function decide(ALG, check, kb, n, ab, na, now, lim, res, cache)
+	local tonumber, argv = tonumber, ARGV
+	local batch = na >= 5 * n + 3
+	local want = 1
+	local report = false
+	local minu = 1
+	local life = 0
+	if batch then
+		local o = ab + 5 * n
+		want = tonumber(argv[o + 1])
+		report = tonumber(argv[o + 2]) == 1
+		life = tonumber(argv[o + 3]) or 0
+		if na >= 5 * n + 4 then minu = tonumber(argv[o + 4]) or 1 end
+		if not want or want < 1 or want > 2 ^ 50 or want ~= math.floor(want) then
+			return redis.error_reply('bad batch size ' .. tostring(argv[o + 1]))
 		end
 	end
-	return rm, wait
-end
 
--- A report charges all <want> units: checked for them at once (what is left,
--- rem_u, does not depend on the cost asked).
-local res, allowed = check(report and want or 1)
-local granted = allowed
-if batch and want > 1 and (allowed == 1 or report) then
-	-- the most units every enforcing limit admits: what is left, in units
-	local fit = want
+	-- 5 per limit in <lim>: id, a, b, shadow, cost. The arguments the agent
+	-- sends most ("1", "0") are compared as strings (interned: one
+	-- comparison).
 	for i = 1, n do
-		if not shadows[i] and costs[i] > 0 then
-			local u = math.floor(res[i].rem_u / costs[i])
-			if u < fit then fit = u end
+		local o = ab + 5 * i - 5
+		local s = argv[o + 1]
+		local id
+		if s == '1' then id = 1 elseif s == '2' then id = 2 elseif s == '3' then id = 3
+		elseif s == '4' then id = 4 else id = tonumber(s) end
+		if id ~= 1 and id ~= 2 and id ~= 3 and id ~= 4 then
+			return redis.error_reply('unknown algorithm ' .. tostring(s))
 		end
-		if ids[i] == 3 and costs[i] > 0 and not report then
-			-- a sliding log grows by at most LOG_ADD_MAX entries a call
-			local u = math.floor(LOG_ADD_MAX / costs[i])
-			if u < fit then fit = u end
+		local sa, sb = argv[o + 2], argv[o + 3]
+		local a, b
+		if cache then
+			a, b = cache[sa], cache[sb]
+			if not a then a = tonumber(sa); if a then cache[sa] = a end end
+			if not b then b = tonumber(sb); if b then cache[sb] = b end end
+		else
+			a, b = tonumber(sa), tonumber(sb)
 		end
+		-- integers only, below 2^53, and a bucket's interval and tolerance as
+		-- src/limiter.h bounds them: nothing below may leave the exact range
+		-- of doubles
+		if not a or a < 1 or a >= 2 ^ 53 or a % 1 ~= 0 or not b or b < 0 or
+			b >= 2 ^ 53 or b % 1 ~= 0 or
+			(id == 1 and (a > 2 ^ 50 or b > 2 ^ 50 + 40 or b % a > 40)) then
+			return redis.error_reply('bad parameters for limit ' .. i)
+		end
+		local shadow = argv[o + 4]
+		if shadow == '0' then shadow = false
+		elseif shadow == '1' then shadow = true
+		else shadow = (tonumber(shadow) or 0) % 2 == 1 end
+		local cost = argv[o + 5]
+		if cost == '1' then
+			cost = 1
+		else
+			cost = tonumber(cost)
+			if not cost or cost ~= math.floor(cost) then
+				return redis.error_reply('bad cost ' .. tostring(argv[o + 5]))
+			end
+			-- clamped to +-COUNT_MAX
+			if cost > 2 ^ 50 then cost = 2 ^ 50 elseif cost < -2 ^ 50 then cost = -2 ^ 50 end
+		end
+		if n == 1 and not batch then
+			-- one limit and no batch, what most decisions are: what the rest
+			-- of this function does, without the arrays
+			local key = KEYS[kb + 1]
+			local ok, rc, ru, retry, sc, su, s1, s2 = ALG[2 * id - 1](key, now, cost, a, b)
+			if cost < 0 then ok = 1; retry = 0 end
+			local allowed = 1
+			if ok == 0 and not shadow then allowed = 0 end
+			if allowed == 1 and ok == 1 then
+				ALG[2 * id](key, now, cost, a, b, s1, s2, cache)
+				ru, su = rc, sc
+			end
+			if retry ~= 0 then retry = math.ceil(retry / 1000) end
+			return { allowed, 1, now, ok, ru, retry, math.ceil(su / 1000) }
+		end
+		local l = 5 * i - 5
+		lim = lim or {}
+		lim[l + 1], lim[l + 2], lim[l + 3], lim[l + 4], lim[l + 5] = id, a, b, shadow, cost
 	end
-	if report then
-		granted = fit
+
+	res = res or { 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+	local floor = math.floor
+	-- A report charges all <want> units: checked for them at once (what is
+	-- left, rem_u, does not depend on the cost asked).
+	local allowed = check(ALG, res, lim, n, kb, now, report and want or 1)
+	local granted = allowed
+	if batch and want > 1 and (allowed == 1 or report) then
+		-- the most units every enforcing limit admits: what is left, in units
+		local fit = want
+		for i = 1, n do
+			local o = 5 * i - 5
+			local cost = lim[o + 5]
+			if not lim[o + 4] and cost > 0 then
+				local u = floor(res[9 * i - 6] / cost)
+				if u < fit then fit = u end
+			end
+			if lim[o + 1] == 3 and cost > 0 and not report then
+				-- a sliding log grows by at most LOG_ADD_MAX entries a call
+				local u = floor(100 / cost)
+				if u < fit then fit = u end
+			end
+		end
+		if report then
+			granted = fit
+			allowed = 1
+		else
+			if fit < 1 then fit = 1 end
+			if fit < minu and minu <= want then
+				-- wait for a whole lease if it comes soon enough
+				local rm = {}
+				local _, wait = check(ALG, rm, lim, n, kb, now, minu)
+				if wait > 0 and wait <= life then
+					res, allowed, granted, fit = rm, 0, 0, 0
+				end
+			end
+		end
+		if allowed == 1 and not report then
+			local r2, ok2 = res, allowed
+			if fit > 1 then
+				r2 = {}
+				ok2 = check(ALG, r2, lim, n, kb, now, fit)
+			end
+			-- rem_u is exact for every algorithm; search down if rounding disagrees
+			if ok2 == 0 then
+				local lo, hi = 1, fit - 1
+				while lo < hi do
+					local mid = floor((lo + hi + 1) / 2)
+					if check(ALG, {}, lim, n, kb, now, mid) == 1 then lo = mid else hi = mid - 1 end
+				end
+				fit = lo
+				r2 = {}
+				ok2 = check(ALG, r2, lim, n, kb, now, fit)
+			end
+			res, granted = r2, fit
+		end
+	elseif batch and report then
+		-- a report of one unit: charged even when it no longer fits
+		granted = allowed
 		allowed = 1
-	else
-		if fit < 1 then fit = 1 end
-		if fit < minu and minu <= want then
-			-- wait for a whole lease if it comes soon enough
-			local rm, wait = batch_wait(minu)
-			if wait > 0 and wait <= life then
-				res, allowed, granted, fit = rm, 0, 0, 0
-			end
-		end
+	elseif batch and allowed == 0 and minu > 1 and minu <= want then
+		-- denied: the retry is for a whole batch when it comes soon enough
+		local rm = {}
+		local _, wait = check(ALG, rm, lim, n, kb, now, minu)
+		if wait <= life then res = rm end
 	end
-	if allowed == 1 and not report then
-		local r2, ok2 = res, allowed
-		if fit > 1 then r2, ok2 = check(fit) end
-		-- rem_u is exact for every algorithm; search down if rounding disagrees
-		if ok2 == 0 then
-			local lo, hi = 1, fit - 1
-			while lo < hi do
-				local mid = math.floor((lo + hi + 1) / 2)
-				local _, okm = check(mid)
-				if okm == 1 then lo = mid else hi = mid - 1 end
-			end
-			fit = lo
-			r2, ok2 = check(fit)
-		end
-		res, granted = r2, fit
-	end
-elseif batch and report then
-	-- a report of one unit: charged even when it no longer fits
-	granted = allowed
-	allowed = 1
-elseif batch and allowed == 0 and minu > 1 and minu <= want then
-	-- denied: the retry is for a whole batch when it comes soon enough
-	local rm, wait = batch_wait(minu)
-	if wait <= life then res = rm end
-end
 
-local lease_ms = 0
-if batch then
+	local lease_ms = 0
+	if batch then
+		for i = 1, n do
+			local o = 5 * i - 5
+			if lim[o + 1] == 2 or lim[o + 1] == 4 then -- a = the window
+				local a = lim[o + 2]
+				local left = (floor(now / a) + 1) * a - now
+				if left < life then life = left end
+			end
+		end
+		lease_ms = floor(life / 1000)
+	end
+
+	-- charges what passed, in the order of the limits; the reply
+	local ceil, keys = math.ceil, KEYS
+	local out
 	for i = 1, n do
-		if ids[i] == 2 or ids[i] == 4 then -- a = the window
-			local left = (math.floor(now / pa[i]) + 1) * pa[i] - now
-			if left < life then life = left end
+		local o, r = 5 * i - 5, 9 * i - 9
+		local ok = res[r + 1]
+		local rem, reset = res[r + 3], res[r + 6]
+		if allowed == 1 and (ok == 1 or report) then
+			ALG[2 * lim[o + 1]](keys[kb + i], now, res[r + 7], lim[o + 2], lim[o + 3],
+				res[r + 8], res[r + 9], cache)
+			rem, reset = res[r + 2], res[r + 5]
+		end
+		if i == 1 then
+			out = { allowed, n, now, ok, rem, ceil(res[r + 4] / 1000), ceil(reset / 1000) }
+		else
+			local j = 4 * i - 1
+			out[j + 1], out[j + 2], out[j + 3], out[j + 4] = ok, rem, ceil(res[r + 4] / 1000),
+				ceil(reset / 1000)
 		end
 	end
-	lease_ms = math.floor(life / 1000)
+	if n == 0 then out = { allowed, 0, now } end
+	if batch then
+		local j = 4 * n + 3
+		out[j + 1] = (allowed == 1) and granted or 0
+		out[j + 2] = lease_ms
+	end
+	return out
 end
 
-local out = { allowed, n, now }
-for i = 1, n do
-	local r = res[i]
-	local charged = allowed == 1 and (r.ok == 1 or report)
-	if charged then r.commit() end
-	out[#out + 1] = r.ok
-	out[#out + 1] = charged and r.rem_c or r.rem_u
-	out[#out + 1] = math.ceil(r.retry / 1000)
-	out[#out + 1] = math.ceil((charged and r.reset_c or r.reset_u) / 1000)
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+
+if ARGV[1] ~= 'M' then
+	return decide(ALG, check, 0, #KEYS, 0, #ARGV, now, nil, nil, nil)
 end
-if batch then
-	out[#out + 1] = (allowed == 1) and granted or 0
-	out[#out + 1] = lease_ms
+
+-- The multi form. The counts are checked for the whole call before any
+-- decision is made: a decision never reads another's arguments. The counts
+-- the agent sends most ("1" limit, "0" arguments after) are compared as
+-- strings.
+local argv, tonumber = ARGV, tonumber
+local nk, na = #KEYS, #argv
+local D = tonumber(argv[2])
+if not D or D < 0 or D ~= math.floor(D) then
+	return redis.error_reply('bad decision count ' .. tostring(argv[2]))
+end
+local at = {} -- per decision: its number of limits and of arguments
+local kb, ab = 0, 2
+local arrays = false -- a decision needs the scratch arrays (see decide())
+for j = 1, D do
+	if ab + 2 > na then
+		return redis.error_reply('decision ' .. j .. ' goes past the keys or arguments')
+	end
+	local n, x = argv[ab + 1], argv[ab + 2]
+	if n == '1' and x == '0' then
+		n, x = 1, 0
+	else
+		n, x = tonumber(n), tonumber(x)
+		if not n or n < 0 or n % 1 ~= 0 or not x or x < 0 or x % 1 ~= 0 then
+			return redis.error_reply('bad counts for decision ' .. j)
+		end
+	end
+	kb, ab = kb + n, ab + 2 + 5 * n + x
+	if kb > nk or ab > na then
+		return redis.error_reply('decision ' .. j .. ' goes past the keys or arguments')
+	end
+	at[2 * j - 1], at[2 * j] = n, 5 * n + x
+	if n ~= 1 or x >= 3 then arrays = true end
+end
+if kb ~= nk or ab ~= na then
+	return redis.error_reply('keys or arguments left after ' .. D .. ' decisions')
+end
+
+-- Makes decisions <from> to D into <out>, the first with its keys after
+-- KEYS[kb] and its counts at ARGV[ab + 1]. A Redis command that fails (or a
+-- script error) fails the decision where it happens: it ends this run, the
+-- caller records the error and starts another run at the next decision.
+local function run(ALG, check, decide, out, at, from, D, kb, ab, now, lim, res, cache)
+	for j = from, D do
+		local n, nargs = at[2 * j - 1], at[2 * j]
+		out[j] = decide(ALG, check, kb, n, ab + 2, nargs, now, lim, res, cache)
+		kb, ab = kb + n, ab + 2 + nargs
+	end
+end
+
+local out, lim, res, cache = {}, nil, nil, nil
+if D > 1 then cache = {} end
+if arrays then lim, res = { 0, 0, 0, 0, 0 }, { 0, 0, 0, 0, 0, 0, 0, 0, 0 } end
+local from = 1
+kb, ab = 0, 2
+while from <= D do
+	local ok, e = pcall(run, ALG, check, decide, out, at, from, D, kb, ab, now, lim, res, cache)
+	if ok then break end
+	if type(e) == 'table' and e.err then e = e.err end
+	local j = #out + 1
+	out[j] = redis.error_reply(tostring(e))
+	for i = from, j do kb, ab = kb + at[2 * i - 1], ab + 2 + at[2 * i] end
+	from = j + 1
 end
 return out

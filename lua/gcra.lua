@@ -17,8 +17,14 @@
 -- 2^k), stays below 2^53 while now < 2^52 us (until the year 2112). The debt
 -- is capped at DEBT_MAX: a report of more than fits owes at most that (at
 -- least two whole buckets, as tau <= 2^50).
-local GCRA_DEBT_MAX = 2 ^ 51
-ALG[1] = function(key, now, cost, T, b)
+--
+-- State for the commit: s1 = the debt after the charge (ticks), s2 = 2^k.
+-- The quantities here are finite and >= 0: x - x % 1 is floor(x) and
+-- x + (-x) % 1 is ceil(x), exactly (Lua's % is x - floor(x), exact in
+-- doubles), without a function call. One tick is 2^-k us, so a division by
+-- 2^k is exact.
+local function gcra_check(key, now, cost, T, b)
+	local DEBT_MAX = 2 ^ 51
 	local k = b % T
 	local tau = b - k
 	local one = 2 ^ k
@@ -26,42 +32,60 @@ ALG[1] = function(key, now, cost, T, b)
 	local v = redis.call('GET', key)
 	if v then
 		local tu, tf = string.match(v, '^(%d+):?(%d*)$')
-		tu = tonumber(tu)
-		if tu and tu >= now then
-			if tu - now > math.floor(GCRA_DEBT_MAX / one) then
-				d = GCRA_DEBT_MAX
-			else
-				tf = tonumber(tf) or 0
-				if tf >= one then tf = one - 1 end
-				d = (tu - now) * one + tf
-				if d > GCRA_DEBT_MAX then d = GCRA_DEBT_MAX end
+		if tu then
+			tu = tu + 0 -- digits: converted as tonumber() would
+			if tu >= now then
+				if tu - now > DEBT_MAX / one then
+					d = DEBT_MAX
+				else
+					if tf == '' then tf = 0 else tf = tf + 0 end
+					if tf >= one then tf = one - 1 end
+					d = (tu - now) * one + tf
+					if d > DEBT_MAX then d = DEBT_MAX end
+				end
 			end
 		end
 	end
-	local cmax = math.floor(GCRA_DEBT_MAX / T) + 1
+	local cmax = DEBT_MAX / T
+	cmax = cmax - cmax % 1 + 1
 	local c = cost
 	if c > cmax then c = cmax elseif c < -cmax then c = -cmax end
 	local nd = d + c * T
 	if nd < 0 then nd = 0 end -- a refund never goes past full
-	if nd > GCRA_DEBT_MAX then nd = GCRA_DEBT_MAX end
-	local r = {}
-	r.ok = (nd <= tau) and 1 or 0
-	r.rem_c = math.floor(clamp0(tau - nd) / T)
-	r.rem_u = math.floor(clamp0(tau - d) / T)
-	r.retry = (r.ok == 1) and 0 or math.ceil((nd - tau) / one)
-	r.reset_c = math.ceil(nd / one)
-	r.reset_u = math.ceil(d / one)
-	r.commit = function()
-		local whole = math.floor(nd / one)
-		local frac = nd - whole * one
-		local ttl = math.ceil(r.reset_c / 1000)
-		if ttl < 1 then ttl = 1 end
-		if frac > 0 then
-			v = string.format('%d:%d', now + whole, frac)
-		else
-			v = string.format('%d', now + whole)
-		end
-		redis.call('SET', key, v, 'PX', ttl)
+	if nd > DEBT_MAX then nd = DEBT_MAX end
+	local rem_u = 0
+	if tau > d then
+		rem_u = (tau - d) / T
+		rem_u = rem_u - rem_u % 1
 	end
-	return r
+	local reset_c, reset_u = nd / one, d / one
+	reset_c, reset_u = reset_c + (-reset_c) % 1, reset_u + (-reset_u) % 1
+	if nd <= tau then
+		local rem_c = (tau - nd) / T
+		return 1, rem_c - rem_c % 1, rem_u, 0, reset_c, reset_u, nd, one
+	end
+	local retry = (nd - tau) / one
+	return 0, 0, rem_u, retry + (-retry) % 1, reset_c, reset_u, nd, one
+end
+
+local function gcra_commit(key, now, cost, T, b, nd, one, cache)
+	local whole = nd / one
+	whole = whole - whole % 1
+	local frac = nd - whole * one
+	local ttl = nd / one
+	ttl = (ttl + (-ttl) % 1) / 1000
+	ttl = ttl + (-ttl) % 1
+	if ttl < 1 then ttl = 1 end
+	local v
+	if frac > 0 then
+		v = string.format('%d:%d', now + whole, frac)
+	else
+		v = string.format('%d', now + whole)
+	end
+	local px = cache and cache[ttl]
+	if not px then
+		px = string.format('%d', ttl)
+		if cache then cache[ttl] = px end
+	end
+	redis.call('SET', key, v, 'PX', px)
 end

@@ -2,35 +2,37 @@
 -- spoa-ratelimit decision script, assembled at build time (see the Makefile's
 -- LUA list): this prelude, one file per algorithm, then the driver decide.lua.
 --
--- Every algorithm is a function check(key, now, cost, a, b) that reads its
--- state and returns, without writing anything:
+-- Every algorithm has two functions. <alg>_check(key, now, cost, a, b) reads
+-- its state and returns, without writing anything (a sliding log trims its
+-- expired entries):
 --   ok         1 if this limit admits <cost> tokens now, else 0
 --   rem_c      tokens left if the request is charged
 --   rem_u      tokens left if it is not
 --   retry      microseconds until this limit admits <cost> (0 when ok)
 --   reset_c    microseconds until the limit is fully available again, charged
 --   reset_u    the same, not charged
---   commit     a function that charges the request (called only if it passes)
+--   s1, s2     the state its commit needs
+-- <alg>_commit(key, now, cost, a, b, s1, s2, cache) charges the request
+-- (called only if it passes, with the cost and the state of the check; the
+-- optional table <cache> keeps the text of TTLs for the next decisions of the
+-- call).
 -- All arithmetic is on integers below 2^53 (exact in Lua's doubles); the C
 -- models in src/limiter.c do the same operations in the same order. Costs
 -- (cost x units of a batch) are clamped to +-COUNT_MAX = 2^50 before any
 -- algorithm sees them, and the windows' counts to [0, COUNT_MAX], so a count
 -- plus a cost stays exact (src/limiter.h, LIMIT_COUNT_MAX).
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-
-local ALG = {}
-
-local COUNT_MAX = 2 ^ 50
-local LOG_ADD_MAX = 100 -- entries one call adds to a sliding log (sliding_log.lua)
-
-local function clamp0(x)
-	if x < 0 then return 0 end
-	return x
-end
-
--- x clamped to [-m, m]
-local function clampm(x, m)
-	if x > m then return m end
-	if x < -m then return -m end
-	return x
+--
+-- What a call costs Redis (it serves nobody else meanwhile). Redis runs this
+-- whole file at every call, so every function below is created at every
+-- call: there are few, and none refers to a local of the file (an upvalue
+-- costs more at every call than the lookups it saves: functions take what
+-- they need as arguments, and alias library functions they use several times
+-- in locals of their own). No table is built per limit and none grows
+-- element by element: results go to flat arrays created at their size.
+-- Numbers that Redis returns or that a pattern has matched are converted by
+-- arithmetic (one conversion, where tonumber() makes two), numbers passed to
+-- Redis commands are formatted as strings by the script.
+if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
+	-- before Redis 5, a script calling TIME must replicate its effects
+	pcall(redis.replicate_commands)
 end

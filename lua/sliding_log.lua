@@ -4,65 +4,75 @@
 --   a = window length (us), b = limit (requests per window)
 -- A call's work grows with the entries it trims and adds, and Redis runs
 -- nothing else meanwhile: the config bounds the limit (at most 1,000 per
--- window, src/config.c), and a call adds at most LOG_ADD_MAX entries: a cost
--- above that is never admitted (its retry is a whole window), a batch is
+-- window, src/config.c), and a call adds at most LOG_ADD_MAX = 100 entries: a
+-- cost above that is never admitted (its retry is a whole window), a batch is
 -- granted no more (decide.lua), and a report (charged even over the limit)
 -- records at most that many and never fills the log past limit + LOG_ADD_MAX
 -- (<limit> entries at one instant already deny everything for a window).
-ALG[3] = function(key, now, cost, win, limit)
-	redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - win))
-	local count = redis.call('ZCARD', key)
-	local r = {}
-	r.ok = (count + cost <= limit and cost <= LOG_ADD_MAX) and 1 or 0
-	r.rem_c = clamp0(limit - clamp0(count + cost))
-	r.rem_u = clamp0(limit - count)
-	if r.ok == 1 then
-		r.retry = 0
+-- State for the commit: s1 = the entries in the window before this request.
+local function sliding_log_check(key, now, cost, win, limit)
+	local call = redis.call
+	local LOG_ADD_MAX = 100
+	call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - win))
+	local count = call('ZCARD', key)
+	local ok = (count + cost <= limit and cost <= LOG_ADD_MAX) and 1 or 0
+	local after = count + cost
+	if after < 0 then after = 0 end
+	local rem_c, rem_u = 0, 0
+	if limit > after then rem_c = limit - after end
+	if limit > count then rem_u = limit - count end
+	local retry = 0
+	if ok == 1 then
+		retry = 0
 	elseif cost > limit or cost > LOG_ADD_MAX then
-		r.retry = win
+		retry = win
 	else
 		-- the oldest entries must leave until cost more fit
-		local e = redis.call('ZRANGE', key, count + cost - limit - 1,
+		local e = call('ZRANGE', key, count + cost - limit - 1,
 			count + cost - limit - 1, 'WITHSCORES')
-		r.retry = tonumber(e[2]) + win - now
+		retry = tonumber(e[2]) + win - now
 	end
-	local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-	r.reset_u = 0
-	if newest[2] then r.reset_u = tonumber(newest[2]) + win - now end
-	r.reset_c = (cost > 0) and win or r.reset_u
-	r.commit = function()
-		if cost < 0 then -- a refund takes back the newest entries
-			redis.call('ZPOPMAX', key, math.min(-cost, LOG_ADD_MAX))
-			return
-		end
-		local add = math.min(cost, LOG_ADD_MAX, limit + LOG_ADD_MAX - count)
-		if add < 1 then return end
-		if redis.call('ZCOUNT', key, now, now) == 0 then
-			-- members "<now>:<i>" are new: one command for all (in slices,
-			-- under Lua's limit on unpack)
-			local score = string.format('%d', now)
-			local prefix = score .. ':'
-			for s = 1, add, 500 do
-				local args, j = {}, 0
-				for i = s, math.min(s + 499, add) do
-					args[j + 1] = score
-					args[j + 2] = prefix .. i
-					j = j + 2
-				end
-				redis.call('ZADD', key, unpack(args))
-			end
-		else
-			-- another call at the same microsecond: find free names
-			for i = 1, add do
-				local m = string.format('%d:%d', now, i)
-				local n = 0
-				while redis.call('ZADD', key, 'NX', now, m) == 0 and n < 1000 do
-					n = n + 1
-					m = string.format('%d:%d:%d', now, i, n)
-				end
-			end
-		end
-		redis.call('PEXPIRE', key, math.ceil(win / 1000) + 1)
+	local newest = call('ZRANGE', key, -1, -1, 'WITHSCORES')
+	local reset_u = 0
+	if newest[2] then reset_u = tonumber(newest[2]) + win - now end
+	local reset_c = reset_u
+	if cost > 0 then reset_c = win end
+	return ok, rem_c, rem_u, retry, reset_c, reset_u, count
+end
+
+local function sliding_log_commit(key, now, cost, win, limit, count)
+	local call, fmt, min = redis.call, string.format, math.min
+	local LOG_ADD_MAX = 100
+	if cost < 0 then -- a refund takes back the newest entries
+		call('ZPOPMAX', key, min(-cost, LOG_ADD_MAX))
+		return
 	end
-	return r
+	local add = min(cost, LOG_ADD_MAX, limit + LOG_ADD_MAX - count)
+	if add < 1 then return end
+	if call('ZCOUNT', key, now, now) == 0 then
+		-- members "<now>:<i>" are new: one command for all (in slices,
+		-- under Lua's limit on unpack)
+		local score = fmt('%d', now)
+		local prefix = score .. ':'
+		for s = 1, add, 500 do
+			local args, j = {}, 0
+			for i = s, min(s + 499, add) do
+				args[j + 1] = score
+				args[j + 2] = prefix .. i
+				j = j + 2
+			end
+			call('ZADD', key, unpack(args))
+		end
+	else
+		-- another call at the same microsecond: find free names
+		for i = 1, add do
+			local m = fmt('%d:%d', now, i)
+			local n = 0
+			while call('ZADD', key, 'NX', now, m) == 0 and n < 1000 do
+				n = n + 1
+				m = fmt('%d:%d:%d', now, i, n)
+			end
+		end
+	end
+	call('PEXPIRE', key, math.ceil(win / 1000) + 1)
 end

@@ -6,52 +6,72 @@
 -- the product passes 2^53, identically in the C model); it only decides, the
 -- counts stored are integers.
 --   a = window length (us), b = limit (requests per window)
-ALG[4] = function(key, now, cost, win, limit)
-	local idx = math.floor(now / win)
+-- State for the commit: s1, s2 = the current and previous counts before this
+-- request.
+local function sliding_window_check(key, now, cost, win, limit)
+	local floor = math.floor
+	local COUNT_MAX = 2 ^ 50
+	local idx = floor(now / win)
 	local cur, prev = 0, 0
 	local v = redis.call('GET', key)
 	if v then
 		local w, c, p = string.match(v, '^(%d+):(%d+):(%d+)$')
 		if w then
-			w = tonumber(w)
+			w = w + 0
 			if w == idx then
-				cur, prev = math.min(tonumber(c), COUNT_MAX), math.min(tonumber(p), COUNT_MAX)
+				cur, prev = c + 0, p + 0
+				if cur > COUNT_MAX then cur = COUNT_MAX end
+				if prev > COUNT_MAX then prev = COUNT_MAX end
 			elseif w == idx - 1 then
-				prev = math.min(tonumber(c), COUNT_MAX)
+				prev = c + 0
+				if prev > COUNT_MAX then prev = COUNT_MAX end
 			end
 		end
 	end
 	local elapsed = now - idx * win
 	local left = win - elapsed
-	local est = math.floor(prev * left / win) + cur
-	local r = {}
-	r.ok = (est + cost <= limit) and 1 or 0
-	r.rem_c = clamp0(limit - clamp0(est + cost))
-	r.rem_u = clamp0(limit - est)
+	local est = floor(prev * left / win) + cur
+	local after = est + cost
+	if after < 0 then after = 0 end
+	local rem_c, rem_u = 0, 0
+	if limit > after then rem_c = limit - after end
+	if limit > est then rem_u = limit - est end
+	local reset_u = 0
+	if cur > 0 then reset_u = left + win elseif prev > 0 then reset_u = left end
+	if est + cost <= limit then
+		return 1, rem_c, rem_u, 0, left + win, reset_u, cur, prev
+	end
 	-- retry: the first instant the estimate admits <cost>. With the previous
 	-- window weighing p and L tokens of room, floor(p * (win - e) / win) <= L
 	-- holds from e = floor(win - (L + 1) * win / p) + 1 on.
-	if r.ok == 1 then
-		r.retry = 0
-	elseif cost > limit then
-		r.retry = left + win
+	local retry
+	if cost > limit then
+		retry = left + win
 	elseif cur + cost <= limit then
-		local e = math.floor(win - (limit - cur - cost + 1) * win / prev) + 1
-		r.retry = clamp0(e - elapsed)
-		if r.retry < 1 then r.retry = 1 end
+		local e = floor(win - (limit - cur - cost + 1) * win / prev) + 1
+		retry = e - elapsed
+		if retry < 1 then retry = 1 end
 	elseif cur <= limit - cost then
-		r.retry = left
+		retry = left
 	else
 		-- in the next window this one's count becomes the previous weight
-		local e = math.floor(win - (limit - cost + 1) * win / cur) + 1
-		r.retry = left + clamp0(e)
+		local e = floor(win - (limit - cost + 1) * win / cur) + 1
+		if e < 0 then e = 0 end
+		retry = left + e
 	end
-	r.reset_c = left + win
-	r.reset_u = (cur > 0) and (left + win) or ((prev > 0) and left or 0)
-	r.commit = function()
-		local c = math.min(clamp0(cur + cost), COUNT_MAX)
-		redis.call('SET', key, string.format('%d:%d:%d', idx, c, prev), 'PX',
-			math.ceil((left + win) / 1000) + 1)
+	return 0, rem_c, rem_u, retry, left + win, reset_u, cur, prev
+end
+
+local function sliding_window_commit(key, now, cost, win, limit, cur, prev, cache)
+	local idx = math.floor(now / win)
+	local left = win - (now - idx * win)
+	local c = cur + cost
+	if c < 0 then c = 0 elseif c > 2 ^ 50 then c = 2 ^ 50 end -- COUNT_MAX
+	local ttl = math.ceil((left + win) / 1000) + 1
+	local px = cache and cache[ttl]
+	if not px then
+		px = string.format('%d', ttl)
+		if cache then cache[ttl] = px end
 	end
-	return r
+	redis.call('SET', key, string.format('%d:%d:%d', idx, c, prev), 'PX', px)
 end

@@ -1230,6 +1230,7 @@ static void publish(struct agent *a)
 		ms->c[MC_LEASE_UNITS] = q->lease_units;
 		ms->c[MC_LEASE_SPENT] = q->lease_spent;
 		ms->c[MC_LEASE_EXPIRED] = q->lease_expired;
+		ms->c[MC_LEASE_RETURNED] = q->lease_returned;
 		ms->c[MC_PRECHECK_LOCAL] = q->precheck_local;
 		ms->c[MC_PRECHECK_REPORTS] = q->precheck_reports;
 		ms->c[MC_PRECHECK_OVER] = q->precheck_over;

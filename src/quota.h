@@ -61,6 +61,7 @@ struct quota_stats {
 	uint64_t lease_units;           /* units granted as leases */
 	uint64_t lease_spent;           /* requests answered from a lease */
 	uint64_t lease_expired;         /* leased units that expired unused (under-admission) */
+	uint64_t lease_returned;        /* leased units given back unused (traffic stopped) */
 	uint64_t precheck_local;        /* requests admitted by pre-check */
 	uint64_t precheck_reports;      /* batches reported */
 	uint64_t precheck_over;         /* reported units that no longer fitted (over-admission) */

@@ -3,6 +3,7 @@ coalescing and a lease held through a Redis outage (src/quota.c, lua/decide.lua)
 import hashlib
 import pathlib
 import random
+import re
 import subprocess
 import threading
 import time
@@ -14,6 +15,7 @@ from conftest import SPOA_BIN, LcList, wait_until
 from test_model_agreement import FIXED, GCRA, LOG, SLIDING, script
 from test_ops import pipeline, scrape
 
+SPOP_LOAD = SPOA_BIN.parent / "spop-load"
 HOUR_US = 3600 * 10**6
 DAY_US = 24 * HOUR_US
 
@@ -206,6 +208,82 @@ def test_two_agents_leasing_one_key_stay_within_the_bound(agent, redis):
     assert calls < 0.5 * 1200, calls
     ps = [scrape(a) for a in agents]
     assert sum(quota_metric(p, "leased") + quota_metric(p, "prechecked") for p in ps) > 0
+
+
+def test_busy_gateway_leases_by_its_own_traffic(agent, redis):
+    """Two gateways on one hot key: one carries the traffic (3,000/s offered against a bucket
+    of 2,000/s, burst 1,000, budget 5% = 100 requests), the other a trickle. The busy one's
+    leases follow its own traffic, not the even split (cap / G = 50 each, which cost a call
+    per ~40 of its decisions): it makes few Redis calls, and both together admit no more
+    than the bucket plus the budget, nor much less."""
+    cfg = quota_cfg({"rate": 2000, "period": "1s", "burst": 1000}, budget=0.05, precheck=False)
+    busy, idle = (agent(redis=redis, metrics=True, name=n, **cfg) for n in ("busy", "idle"))
+    for a in (busy, idle):
+        wait_gateways(a, 2)
+    key = "shared-hot0"                 # spop-load's keys: <prefix><n>, here one
+    stop, trickle = threading.Event(), []
+
+    def idle_traffic():                 # ~10 requests/s through the other gateway
+        with sc.SpopClient(idle.addr) as c:
+            c.hello()
+            i = 0
+            while not stop.wait(0.1):
+                i += 1
+                trickle.append(c.request(2 * i + 1, 1, [sc.rl_message(key=key)]))
+    t = threading.Thread(target=idle_traffic, daemon=True)
+    sent0 = scrape(busy).get("spoa_ratelimit_redis_commands_total")
+    t.start()
+    host, port = busy.addr
+    out = subprocess.run([str(SPOP_LOAD), "-a", "%s:%d" % (host, port), "-r", "3000", "-d", "3",
+                          "-c", "2", "-p", "32", "-k", "1", "-K", "shared-hot"],
+                         capture_output=True, text=True, timeout=60)
+    stop.set()
+    t.join(5)
+    assert out.returncode == 0, out.stderr
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("decisions=")][-1]
+    load = {k: float(v) for k, v in re.findall(r"(\w+)=([0-9.]+)", line)}
+    p = scrape(busy)
+    calls = p.get("spoa_ratelimit_redis_commands_total") - sent0
+    assert load["degraded"] == 0 and load["decisions"] > 1000, load
+    per_decision = calls / load["decisions"]
+    assert per_decision <= 0.015, "busy gateway: %.4f Redis calls per decision (%d calls, %s)" % (
+        per_decision, calls, load)
+    assert quota_metric(p, "lease_spent") > 0
+    # within the limit: the bucket and its refill over the run, plus the budget
+    allowed = load["allowed"] + counts(trickle)[0]
+    limit = 2000 * load["seconds"] + 1000
+    assert allowed <= limit + 100, (allowed, limit, load)
+    assert allowed >= 0.85 * min(limit, load["decisions"] + len(trickle)), (allowed, limit, load)
+
+
+def test_leases_go_back_when_the_traffic_stops(agent, redis):
+    """A gateway whose traffic stopped gives back what it holds beyond its allowance
+    (cap / G = 50 here) after flush_ms, and a graceful stop gives back the rest: Redis ends
+    up charged for exactly the requests admitted. A bucket of 1,000 per hour: one token is
+    3.6 s of its TAT, so the TAT counts the units charged exactly."""
+    cfg = quota_cfg({"rate": 1000, "period": "1h", "burst": 1000}, budget=0.05,
+                    precheck=False, flush_ms=50)
+    a = agent(redis=redis, metrics=True, **cfg)
+    wait_gateways(a)
+    key = "rl:{k:%s}:q" % hashlib.sha256(b"back").hexdigest()[:32]
+
+    def redis_now():
+        sec, usec = redis.cmd("TIME")
+        return int(sec) * 10**6 + int(usec)
+    t_before = redis_now()
+    answers = pipeline(a.addr, [sc.rl_message(key="back")] * 400, conns=1, window=16)
+    t_after = redis_now()
+    assert counts(answers) == (400, 0)
+    p = scrape(a)
+    assert quota_metric(p, "leased") > 400, "leases ahead of the traffic"
+    wait_until(lambda: quota_metric(scrape(a), "lease_returned") > 0 and
+               scrape(a).get("spoa_ratelimit_lease_outstanding") <= 50, 3,
+               what="the lease beyond the allowance given back")
+    assert a.stop() == 0
+    # charged = the TAT moved from the first charge (a fresh bucket: TAT = now + cost x T)
+    first = int(redis.cmd("GET", key).split(":")[0]) - 400 * 3600 * 10**3
+    assert t_before <= first <= t_after, "charged %+.2f units more than admitted" % (
+        (first - t_before) / 3.6e6)
 
 
 def test_precheck_goes_synchronous_near_the_limit(agent, redis):

@@ -1335,6 +1335,7 @@ static void quota_setup(struct agent *a, const struct ruleset *rs)
 	struct quota_opts o = {.lease_ms = c->quota.lease_ms,
 			       .heartbeat_ms = c->quota.heartbeat_ms,
 			       .flush_ms = c->quota.flush_ms,
+			       .horizon = c->quota.horizon,
 			       .max_keys = c->quota.max_keys,
 			       .precheck = c->quota.precheck,
 			       .leases = c->quota.leases,

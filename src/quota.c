@@ -11,26 +11,44 @@
  * accuracy_budget, C its rate per period). The agent passes, per key, the
  * smallest b_i x C_i / cost_i over the enforcing limits: "cap", in units, the
  * error every gateway together may cause. With G live gateways (heartbeats in
- * Redis, lua/heartbeat.lua) one gateway may hold at most cap / G units, never
- * more than it would use in one lease lifetime at its observed rate, and never
- * more than half of what the limits hold (so a whole batch always fits again):
+ * Redis, lua/heartbeat.lua) each gateway has an allowance of s = cap / G units
+ * it may hold unused (never more than half of what the limits hold, so a whole
+ * batch always fits again). The key stays exact while
  *   n = min(floor(cap / G), ceil(rate x lease_ms), capacity / 2)
- * When n < 2 a lease saves nothing: the key stays exact. Until the first
- * heartbeat answers, G is unknown and every key is exact.
+ * is below 2 (a lease would save nothing); until the first heartbeat answers,
+ * G is unknown and every key is exact. Windows lease n units.
+ *
+ * A bucket (every enforcing limit a GCRA) also has a rate R, units per second,
+ * and a time the budget lasts at that rate, cap / R = b x period. A gateway
+ * leases its allowance plus what its own traffic spends within the horizon
+ * h = horizon x cap / R (local_quota.horizon, 2 by default: 100 ms for 5% of
+ * a second), from a moving average of the units it admits, a:
+ *   lease = min(s + ceil(horizon x cap x a / R), ceil(rate x lease_ms), capacity / 2)
+ * The busy gateways hold most, the idle ones little. The traffic parts add up
+ * to horizon x cap x (admitted rate) / R, horizon x cap at the limit; each is
+ * spent by the traffic it was sized on within h. When the traffic of a key
+ * stops (no request for flush_ms), what the gateway holds beyond s goes back
+ * to Redis (a refund); a graceful stop gives everything back.
  *
  * Leases never over-admit in total: their units are charged in Redis when
  * granted, and Redis grants only what the limits admit. They shift admissions
- * in time by at most a lease lifetime, so in any window a limit admits at most
- * what it would exactly plus the units held in leases at the window's start
- * (<= cap). Unused units expire with the lease and are not given back: the
- * under-admission is what gateways hold when their traffic stops, at most cap
- * per lease lifetime, counted in lease_expired.
+ * in time: in any window a limit admits at most what it would exactly plus
+ * the units held in leases at the window's start, the allowances (<= cap) and,
+ * for buckets, the traffic parts (about horizon x cap at the limit, each spent
+ * within h; horizon = 0 keeps the bound at cap). Units not spent expire with
+ * their lease (lease_expired) or go back (lease_returned): the under-admission
+ * is what gateways hold when their traffic stops, at most cap once the rest
+ * is back.
  *
- * A lease is topped up (to n units in all) when an eighth is left; the top-up
- * keeps its own expiry. A unit taken from a lease by a request that another
- * part of its decision denied goes back to the lease.
+ * A lease is topped up (to its size in all) when an eighth is left; the
+ * top-up keeps its own expiry. A key denied a lease within a lease lifetime
+ * is not topped up ahead (it would be denied: the gateways take turns for
+ * whole leases); its next lease is asked for when this one runs out. A unit
+ * taken from a lease by a request that another part of its decision denied
+ * goes back to the lease.
  *
- * Pre-check. A key whose last answer from Redis left more than G x n units is
+ * Pre-check. A key whose last answer from Redis left more than G x n units
+ * (plus horizon x cap for a bucket: the other gateways' traffic parts) is
  * admitted locally; the usage is reported in batches of n/2 units (or after
  * flush_ms) and charged in full. A gateway stops pre-checking while n units
  * are unknown to Redis (unreported or in flight), so the over-admission is at
@@ -46,7 +64,8 @@
  * for an exact key coalescing changes no answer. A leased key over its limit
  * is served in whole leases: while fewer units than a lease fit and a lease is
  * back soon, the call is denied (the units wait in the bucket; see the
- * script's minimum and spread_denial()).
+ * script's minimum and spread_denial()), and so is every request of the key
+ * at this gateway until the denial's retry, a denied top-up's included.
  *
  * Outages. A lease already granted keeps serving until it expires, even with
  * Redis unreachable; pre-checks stop as soon as the key's Redis node is not
@@ -73,7 +92,6 @@
 #define LEASE_MAX     1000000   /* units in one lease, whatever the budget */
 #define IDLE_MIN      2.0       /* seconds an idle key is kept at least */
 #define RATE_TAU      0.25      /* seconds: time constant of the admitted rate's average */
-#define HORIZON       2         /* a lease covers the traffic of this many budget x period */
 
 struct qkey {
 	struct qkey *next;              /* hash chain */
@@ -264,14 +282,8 @@ static int64_t allowance(const struct quota *qt, const struct qkey *e)
 
 /*
  * The lease <e> asks for now (units held in all, a top-up included): 0 = none,
- * the key is exact (unit_target() says when). Its allowance, what a gateway
- * may hold unused (cap / G), plus, for buckets, what its own traffic spends
- * within the horizon h = HORIZON x budget x period, the time HORIZON budgets
- * last at the bucket's rate: cap x HORIZON x (units admitted here per second)
- * / (the bucket's rate). The busy gateways hold most, the idle ones little;
- * at the limit the traffic parts of all gateways add up to HORIZON x cap, and
- * each is spent within h by the traffic it was sized on. Never more than the
- * traffic uses in a lease lifetime, nor half the capacity.
+ * the key is exact (unit_target() says when). The allowance, plus for a
+ * bucket what this gateway's traffic spends within the horizon (see DESIGN).
  */
 static int64_t lease_target(const struct quota *qt, const struct qkey *e, double now)
 {
@@ -282,7 +294,7 @@ static int64_t lease_target(const struct quota *qt, const struct qkey *e, double
 		return 0;
 	n = (double)allowance(qt, e);
 	if (r > 0)
-		n += ceil(HORIZON * e->cap * admitted_rate(e, now) / r);
+		n += ceil(qt->o.horizon * e->cap * admitted_rate(e, now) / r);
 	use = ceil(rate_of(e, now) * qt->o.lease_ms / 1000.);
 	if (n > use)
 		n = use;
@@ -801,7 +813,7 @@ enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_qu
 	lease_age(qt, e, now);
 	n = unit_target(qt, e, now);
 	/* what the other gateways may lease on top of n each: their demand parts */
-	demand = qt->o.leases && bucket_rate(e) > 0 ? HORIZON * cap : 0;
+	demand = qt->o.leases && bucket_rate(e) > 0 ? qt->o.horizon * cap : 0;
 	/* unknown to Redis: at most n units per gateway (G x n <= cap in all),
 	 * reported in halves so the next batch fills while one is in flight */
 	far = qt->o.precheck && !qt->draining && n && e->known_at &&

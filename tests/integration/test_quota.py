@@ -210,13 +210,15 @@ def test_two_agents_leasing_one_key_stay_within_the_bound(agent, redis):
     assert sum(quota_metric(p, "leased") + quota_metric(p, "prechecked") for p in ps) > 0
 
 
-def test_busy_gateway_leases_by_its_own_traffic(agent, redis):
+@pytest.mark.parametrize("horizon", [None, 0])
+def test_busy_gateway_leases_by_its_own_traffic(agent, redis, horizon):
     """Two gateways on one hot key: one carries the traffic (3,000/s offered against a bucket
     of 2,000/s, burst 1,000, budget 5% = 100 requests), the other a trickle. The busy one's
     leases follow its own traffic, not the even split (cap / G = 50 each, which cost a call
-    per ~40 of its decisions): it makes few Redis calls, and both together admit no more
-    than the bucket plus the budget, nor much less."""
-    cfg = quota_cfg({"rate": 2000, "period": "1s", "burst": 1000}, budget=0.05, precheck=False)
+    per ~30 of its decisions): it makes few Redis calls, and both together admit no more
+    than the bucket plus the budget, nor much less. horizon = 0 keeps the even split."""
+    quota = dict(precheck=False) if horizon is None else dict(precheck=False, horizon=horizon)
+    cfg = quota_cfg({"rate": 2000, "period": "1s", "burst": 1000}, budget=0.05, **quota)
     busy, idle = (agent(redis=redis, metrics=True, name=n, **cfg) for n in ("busy", "idle"))
     for a in (busy, idle):
         wait_gateways(a, 2)
@@ -246,8 +248,13 @@ def test_busy_gateway_leases_by_its_own_traffic(agent, redis):
     calls = p.get("spoa_ratelimit_redis_commands_total") - sent0
     assert load["degraded"] == 0 and load["decisions"] > 1000, load
     per_decision = calls / load["decisions"]
-    assert per_decision <= 0.015, "busy gateway: %.4f Redis calls per decision (%d calls, %s)" % (
-        per_decision, calls, load)
+    size = quota_metric(p, "leased") / p.get("spoa_ratelimit_lease_grants_total")
+    if horizon == 0:
+        assert size <= 50, "leases of cap / G at most: %.1f" % size
+    else:
+        assert size > 100, "leases by the traffic: %.1f" % size
+        assert per_decision <= 0.015, "busy gateway: %.4f Redis calls per decision (%d, %s)" % (
+            per_decision, calls, load)
     assert quota_metric(p, "lease_spent") > 0
     # within the limit: the bucket and its refill over the run, plus the budget
     allowed = load["allowed"] + counts(trickle)[0]
@@ -473,3 +480,9 @@ def test_budget_and_local_quota_settings_are_validated(tmp):
                        text=True, timeout=10)
     assert r.returncode != 0
     assert "lease_ms" in r.stderr and "leasez" in r.stderr, r.stderr
+    conf.write_text('limits = { q = { rate = 1; period = "1s"; }; };\n'
+                    'tiers = { t = { limits = ["q"]; }; };\ndefault_tier = "t";\n'
+                    'local_quota = { horizon = 11; };\n')
+    r = subprocess.run([str(SPOA_BIN), "-c", "-f", str(conf)], capture_output=True,
+                       text=True, timeout=10)
+    assert r.returncode != 0 and "horizon" in r.stderr, r.stderr

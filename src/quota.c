@@ -723,8 +723,9 @@ static void return_cb(enum store_status st, const struct store_result *res, void
 /*
  * Whether the units of a lease ending at <expires> may go back to Redis now.
  * A bucket takes a refund at any time (never past full); a window only while
- * the one that was charged runs: the lease ends with it, so half its lifetime
- * left leaves the call ample time to get there first.
+ * the one that was charged runs (a refund in the next one would admit more
+ * there): the lease ends with it, so half its lifetime and at least 50 ms
+ * left leave the call ample time to get there first.
  */
 static bool returnable(const struct qkey *e, double expires, double now)
 {
@@ -734,7 +735,7 @@ static bool returnable(const struct qkey *e, double expires, double now)
 		return false;
 	for (i = 0; i < e->n; i++)
 		if (!e->params[i].shadow && e->cost[i] > 0 && e->params[i].alg != ALG_GCRA)
-			return expires - now >= e->life / 2;
+			return expires - now >= (e->life / 2 > 0.05 ? e->life / 2 : 0.05);
 	return true;
 }
 
@@ -812,7 +813,7 @@ enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_qu
 	w->local = QUOTA_VIA_REDIS;
 	lease_age(qt, e, now);
 	n = unit_target(qt, e, now);
-	/* what the other gateways may lease on top of n each: their demand parts */
+	/* what the other gateways may lease on top of n each: their traffic parts */
 	demand = qt->o.leases && bucket_rate(e) > 0 ? qt->o.horizon * cap : 0;
 	/* unknown to Redis: at most n units per gateway (G x n <= cap in all),
 	 * reported in halves so the next batch fills while one is in flight */

@@ -298,6 +298,21 @@ def test_leases_go_back_when_the_traffic_stops(agent, redis):
     assert charged() == 400
 
 
+def test_sigterm_gives_a_window_lease_back(agent, redis):
+    """A graceful stop gives back what a window's lease still holds, in the window it was
+    charged in: the counter ends at the requests admitted."""
+    cfg = quota_cfg({"algorithm": "fixed_window", "rate": 1000, "period": "1d"}, budget=0.2,
+                    precheck=False)
+    a = agent(redis=redis, metrics=True, **cfg)
+    wait_gateways(a)
+    key = "rl:{k:%s}:q" % hashlib.sha256(b"wback").hexdigest()[:32]
+    answers = pipeline(a.addr, [sc.rl_message(key="wback")] * 100, conns=1, window=8)
+    assert counts(answers) == (100, 0)
+    assert int(redis.cmd("GET", key).split(":")[1]) > 100, "a lease held"
+    assert a.stop() == 0
+    assert int(redis.cmd("GET", key).split(":")[1]) == 100
+
+
 def test_precheck_goes_synchronous_near_the_limit(agent, redis):
     # 300 per day, budget 20% = 60: far from the limit requests are admitted locally and
     # reported in batches; within 60 of it every request waits for Redis

@@ -1410,6 +1410,7 @@ static void publish(struct agent *a)
 		ms->c[MC_LEASE_UNITS] = q->lease_units;
 		ms->c[MC_LEASE_SPENT] = q->lease_spent;
 		ms->c[MC_LEASE_EXPIRED] = q->lease_expired;
+		ms->c[MC_LEASE_RETURNED] = q->lease_returned;
 		ms->c[MC_PRECHECK_LOCAL] = q->precheck_local;
 		ms->c[MC_PRECHECK_REPORTS] = q->precheck_reports;
 		ms->c[MC_PRECHECK_OVER] = q->precheck_over;
@@ -1517,6 +1518,7 @@ static void quota_setup(struct agent *a, const struct ruleset *rs)
 	struct quota_opts o = {.lease_ms = c->quota.lease_ms,
 			       .heartbeat_ms = c->quota.heartbeat_ms,
 			       .flush_ms = c->quota.flush_ms,
+			       .horizon = c->quota.horizon,
 			       .max_keys = c->quota.max_keys,
 			       .precheck = c->quota.precheck,
 			       .leases = c->quota.leases,

@@ -822,6 +822,7 @@ static void load_root(struct loader *ld, config_t *lc)
 	cfg->quota.lease_ms = 1000;
 	cfg->quota.heartbeat_ms = 1000;
 	cfg->quota.flush_ms = 100;
+	cfg->quota.horizon = 2;
 	cfg->quota.max_keys = 8192;
 	cfg->quota.precheck = true;
 	cfg->quota.leases = true;
@@ -830,13 +831,14 @@ static void load_root(struct loader *ld, config_t *lc)
 		add_err(ld, line_of(s), "'local_quota' must be a group { lease_ms = 1000; }");
 	} else if (s) {
 		static const char *const known_q[] = {"lease_ms", "heartbeat_ms", "flush_ms",
-						      "max_keys", "precheck", "leases", "coalesce",
-						      NULL};
+						      "horizon", "max_keys", "precheck", "leases",
+						      "coalesce", NULL};
 
 		check_known(ld, s, "local_quota", known_q);
 		get_uint(ld, s, "lease_ms", 10, 3600000, &cfg->quota.lease_ms);
 		get_uint(ld, s, "heartbeat_ms", 100, 60000, &cfg->quota.heartbeat_ms);
 		get_uint(ld, s, "flush_ms", 1, 60000, &cfg->quota.flush_ms);
+		get_uint(ld, s, "horizon", 0, 10, &cfg->quota.horizon);
 		get_uint(ld, s, "max_keys", 16, 1000000, &cfg->quota.max_keys);
 		get_bool(ld, s, "precheck", &cfg->quota.precheck);
 		get_bool(ld, s, "leases", &cfg->quota.leases);

@@ -139,6 +139,8 @@ struct agent_config {
 		unsigned lease_ms;      /* lease lifetime asked for (Redis time) */
 		unsigned heartbeat_ms;  /* gateway heartbeat period (alive for 3 periods) */
 		unsigned flush_ms;      /* pre-checked usage reported at least this often */
+		unsigned horizon;       /* a bucket's lease covers the traffic of this many
+					 * budget x period (0 = cap / G only) */
 		unsigned max_keys;      /* keys tracked for leases, pre-checks, coalescing */
 		bool precheck;          /* answer clients far below their limit locally */
 		bool leases;            /* lease tokens for hot keys */

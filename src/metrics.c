@@ -441,7 +441,8 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 	{
 		static const struct labelled q[] = {
 			{"leased", MC_LEASE_UNITS},          {"lease_spent", MC_LEASE_SPENT},
-			{"lease_expired", MC_LEASE_EXPIRED}, {"prechecked", MC_PRECHECK_LOCAL},
+			{"lease_expired", MC_LEASE_EXPIRED}, {"lease_returned", MC_LEASE_RETURNED},
+			{"prechecked", MC_PRECHECK_LOCAL},
 			{"precheck_over", MC_PRECHECK_OVER}, {"report_lost", MC_REPORT_LOST},
 			{"coalesced", MC_COALESCED},         {"undone", MC_UNDONE},
 			{"untracked", MC_QUOTA_FULL}};

@@ -11,26 +11,44 @@
  * accuracy_budget, C its rate per period). The agent passes, per key, the
  * smallest b_i x C_i / cost_i over the enforcing limits: "cap", in units, the
  * error every gateway together may cause. With G live gateways (heartbeats in
- * Redis, lua/heartbeat.lua) one gateway may hold at most cap / G units, never
- * more than it would use in one lease lifetime at its observed rate, and never
- * more than half of what the limits hold (so a whole batch always fits again):
+ * Redis, lua/heartbeat.lua) each gateway has an allowance of s = cap / G units
+ * it may hold unused (never more than half of what the limits hold, so a whole
+ * batch always fits again). The key stays exact while
  *   n = min(floor(cap / G), ceil(rate x lease_ms), capacity / 2)
- * When n < 2 a lease saves nothing: the key stays exact. Until the first
- * heartbeat answers, G is unknown and every key is exact.
+ * is below 2 (a lease would save nothing); until the first heartbeat answers,
+ * G is unknown and every key is exact. Windows lease n units.
+ *
+ * A bucket (every enforcing limit a GCRA) also has a rate R, units per second,
+ * and a time the budget lasts at that rate, cap / R = b x period. A gateway
+ * leases its allowance plus what its own traffic spends within the horizon
+ * h = horizon x cap / R (local_quota.horizon, 2 by default: 100 ms for 5% of
+ * a second), from a moving average of the units it admits, a:
+ *   lease = min(s + ceil(horizon x cap x a / R), ceil(rate x lease_ms), capacity / 2)
+ * The busy gateways hold most, the idle ones little. The traffic parts add up
+ * to horizon x cap x (admitted rate) / R, horizon x cap at the limit; each is
+ * spent by the traffic it was sized on within h. When the traffic of a key
+ * stops (no request for flush_ms), what the gateway holds beyond s goes back
+ * to Redis (a refund); a graceful stop gives everything back.
  *
  * Leases never over-admit in total: their units are charged in Redis when
  * granted, and Redis grants only what the limits admit. They shift admissions
- * in time by at most a lease lifetime, so in any window a limit admits at most
- * what it would exactly plus the units held in leases at the window's start
- * (<= cap). Unused units expire with the lease and are not given back: the
- * under-admission is what gateways hold when their traffic stops, at most cap
- * per lease lifetime, counted in lease_expired.
+ * in time: in any window a limit admits at most what it would exactly plus
+ * the units held in leases at the window's start, the allowances (<= cap) and,
+ * for buckets, the traffic parts (about horizon x cap at the limit, each spent
+ * within h; horizon = 0 keeps the bound at cap). Units not spent expire with
+ * their lease (lease_expired) or go back (lease_returned): the under-admission
+ * is what gateways hold when their traffic stops, at most cap once the rest
+ * is back.
  *
- * A lease is topped up (to n units in all) when an eighth is left; the top-up
- * keeps its own expiry. A unit taken from a lease by a request that another
- * part of its decision denied goes back to the lease.
+ * A lease is topped up (to its size in all) when an eighth is left; the
+ * top-up keeps its own expiry. A key denied a lease within a lease lifetime
+ * is not topped up ahead (it would be denied: the gateways take turns for
+ * whole leases); its next lease is asked for when this one runs out. A unit
+ * taken from a lease by a request that another part of its decision denied
+ * goes back to the lease.
  *
- * Pre-check. A key whose last answer from Redis left more than G x n units is
+ * Pre-check. A key whose last answer from Redis left more than G x n units
+ * (plus horizon x cap for a bucket: the other gateways' traffic parts) is
  * admitted locally; the usage is reported in batches of n/2 units (or after
  * flush_ms) and charged in full. A gateway stops pre-checking while n units
  * are unknown to Redis (unreported or in flight), so the over-admission is at
@@ -46,7 +64,8 @@
  * for an exact key coalescing changes no answer. A leased key over its limit
  * is served in whole leases: while fewer units than a lease fit and a lease is
  * back soon, the call is denied (the units wait in the bucket; see the
- * script's minimum and spread_denial()).
+ * script's minimum and spread_denial()), and so is every request of the key
+ * at this gateway until the denial's retry, a denied top-up's included.
  *
  * Outages. A lease already granted keeps serving until it expires, even with
  * Redis unreachable; pre-checks stop as soon as the key's Redis node is not
@@ -72,6 +91,7 @@
 #define RATE_WINDOW   1.0       /* seconds of the rate estimate's windows */
 #define LEASE_MAX     1000000   /* units in one lease, whatever the budget */
 #define IDLE_MIN      2.0       /* seconds an idle key is kept at least */
+#define RATE_TAU      0.25      /* seconds: time constant of the admitted rate's average */
 
 struct qkey {
 	struct qkey *next;              /* hash chain */
@@ -81,12 +101,17 @@ struct qkey {
 	double last;                    /* mono() of the last request */
 	double win_t;                   /* start of the current rate window */
 	uint32_t cur, prev;             /* requests in the current and previous window */
+	double arate;                   /* units admitted here per second (moving average) */
+	double arate_t;                 /* mono() of arate */
 	int64_t tokens;                 /* leased units left in the current lease */
 	double expires;                 /* mono(): the current lease ends */
 	int64_t tokens2;                /* the next lease, granted while the current one lasts */
 	double expires2;
 	double life;                    /* lifetime of the last lease (s) */
 	double topup_after;             /* mono(): no top-up before (a top-up was denied) */
+	double denied_at;               /* mono() of the last denied lease, 0 = none */
+	bool denied;                    /* res is that denial: until topup_after, so is every
+					 * request no lease serves */
 	int64_t lease_size;             /* n when the last lease was asked for */
 	int64_t known;                  /* units left in Redis at the last answer */
 	double known_at;                /* mono() of that answer, 0 = none */
@@ -119,7 +144,7 @@ struct quota {
 	double hb_next, hb_backoff;     /* first count: retries, backing off */
 	char id[96];                    /* this agent in the gateway registry */
 	char hb_key[STORE_KEY_MAX];
-	size_t reports;                 /* report calls in flight */
+	size_t reports;                 /* report and return calls in flight */
 	bool draining;                  /* stopping: no more pre-checks */
 	struct quota_stats st;
 };
@@ -154,6 +179,50 @@ static double rate_of(const struct qkey *e, double now)
 	if (frac >= 1)
 		return e->cur * (2 - frac) / RATE_WINDOW;
 	return (e->prev * (1 - frac) + e->cur) / RATE_WINDOW;
+}
+
+/*
+ * Units admitted here per second for <e>: every unit this gateway admitted
+ * (spent from a lease, pre-checked, granted to a waiting request), in an
+ * exponentially weighted moving average with a time constant of RATE_TAU, a
+ * few leases of a hot key: it follows the traffic as fast as leases turn over.
+ */
+static double admitted_rate(const struct qkey *e, double now)
+{
+	return now > e->arate_t ? e->arate * exp(-(now - e->arate_t) / RATE_TAU) : e->arate;
+}
+
+static void admitted_note(struct qkey *e, double now)
+{
+	e->arate = admitted_rate(e, now) + 1. / RATE_TAU;
+	if (now > e->arate_t)
+		e->arate_t = now;
+}
+
+/*
+ * The refill rate of <e>'s buckets in units per second (the slowest), or 0
+ * when some enforcing limit is a window (or none enforces): a window's limit
+ * may go at any pace within it, its rate says nothing of the next second.
+ */
+static double bucket_rate(const struct qkey *e)
+{
+	double r = 0;
+	size_t i;
+
+	for (i = 0; i < e->n; i++) {
+		const struct limit_params *p = &e->params[i];
+		double t;
+
+		if (p->shadow || e->cost[i] <= 0)
+			continue;
+		if (p->alg != ALG_GCRA || p->a <= 0)
+			return 0;
+		/* a = the emission interval in ticks of 2^-k us, k = b mod a */
+		t = 1e6 * ldexp(1., (int)(p->b % p->a)) / (double)p->a / (double)e->cost[i];
+		if (r == 0 || t < r)
+			r = t;
+	}
+	return r;
 }
 
 /* The fewest units the enforcing limits of <e> hold when full (a bucket's burst, a window's limit). */
@@ -194,6 +263,46 @@ static int64_t unit_target(const struct quota *qt, const struct qkey *e, double 
 	if (n > LEASE_MAX)
 		n = LEASE_MAX;
 	return n >= 2 ? n : 0;
+}
+
+/*
+ * What one gateway may hold unused for <e>: its share of the budget,
+ * floor(cap / G), never more than half the capacity.
+ */
+static int64_t allowance(const struct quota *qt, const struct qkey *e)
+{
+	double s;
+	int64_t half = capacity_units(e) / 2;
+
+	if (e->cap <= 0 || !qt->st.gateways)
+		return 0;
+	s = floor(e->cap / (double)qt->st.gateways);
+	return s < (double)half ? (int64_t)s : half;
+}
+
+/*
+ * The lease <e> asks for now (units held in all, a top-up included): 0 = none,
+ * the key is exact (unit_target() says when). The allowance, plus for a
+ * bucket what this gateway's traffic spends within the horizon (see DESIGN).
+ */
+static int64_t lease_target(const struct quota *qt, const struct qkey *e, double now)
+{
+	int64_t n0 = unit_target(qt, e, now), half = capacity_units(e) / 2;
+	double r = bucket_rate(e), n, use;
+
+	if (!n0)
+		return 0;
+	n = (double)allowance(qt, e);
+	if (r > 0)
+		n += ceil(qt->o.horizon * e->cap * admitted_rate(e, now) / r);
+	use = ceil(rate_of(e, now) * qt->o.lease_ms / 1000.);
+	if (n > use)
+		n = use;
+	if (n > (double)half)
+		n = (double)half;
+	if (n > LEASE_MAX)
+		n = LEASE_MAX;
+	return (int64_t)n > n0 ? (int64_t)n : n0;
 }
 
 /* Units left in Redis by <r>: the tightest enforcing limit. */
@@ -250,6 +359,33 @@ static void local_answer(const struct qkey *e, double now, struct store_result *
 			v->remaining = 0;
 		v->reset_ms = v->reset_ms > el ? v->reset_ms - el : 0;
 	}
+}
+
+/* A local denial of <e>: its lease's last denial, times brought up to date. */
+static void local_denial(const struct qkey *e, double now, struct store_result *out)
+{
+	int64_t el = (int64_t)((now - e->res_at) * 1000);
+	size_t i;
+
+	*out = e->res;
+	out->granted = 0;
+	for (i = 0; i < out->n; i++) {
+		struct limit_verdict *v = &out->v[i];
+
+		v->retry_ms = v->retry_ms > el ? v->retry_ms - el : (v->retry_ms ? 1 : 0);
+		v->reset_ms = v->reset_ms > el ? v->reset_ms - el : 0;
+	}
+}
+
+/*
+ * Whether <e> was denied a lease within the last lease lifetime: the key is
+ * over its limit and the gateways take turns for whole leases. A top-up asked
+ * ahead would only be denied: the next lease is asked for when this one runs
+ * out.
+ */
+static bool contended(const struct quota *qt, const struct qkey *e, double now)
+{
+	return e->denied_at && now - e->denied_at < qt->o.lease_ms / 1000.;
 }
 
 static struct qkey **bucket_of(struct quota *qt, uint64_t h)
@@ -337,7 +473,8 @@ static void key_free(struct qkey *e)
  */
 static void spread_denial(const struct quota *qt, const struct qkey *e, struct store_result *r)
 {
-	int64_t k = (int64_t)qt->st.gateways, n = e->lease_size, kk;
+	double k = (double)qt->st.gateways, kk;
+	int64_t n = e->lease_size;
 	size_t i;
 
 	if (n < 2 || k < 2)
@@ -346,13 +483,13 @@ static void spread_denial(const struct quota *qt, const struct qkey *e, struct s
 	for (i = 0; i < e->n; i++)
 		if (!e->params[i].shadow && e->params[i].alg != ALG_GCRA)
 			return;
-	kk = capacity_units(e) / (2 * n);
+	kk = (double)capacity_units(e) / (2. * (double)n);
 	if (kk < k)
 		k = kk;
-	if (k < 2)
+	if (k <= 1)
 		return;
 	for (i = 0; i < r->n; i++) {
-		int64_t t = r->v[i].retry_ms, longer = t * k;
+		int64_t t = r->v[i].retry_ms, longer = (int64_t)((double)t * k);
 
 		if (r->v[i].allowed || !t)
 			continue;
@@ -401,9 +538,15 @@ static void grant_cb(enum store_status st, const struct store_result *res, void 
 			if (!r.v[i].allowed && r.v[i].retry_ms > wait)
 				wait = r.v[i].retry_ms;
 		e->topup_after = now + wait / 1000.;
+		e->res = r;
+		if (e->lease_size >= 2) {
+			e->denied = true;
+			e->denied_at = now;
+		}
 		waiters_answer(e, st, &r);
 		return;
 	}
+	e->denied = false;
 	g = res->granted;
 	if (e->nwait > 1)
 		qt->st.coalesced += (uint64_t)(g < e->nwait ? g : e->nwait) - 1;
@@ -413,6 +556,7 @@ static void grant_cb(enum store_status st, const struct store_result *res, void 
 		size_t i;
 
 		g--;
+		admitted_note(e, now);
 		for (i = 0; i < r.n; i++)
 			r.v[i].remaining += g * e->cost[i];
 		r.granted = 1;
@@ -448,7 +592,7 @@ static int grant_call(struct quota *qt, struct qkey *e)
 {
 	struct store_query q;
 	double now = mono();
-	int64_t share = qt->o.leases ? unit_target(qt, e, now) : 0, lease, want;
+	int64_t share = qt->o.leases ? lease_target(qt, e, now) : 0, lease, want;
 	int ret;
 
 	/* one gateway holds at most n units: top up what is left */
@@ -520,6 +664,7 @@ static void report_cb(enum store_status st, const struct store_result *res, void
 	qt->st.precheck_reports++;
 	if (res->granted < units)
 		qt->st.precheck_over += (uint64_t)(units - res->granted);
+	e->denied = false;
 	e->res = *res;
 	e->res_at = now;
 	e->known = units_left(e, res);
@@ -554,6 +699,93 @@ static void report_send(struct quota *qt, struct qkey *e)
 	e->unreported = 0;
 }
 
+/* One return of leased units in flight. */
+struct lease_ret {
+	struct quota *qt;               /* ref */
+	int64_t units;
+};
+
+static void return_cb(enum store_status st, const struct store_result *res, void *arg)
+{
+	struct lease_ret *lr = arg;
+	struct quota *qt = lr->qt;
+
+	(void)res;
+	qt->reports--;
+	/* not given back: charged and never spent, as if the lease had expired */
+	if (st != STORE_OK)
+		qt->st.lease_expired += (uint64_t)lr->units;
+	else
+		qt->st.lease_returned += (uint64_t)lr->units;
+	free(lr);
+}
+
+/*
+ * Whether the units of a lease ending at <expires> may go back to Redis now.
+ * A bucket takes a refund at any time (never past full); a window only while
+ * the one that was charged runs (a refund in the next one would admit more
+ * there): the lease ends with it, so half its lifetime and at least 50 ms
+ * left leave the call ample time to get there first.
+ */
+static bool returnable(const struct qkey *e, double expires, double now)
+{
+	size_t i;
+
+	if (now >= expires)
+		return false;
+	for (i = 0; i < e->n; i++)
+		if (!e->params[i].shadow && e->cost[i] > 0 && e->params[i].alg != ALG_GCRA)
+			return expires - now >= (e->life / 2 > 0.05 ? e->life / 2 : 0.05);
+	return true;
+}
+
+/*
+ * Gives the leased units of <e> beyond <keep> back to Redis (the newest lease
+ * first): they were charged when granted and will not be spent here. The
+ * enforcing limits get them back (a shadow limit keeps its charge: it only
+ * reports). Failures are counted as expired units.
+ */
+static void lease_return(struct quota *qt, struct qkey *e, int64_t keep, double now)
+{
+	int64_t back2 = 0, back1 = 0, over = e->tokens + e->tokens2 - keep;
+	struct store_query q;
+	struct lease_ret *lr;
+	size_t i, j;
+
+	if (over <= 0)
+		return;
+	if (e->tokens2 > 0 && returnable(e, e->expires2, now))
+		back2 = e->tokens2 < over ? e->tokens2 : over;
+	if (over > back2 && e->tokens > 0 && returnable(e, e->expires, now))
+		back1 = e->tokens < over - back2 ? e->tokens : over - back2;
+	if (!back1 && !back2)
+		return;
+	query_of(e, &q);
+	for (i = j = 0; i < q.n; i++) {
+		if (e->params[i].shadow || e->cost[i] <= 0)
+			continue;
+		if (j != i) {
+			memcpy(q.keys[j], q.keys[i], sizeof(q.keys[0]));
+			q.params[j] = q.params[i];
+		}
+		q.cost[j++] = -(back1 + back2) * e->cost[i];
+	}
+	q.n = j;
+	if (!j)
+		return;
+	lr = xmalloc(sizeof(*lr));
+	lr->qt = qt;
+	lr->units = back1 + back2;
+	if (store_decide(qt->store, &q, return_cb, lr) < 0) {
+		free(lr);
+		return; /* kept: spent or expired as usual */
+	}
+	qt->reports++;
+	e->tokens2 -= back2;
+	e->tokens -= back1;
+	lease_age(qt, e, now);
+}
+
 /*
  * Decides one request of key <h> (query <q>, budget <cap> units for all
  * gateways, 0 = exact) with the local state when it can: see enum quota_path.
@@ -565,6 +797,7 @@ enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_qu
 {
 	double now = mono();
 	struct qkey *e = key_find(qt, h, q);
+	double demand;
 	int64_t n;
 	bool far;
 	int ret;
@@ -580,24 +813,35 @@ enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_qu
 	w->local = QUOTA_VIA_REDIS;
 	lease_age(qt, e, now);
 	n = unit_target(qt, e, now);
+	/* what the other gateways may lease on top of n each: their traffic parts */
+	demand = qt->o.leases && bucket_rate(e) > 0 ? qt->o.horizon * cap : 0;
 	/* unknown to Redis: at most n units per gateway (G x n <= cap in all),
 	 * reported in halves so the next batch fills while one is in flight */
 	far = qt->o.precheck && !qt->draining && n && e->known_at &&
 	      now - e->known_at < qt->o.lease_ms / 1000. && e->unreported + e->reporting < n &&
-	      e->known - e->unreported - e->reporting > (int64_t)qt->st.gateways * n &&
+	      (double)(e->known - e->unreported - e->reporting) >
+		      (double)qt->st.gateways * (double)n + demand &&
 	      store_key_ready(qt->store, e->keys);
 	if (e->tokens > 0) {
 		e->tokens--;
 		qt->st.lease_spent++;
+		admitted_note(e, now);
 		w->local = QUOTA_VIA_LEASE;
 		w->lease_end = e->expires;
 		local_answer(e, now, out);
 		/* the next lease before this one runs dry; none when the key is far
 		 * from its limit: pre-checks take over, wasting nothing */
-		if (!e->busy && !far && !e->tokens2 && now >= e->topup_after &&
+		if (!e->busy && !far && !e->tokens2 && now >= e->topup_after && !contended(qt, e, now) &&
 		    e->tokens <= (e->lease_size / 8 ? e->lease_size / 8 : 1) &&
 		    store_key_ready(qt->store, e->keys))
 			grant_send(qt, e);
+		return QUOTA_LOCAL;
+	}
+	if (e->denied && now < e->topup_after && !e->res.allowed && e->res.n == q->n) {
+		/* a hot key over its limit is served in whole leases: its last
+		 * lease was denied (a top-up, answered to no request) and the same
+		 * call would be denied until its retry */
+		local_denial(e, now, out);
 		return QUOTA_LOCAL;
 	}
 	if (far) {
@@ -605,6 +849,7 @@ enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_qu
 			e->unreported_since = now;
 		e->unreported++;
 		qt->st.precheck_local++;
+		admitted_note(e, now);
 		w->local = QUOTA_VIA_PRECHECK;
 		local_answer(e, now, out);
 		if (e->unreported >= (n + 1) / 2)
@@ -658,6 +903,10 @@ static void sweep_cb(struct ev_loop *loop, ev_timer *t, int revents)
 			struct qkey *e = *pe;
 
 			lease_age(qt, e, now);
+			/* traffic stopped: what is held beyond the allowance goes back */
+			if (e->tokens + e->tokens2 > 0 && now - e->last >= flush &&
+			    store_key_ready(qt->store, e->keys))
+				lease_return(qt, e, allowance(qt, e), now);
 			if (e->unreported > 0 && now - e->unreported_since >= flush &&
 			    store_key_ready(qt->store, e->keys))
 				report_send(qt, e);
@@ -777,7 +1026,10 @@ void quota_free(struct quota *qt)
 	free(qt);
 }
 
-/* A graceful stop: no more pre-checks, every unreported usage reported now. */
+/*
+ * A graceful stop: no more pre-checks, every unreported usage reported now,
+ * the leases given back.
+ */
 void quota_flush(struct quota *qt)
 {
 	size_t i;
@@ -785,8 +1037,10 @@ void quota_flush(struct quota *qt)
 
 	qt->draining = true;
 	for (i = 0; i < qt->nbuckets; i++)
-		for (e = qt->buckets[i]; e; e = e->next)
+		for (e = qt->buckets[i]; e; e = e->next) {
 			report_send(qt, e);
+			lease_return(qt, e, 0, mono());
+		}
 }
 
 /* Reports in flight and keys with usage still to report (a drain waits for them). */

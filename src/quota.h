@@ -15,8 +15,10 @@
  *   Redis      otherwise one script call, shared by every request of the key
  *              that arrives while it is in flight (coalescing), and asking
  *              for a lease on top when the key is hot.
- * Sizes come from the budget: leases and unreported batches of all live
- * gateways together stay within budget x limit (see quota.c).
+ * Sizes come from the budget: what the live gateways hold unused (leases
+ * beyond their own traffic, unreported batches) stays within budget x limit;
+ * a bucket's lease also covers its gateway's own traffic for a short horizon,
+ * so busy gateways call Redis less (see quota.c).
  */
 #ifndef AGENT_QUOTA_H
 #define AGENT_QUOTA_H
@@ -61,6 +63,7 @@ struct quota_stats {
 	uint64_t lease_units;           /* units granted as leases */
 	uint64_t lease_spent;           /* requests answered from a lease */
 	uint64_t lease_expired;         /* leased units that expired unused (under-admission) */
+	uint64_t lease_returned;        /* leased units given back unused (traffic stopped) */
 	uint64_t precheck_local;        /* requests admitted by pre-check */
 	uint64_t precheck_reports;      /* batches reported */
 	uint64_t precheck_over;         /* reported units that no longer fitted (over-admission) */
@@ -79,6 +82,7 @@ struct quota_opts {
 	unsigned lease_ms;
 	unsigned heartbeat_ms;
 	unsigned flush_ms;
+	unsigned horizon;               /* a bucket's lease: traffic of horizon x budget x period */
 	unsigned max_keys;
 	bool precheck;
 	bool leases;

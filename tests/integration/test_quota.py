@@ -3,6 +3,7 @@ coalescing and a lease held through a Redis outage (src/quota.c, lua/decide.lua)
 import hashlib
 import pathlib
 import random
+import re
 import subprocess
 import threading
 import time
@@ -14,6 +15,7 @@ from conftest import SPOA_BIN, LcList, wait_until
 from test_model_agreement import FIXED, GCRA, LOG, SLIDING, script
 from test_ops import pipeline, scrape
 
+SPOP_LOAD = SPOA_BIN.parent / "spop-load"
 HOUR_US = 3600 * 10**6
 DAY_US = 24 * HOUR_US
 
@@ -208,6 +210,109 @@ def test_two_agents_leasing_one_key_stay_within_the_bound(agent, redis):
     assert sum(quota_metric(p, "leased") + quota_metric(p, "prechecked") for p in ps) > 0
 
 
+@pytest.mark.parametrize("horizon", [None, 0])
+def test_busy_gateway_leases_by_its_own_traffic(agent, redis, horizon):
+    """Two gateways on one hot key: one carries the traffic (3,000/s offered against a bucket
+    of 2,000/s, burst 1,000, budget 5% = 100 requests), the other a trickle. The busy one's
+    leases follow its own traffic, not the even split (cap / G = 50 each, which cost a call
+    per ~30 of its decisions): it makes few Redis calls, and both together admit no more
+    than the bucket plus the budget, nor much less. horizon = 0 keeps the even split."""
+    quota = dict(precheck=False) if horizon is None else dict(precheck=False, horizon=horizon)
+    cfg = quota_cfg({"rate": 2000, "period": "1s", "burst": 1000}, budget=0.05, **quota)
+    busy, idle = (agent(redis=redis, metrics=True, name=n, **cfg) for n in ("busy", "idle"))
+    for a in (busy, idle):
+        wait_gateways(a, 2)
+    key = "shared-hot0"                 # spop-load's keys: <prefix><n>, here one
+    stop, trickle = threading.Event(), []
+
+    def idle_traffic():                 # ~10 requests/s through the other gateway
+        with sc.SpopClient(idle.addr) as c:
+            c.hello()
+            i = 0
+            while not stop.wait(0.1):
+                i += 1
+                trickle.append(c.request(2 * i + 1, 1, [sc.rl_message(key=key)]))
+    t = threading.Thread(target=idle_traffic, daemon=True)
+    sent0 = scrape(busy).get("spoa_ratelimit_redis_commands_total")
+    t.start()
+    host, port = busy.addr
+    out = subprocess.run([str(SPOP_LOAD), "-a", "%s:%d" % (host, port), "-r", "3000", "-d", "3",
+                          "-c", "2", "-p", "32", "-k", "1", "-K", "shared-hot"],
+                         capture_output=True, text=True, timeout=60)
+    stop.set()
+    t.join(5)
+    assert out.returncode == 0, out.stderr
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("decisions=")][-1]
+    load = {k: float(v) for k, v in re.findall(r"(\w+)=([0-9.]+)", line)}
+    p = scrape(busy)
+    calls = p.get("spoa_ratelimit_redis_commands_total") - sent0
+    assert load["degraded"] == 0 and load["decisions"] > 1000, load
+    per_decision = calls / load["decisions"]
+    size = quota_metric(p, "leased") / p.get("spoa_ratelimit_lease_grants_total")
+    if horizon == 0:
+        assert size <= 50, "leases of cap / G at most: %.1f" % size
+    else:
+        assert size > 100, "leases by the traffic: %.1f" % size
+        assert per_decision <= 0.015, "busy gateway: %.4f Redis calls per decision (%d, %s)" % (
+            per_decision, calls, load)
+    assert quota_metric(p, "lease_spent") > 0
+    # within the limit: the bucket and its refill over the run, plus the budget
+    allowed = load["allowed"] + counts(trickle)[0]
+    limit = 2000 * load["seconds"] + 1000
+    assert allowed <= limit + 100, (allowed, limit, load)
+    assert allowed >= 0.85 * min(limit, load["decisions"] + len(trickle)), (allowed, limit, load)
+
+
+def test_leases_go_back_when_the_traffic_stops(agent, redis):
+    """A gateway whose traffic stopped gives back what it holds beyond its allowance
+    (cap / G = 50 here) after flush_ms, and a graceful stop gives back the rest: Redis ends
+    up charged for exactly the requests admitted. A bucket of 1,000 per hour: one token is
+    3.6 s of its TAT, so the TAT counts the units charged exactly (leases of 10 s: none
+    expires before the stop)."""
+    cfg = quota_cfg({"rate": 1000, "period": "1h", "burst": 1000}, budget=0.05,
+                    precheck=False, flush_ms=300, lease_ms=10000)
+    a = agent(redis=redis, metrics=True, **cfg)
+    wait_gateways(a)
+    key = "rl:{k:%s}:q" % hashlib.sha256(b"back").hexdigest()[:32]
+    interval = 3600 * 10**3             # us per token
+
+    def redis_now():
+        sec, usec = redis.cmd("TIME")
+        return int(sec) * 10**6 + int(usec)
+    t_before = redis_now()
+    answers = pipeline(a.addr, [sc.rl_message(key="back")] * 400, conns=1, window=16)
+    t_after = redis_now()
+    assert counts(answers) == (400, 0)
+
+    def charged():
+        """Units charged since the first one (a fresh bucket: TAT = now + cost x T)."""
+        tat = int(redis.cmd("GET", key).split(":")[0])
+        lo, hi = -(-(tat - t_after) // interval), (tat - t_before) // interval
+        assert lo == hi, (lo, hi)
+        return lo
+    assert charged() > 450, "leased ahead of the traffic, beyond the allowance"
+    wait_until(lambda: quota_metric(scrape(a), "lease_returned") > 0, 3,
+               what="the lease beyond the allowance given back")
+    assert 400 <= charged() <= 450
+    assert a.stop() == 0
+    assert charged() == 400
+
+
+def test_sigterm_gives_a_window_lease_back(agent, redis):
+    """A graceful stop gives back what a window's lease still holds, in the window it was
+    charged in: the counter ends at the requests admitted."""
+    cfg = quota_cfg({"algorithm": "fixed_window", "rate": 1000, "period": "1d"}, budget=0.2,
+                    precheck=False)
+    a = agent(redis=redis, metrics=True, **cfg)
+    wait_gateways(a)
+    key = "rl:{k:%s}:q" % hashlib.sha256(b"wback").hexdigest()[:32]
+    answers = pipeline(a.addr, [sc.rl_message(key="wback")] * 100, conns=1, window=8)
+    assert counts(answers) == (100, 0)
+    assert int(redis.cmd("GET", key).split(":")[1]) > 100, "a lease held"
+    assert a.stop() == 0
+    assert int(redis.cmd("GET", key).split(":")[1]) == 100
+
+
 def test_precheck_goes_synchronous_near_the_limit(agent, redis):
     # 300 per day, budget 20% = 60: far from the limit requests are admitted locally and
     # reported in batches; within 60 of it every request waits for Redis
@@ -390,3 +495,9 @@ def test_budget_and_local_quota_settings_are_validated(tmp):
                        text=True, timeout=10)
     assert r.returncode != 0
     assert "lease_ms" in r.stderr and "leasez" in r.stderr, r.stderr
+    conf.write_text('limits = { q = { rate = 1; period = "1s"; }; };\n'
+                    'tiers = { t = { limits = ["q"]; }; };\ndefault_tier = "t";\n'
+                    'local_quota = { horizon = 11; };\n')
+    r = subprocess.run([str(SPOA_BIN), "-c", "-f", str(conf)], capture_output=True,
+                       text=True, timeout=10)
+    assert r.returncode != 0 and "horizon" in r.stderr, r.stderr

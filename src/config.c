@@ -720,7 +720,7 @@ static void load_root(struct loader *ld, config_t *lc)
 	cfg->redis.max_concurrency = 256;
 	get_uint(ld, s, "queue_timeout_ms", 1, 60000, &cfg->redis.queue_timeout_ms);
 	get_uint(ld, s, "max_concurrency", 2, 100000, &cfg->redis.max_concurrency);
-	cfg->redis.batch_max = 1;
+	cfg->redis.batch_max = 32;
 	/* 64: STORE_BATCH_MAX, the most the store sends in one call */
 	get_uint(ld, s, "batch_max", 1, 64, &cfg->redis.batch_max);
 	cfg->breaker_failures = 5;

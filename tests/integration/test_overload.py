@@ -256,7 +256,7 @@ def test_commands_parked_at_a_connecting_node_do_not_open_its_breaker(agent):
         wait_until(lambda: "single Redis" in a.proc.log_text(), 10, 0.05, "store ready")
         got = run_load(a, "-c", 1, "-p", 8, "-n", 8, "-d", 5, "-k", 8, "-s")
         assert got["decisions"] == 8, got
-        assert fr.count("EVALSHA") >= 8
+        assert fr.count("EVALSHA") >= 1     # one call, or one per decision (batch_max)
         assert degraded_by(a).get("down", 0) >= 8, degraded_by(a)
         assert metric(a, "spoa_ratelimit_redis_breaker_opened_total") == 0
         assert "breaker open" not in a.proc.log_text()

@@ -170,8 +170,9 @@ def test_coalescing_shares_calls_and_changes_no_answer(agent, redis):
     cfg = quota_cfg({"rate": 5, "period": "1h"}, blocked_cache=False)
     results = {}
     for coalesce in (False, True):
+        # one script call per decision sent (no batches): calls count decisions
         a = agent(redis=redis, metrics=True, name="c%d" % coalesce,
-                  **dict(cfg, local_quota={"coalesce": coalesce}))
+                  redis_cfg={"batch_max": 1}, **dict(cfg, local_quota={"coalesce": coalesce}))
         before = script_calls(redis)
         answers = pipeline(a.addr, [sc.rl_message(key="co-%d" % coalesce)] * 40, conns=1,
                            window=40)

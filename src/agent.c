@@ -173,6 +173,7 @@ struct decision {
 	struct spop_data ip;
 	int64_t cost;                   /* from HAProxy, or -1 (COST_MAX when invalid) */
 	bool closed;                    /* a fail-closed limit denied */
+	bool charges;                   /* some applied limit costs this request tokens */
 	bool overridden;                /* some limit has a limit override's parameters */
 	bool keyed;                     /* an API key was sent */
 	const struct rule_tier *sent_tier; /* ref: rs, the tier HAProxy sent, if known */
@@ -354,14 +355,10 @@ static void fallback(struct decision *d, struct part *pt)
 static int64_t requests_left(const struct decision *d, size_t i, const struct limit_verdict *v)
 {
 	int64_t cost = d->parts[d->ap[i].part].q.cost[d->ap[i].slot];
-	size_t j;
 
 	if (cost > 0)
 		return v->remaining / cost;
-	for (j = 0; j < d->n; j++)
-		if (d->parts[d->ap[j].part].q.cost[d->ap[j].slot] > 0)
-			return INT64_MAX;
-	return v->remaining;
+	return d->charges ? INT64_MAX : v->remaining;
 }
 
 /*
@@ -779,6 +776,8 @@ static void add_limits(struct decision *d, int p, const struct rule_tier *t, con
 		}
 		pt->q.params[pt->q.n] = l->lp;
 		pt->q.cost[pt->q.n] = cost;
+		if (cost > 0)
+			d->charges = true;
 		d->ap[d->n].rate = l->rate;
 		d->ap[d->n].capacity = l->capacity;
 		d->ap[d->n].local_lp = l->local_lp;
@@ -1145,30 +1144,23 @@ static void tier_lookup_cb(enum store_status st, const char *val, size_t len, vo
  */
 static void principal_key(struct decision *d, const char *key, size_t key_len)
 {
+	struct digest_slot one, *ds = &one;
 	uint8_t md[SHA256_LEN];
-	char hex[2 * 16 + 1];
-	struct digest_slot *ds = NULL;
 
-	if (d->a->dcache && key_len && key_len <= DCACHE_KEY) {
+	if (key_len && key_len <= DCACHE_KEY)
 		ds = &d->a->dcache[hll_hash(key, key_len) % DCACHE_SLOTS];
-		if (ds->len == key_len && memcmp(ds->key, key, key_len) == 0) {
-			memcpy(d->digest, ds->digest, sizeof(d->digest));
-			memcpy(d->principal, "k:", 2);
-			memcpy(d->principal + 2, ds->hex, sizeof(ds->hex));
-			return;
+	if (ds == &one || ds->len != key_len || memcmp(ds->key, key, key_len) != 0) {
+		sha256(key, key_len, md);
+		memcpy(ds->digest, md, sizeof(ds->digest));
+		hex_encode(md, 16, ds->hex);
+		if (ds != &one) {
+			ds->len = (uint8_t)key_len;
+			memcpy(ds->key, key, key_len);
 		}
 	}
-	sha256(key, key_len, md);
-	memcpy(d->digest, md, sizeof(d->digest));
-	hex_encode(md, 16, hex);
+	memcpy(d->digest, ds->digest, sizeof(d->digest));
 	memcpy(d->principal, "k:", 2);
-	memcpy(d->principal + 2, hex, sizeof(hex));
-	if (ds) {
-		ds->len = (uint8_t)key_len;
-		memcpy(ds->key, key, key_len);
-		memcpy(ds->digest, md, sizeof(ds->digest));
-		memcpy(ds->hex, hex, sizeof(hex));
-	}
+	memcpy(d->principal + 2, ds->hex, sizeof(ds->hex));
 }
 
 /* Reads our arguments from message <m>; unknown arguments are ignored. */

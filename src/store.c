@@ -661,8 +661,6 @@ int send_formatted(redisAsyncContext *ac, redisCallbackFn *fn, void *priv, int a
 	char buf[16384], *p = buf, *end = buf + sizeof(buf);
 	int i;
 
-	if (end - p < 24)
-		return REDIS_ERR;
 	*p++ = '*';
 	p += fmt_i64(p, argc);
 	*p++ = '\r';
@@ -682,21 +680,68 @@ int send_formatted(redisAsyncContext *ac, redisCallbackFn *fn, void *priv, int a
 	return redisAsyncFormattedCommand(ac, fn, priv, buf, (size_t)(p - buf));
 }
 
+/* Appends the string <str> of <len> bytes to <av>. */
+void argv_str(struct argv_buf *av, const char *str, size_t len)
+{
+	av->argv[av->argc] = str;
+	av->lens[av->argc++] = len;
+}
+
+/* Appends the number <v>, formatted into <av>'s next number slot. */
+void argv_num(struct argv_buf *av, int64_t v)
+{
+	av->argv[av->argc] = av->nums[av->nk];
+	av->lens[av->argc++] = fmt_i64(av->nums[av->nk++], v);
+}
+
+/* Appends the keys of <q>. */
+void query_push_keys(struct argv_buf *av, const struct store_query *q)
+{
+	size_t i;
+
+	for (i = 0; i < q->n; i++)
+		argv_str(av, q->keys[i], strlen(q->keys[i]));
+}
+
+/*
+ * Appends the script arguments of <q> after its keys: 5 per limit (alg, a, b,
+ * shadow, cost), then, for a batch, want, mode, lease lifetime and fewest units
+ * (lua/decide.lua). QUERY_ARGS(q) of them.
+ */
+void query_push_args(struct argv_buf *av, const struct store_query *q)
+{
+	size_t i;
+
+	for (i = 0; i < q->n; i++) {
+		argv_num(av, q->params[i].alg);
+		argv_num(av, q->params[i].a);
+		argv_num(av, q->params[i].b);
+		argv_num(av, q->params[i].shadow ? 1 : 0);
+		argv_num(av, q->cost[i]);
+	}
+	if (q->want > 0) {
+		argv_num(av, q->want);
+		argv_num(av, q->batch);
+		argv_num(av, q->lease_us);
+		argv_num(av, q->min_units > 1 ? q->min_units : 1);
+	}
+}
+
 /*
  * Writes <c> into <n>'s connection buffer: EVALSHA (or EVAL with the body when
  * <eval>), or HGET; preceded by ASKING after an ASK. Keys and numbers go as
  * separate argv entries: untrusted bytes never meet a format string. Returns
  * REDIS_OK or REDIS_ERR. Never invokes user callbacks.
  */
-static int cmd_write(struct store_node *n, struct store_cmd *c, bool eval)
+int cmd_write(struct store_node *n, struct store_cmd *c, bool eval)
 {
 	struct store *s = n->s;
 	const char *argv[3 + STORE_MAX_LIMITS * 6 + 4];
 	size_t lens[ARRAY_SIZE(argv)];
-	char nums[5 * STORE_MAX_LIMITS + 4][24];
+	char nums[ARRAY_SIZE(argv)][24];
 	char nkeys[16];
-	size_t i;
-	int argc = 0, k = 0;
+	struct argv_buf av;
+	int argc;
 
 	if (c->asking) {
 		const char *asking[1] = {"ASKING"};
@@ -718,46 +763,18 @@ static int cmd_write(struct store_node *n, struct store_cmd *c, bool eval)
 		return redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, 6, hb, hbl);
 	}
 
-#define PUSH_NUM(v)                                                                         \
-	do {                                                                                \
-		argv[argc] = nums[k];                                                       \
-		lens[argc++] = fmt_i64(nums[k++], (int64_t)(v));                            \
-	} while (0)
-
-	argv[argc] = eval ? "EVAL" : "EVALSHA";
-	lens[argc] = strlen(argv[argc]);
-	argc++;
-	argv[argc] = eval ? script_ratelimit : s->sha;
-	lens[argc] = eval ? script_ratelimit_len : strlen(s->sha);
-	argc++;
-	argv[argc] = nkeys;
-	lens[argc++] = fmt_i64(nkeys, (int64_t)c->q.n);
-	for (i = 0; i < c->q.n; i++) {
-		argv[argc] = c->q.keys[i];
-		lens[argc++] = strlen(c->q.keys[i]);
-	}
-	for (i = 0; i < c->q.n; i++) {
-		PUSH_NUM(c->q.params[i].alg);
-		PUSH_NUM(c->q.params[i].a);
-		PUSH_NUM(c->q.params[i].b);
-		PUSH_NUM(c->q.params[i].shadow ? 1 : 0);
-		PUSH_NUM(c->q.cost[i]);
-	}
-	if (c->q.want > 0) {
-		PUSH_NUM(c->q.want);
-		PUSH_NUM(c->q.batch);
-		PUSH_NUM(c->q.lease_us);
-		PUSH_NUM(c->q.min_units > 1 ? c->q.min_units : 1);
-	}
-#undef PUSH_NUM
+	av.argv = argv;
+	av.lens = lens;
+	av.nums = nums;
+	av.argc = av.nk = 0;
+	argv_str(&av, eval ? "EVAL" : "EVALSHA", eval ? 4 : 7);
+	argv_str(&av, eval ? script_ratelimit : s->sha, eval ? script_ratelimit_len : strlen(s->sha));
+	argv_num(&av, (int64_t)c->q.n);
+	query_push_keys(&av, &c->q);
+	query_push_args(&av, &c->q);
+	argc = av.argc;
 	return eval ? redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, argc, argv, lens)
 		    : send_formatted(n->ac, cmd_reply_cb, c, argc, argv, lens);
-}
-
-/* Writes the decision <c>, alone, in the single form (a batch of one). */
-int cmd_format(struct store_node *n, struct store_cmd *c)
-{
-	return cmd_write(n, c, false);
 }
 
 /*

@@ -29,7 +29,6 @@
 
 /* One script call carrying several decisions; owned by hiredis until its reply. */
 struct batch_call {
-	struct store_node *n;           /* ref */
 	unsigned count;
 	struct store_cmd *cmds[STORE_BATCH_MAX];
 };
@@ -108,67 +107,36 @@ static void batch_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 static int batch_send_call(struct store_node *n, struct batch_call *b)
 {
 	struct store *s = n->s;
-	unsigned nargs = 5, i;
-	const char **argv;
-	size_t *lens, k;
-	char (*nums)[24];
-	int argc = 0, ret, nk = 0;
-	size_t nkeys = 0;
+	struct argv_buf av = {0};
+	size_t nargs = 5, nkeys = 0;
+	unsigned i;
+	int ret;
 
+	for (i = 0; i < b->count; i++) {
+		nkeys += b->cmds[i]->q.n;
+		nargs += b->cmds[i]->q.n + 2 + QUERY_ARGS(&b->cmds[i]->q);
+	}
+	av.argv = xmalloc(nargs * sizeof(*av.argv));
+	av.lens = xmalloc(nargs * sizeof(*av.lens));
+	av.nums = xmalloc(nargs * sizeof(*av.nums));
+	argv_str(&av, "EVALSHA", 7);
+	argv_str(&av, s->sha, strlen(s->sha));
+	argv_num(&av, (int64_t)nkeys);
+	for (i = 0; i < b->count; i++)
+		query_push_keys(&av, &b->cmds[i]->q);
+	argv_str(&av, "M", 1);
+	argv_num(&av, b->count);
 	for (i = 0; i < b->count; i++) {
 		const struct store_query *q = &b->cmds[i]->q;
 
-		nkeys += q->n;
-		nargs += (unsigned)(q->n + 2 + 5 * q->n + (q->want > 0 ? 4 : 0));
+		argv_num(&av, (int64_t)q->n);
+		argv_num(&av, q->want > 0 ? 4 : 0);
+		query_push_args(&av, q);
 	}
-	argv = xmalloc(nargs * sizeof(*argv));
-	lens = xmalloc(nargs * sizeof(*lens));
-	nums = xmalloc(nargs * sizeof(*nums));
-#define PUSH_NUM(v)                                                                         \
-	do {                                                                                \
-		argv[argc] = nums[nk];                                                      \
-		lens[argc++] = fmt_i64(nums[nk++], (int64_t)(v));                           \
-	} while (0)
-	argv[argc] = "EVALSHA";
-	lens[argc++] = 7;
-	argv[argc] = s->sha;
-	lens[argc++] = strlen(s->sha);
-	PUSH_NUM(nkeys);
-	for (i = 0; i < b->count; i++) {
-		const struct store_query *q = &b->cmds[i]->q;
-
-		for (k = 0; k < q->n; k++) {
-			argv[argc] = q->keys[k];
-			lens[argc++] = strlen(q->keys[k]);
-		}
-	}
-	argv[argc] = "M";
-	lens[argc++] = 1;
-	PUSH_NUM(b->count);
-	for (i = 0; i < b->count; i++) {
-		const struct store_query *q = &b->cmds[i]->q;
-
-		PUSH_NUM(q->n);
-		PUSH_NUM(q->want > 0 ? 4 : 0);
-		for (k = 0; k < q->n; k++) {
-			PUSH_NUM(q->params[k].alg);
-			PUSH_NUM(q->params[k].a);
-			PUSH_NUM(q->params[k].b);
-			PUSH_NUM(q->params[k].shadow ? 1 : 0);
-			PUSH_NUM(q->cost[k]);
-		}
-		if (q->want > 0) {
-			PUSH_NUM(q->want);
-			PUSH_NUM(q->batch);
-			PUSH_NUM(q->lease_us);
-			PUSH_NUM(q->min_units > 1 ? q->min_units : 1);
-		}
-	}
-#undef PUSH_NUM
-	ret = send_formatted(n->ac, batch_reply_cb, b, argc, argv, lens);
-	free(argv);
-	free(lens);
-	free(nums);
+	ret = send_formatted(n->ac, batch_reply_cb, b, av.argc, av.argv, av.lens);
+	free(av.argv);
+	free(av.lens);
+	free(av.nums);
 	return ret;
 }
 
@@ -191,14 +159,13 @@ void batch_flush(struct store_node *n)
 		if (n->nbatch == 1) {
 			struct store_cmd *c = batch_pop(n);
 
-			if (cmd_format(n, c) != REDIS_OK) {
+			if (cmd_write(n, c, false) != REDIS_OK) {
 				n->out--;
 				cmd_reply(n, c, NULL);
 			}
 			continue;
 		}
 		b = xmalloc(sizeof(*b));
-		b->n = n;
 		b->count = 0;
 		while (n->nbatch && b->count < s->batch_max)
 			b->cmds[b->count++] = batch_pop(n);

@@ -182,11 +182,25 @@ enum store_errclass error_class(const char *err);
 void node_error(struct store_node *n, enum store_errclass ec);
 bool cmd_live(const struct store_cmd *c);
 void cmd_reply(struct store_node *n, struct store_cmd *c, const redisReply *rep);
-int cmd_format(struct store_node *n, struct store_cmd *c);
+int cmd_write(struct store_node *n, struct store_cmd *c, bool eval);
 void limit_sample(struct store_node *n, double rtt, double now);
 void node_send_queue(struct store_node *n);
 int send_formatted(redisAsyncContext *ac, redisCallbackFn *fn, void *priv, int argc,
 		   const char **argv, const size_t *lens);
+
+/* An argv under construction: strings by reference, numbers formatted into nums. */
+struct argv_buf {
+	const char **argv;
+	size_t *lens;
+	char (*nums)[24];
+	int argc, nk;
+};
+/* Arguments query_push_args() appends for <q>. */
+#define QUERY_ARGS(q) (5 * (q)->n + ((q)->want > 0 ? 4 : 0))
+void argv_str(struct argv_buf *av, const char *str, size_t len);
+void argv_num(struct argv_buf *av, int64_t v);
+void query_push_keys(struct argv_buf *av, const struct store_query *q);
+void query_push_args(struct argv_buf *av, const struct store_query *q);
 
 /* store_batch.c */
 bool batch_wants(const struct store_node *n, const struct store_cmd *c, bool eval);

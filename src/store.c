@@ -981,18 +981,12 @@ static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	struct store *s = container_of(t, struct store, tick);
 	double now = mono(), every;
 	struct list *l, *tmp;
-	/* a tick this late means the agent itself was not running (stopped,
-	 * starved): the replies it has not read yet say nothing of Redis */
-	bool paused = s->tick_last > 0 && now - s->tick_last > 5 * TICK_S;
 
 	(void)loop;
 	(void)revents;
-	s->tick_last = now;
 	list_for_each_safe(l, tmp, &s->nodes) {
 		struct store_node *n = LIST_ELEM(l, struct store_node, link);
 
-		if (paused)
-			n->last_progress = now;
 		if (n->ac && n->state == ND_READY && n->out && now - n->last_progress >= s->stall_s) {
 			store_log_trouble(n, "stalled", "no reply in time, reconnecting");
 			breaker_trip(n, "stalled, no reply in time");

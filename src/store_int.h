@@ -146,7 +146,6 @@ struct store {
 	struct store_node **scratch;    /* owned array of CRC16_SLOTS: next map */
 	ev_timer cmd_timer;             /* deadline of the oldest waiting command */
 	ev_timer tick;                  /* housekeeping */
-	double tick_last;               /* mono() of the last tick, 0 before the first */
 	struct list flushq;             /* store_node.flush_node: output to send */
 	ev_prepare flusher;             /* sends flushq's output before each poll */
 	char sha[41];                   /* digest of the script, from SCRIPT LOAD */

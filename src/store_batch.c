@@ -90,7 +90,7 @@ static void batch_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 		struct store_cmd *c = b->cmds[i];
 
 		if (rep && cmd_live(c) && c->sent_at > 0)
-			limit_sample(n, now - c->sent_at, now);
+			limit_sample(n, cmd_wait(c, now), now);
 		cmd_reply(n, c, split ? rep->element[i] : rep);
 	}
 	free(b);

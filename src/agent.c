@@ -54,6 +54,16 @@
 #define COST_MAX 1000000
 #define MAX_APPLIED (2 * STORE_MAX_LIMITS)
 
+/*
+ * With spoe_timeout set, a decision sent to Redis is answered by the time
+ * ANSWER_SHARE of HAProxy's processing budget has passed since its NOTIFY
+ * arrived, by the failure ladder if Redis has not answered (or has not been
+ * asked: a backlog's excess). The rest of the budget is for the ACK's way
+ * back and HAProxy's own queueing; past the budget HAProxy lets the request
+ * through with no limit at all, the ladder at least applies the local one.
+ */
+#define ANSWER_SHARE 0.8
+
 #define BLOCKED_SLOTS 4096
 
 /* The blocked-key cache: a query Redis denied, denied locally until it could pass. */
@@ -182,6 +192,8 @@ struct decision {
 	const char *tier_name;          /* ref: rs, for metrics */
 	char client[64];                /* fingerprint for top offenders */
 	double t0;                      /* when the NOTIFY arrived (mono) */
+	double answer_by;               /* mono(): Redis answers by then or the ladder
+					 * does (ANSWER_SHARE of HAProxy's budget), 0 = none */
 	struct decision *next_free;     /* in agent.dfree while unused */
 	struct part parts[2];           /* last: see decision_new() */
 };
@@ -904,6 +916,7 @@ static bool part_start(struct decision *d, struct part *pt)
 	d->waiting++;
 	a->pending++;
 	pt->t_sent = mono();
+	pt->q.answer_by = d->answer_by;
 	if (a->quota) {
 		enum store_status st = STORE_ERROR;
 		enum quota_path qp;
@@ -1246,6 +1259,10 @@ static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 	}
 	d = decision_new(a);
 	d->t0 = mono();
+	d->answer_by = 0;
+	if (rs->cfg->spoe_timeout_ms)
+		d->answer_by = d->t0 + rs->cfg->spoe_timeout_ms * (ANSWER_SHARE / 1000.) -
+			       spoa_req_age_us(req) / 1e6;
 	d->a = a;
 	d->req = req;
 	list_init(&d->park);

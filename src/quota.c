@@ -122,6 +122,8 @@ struct qkey {
 	double t_sent;                  /* when it left */
 	struct list waiters;            /* quota_waiter.node */
 	unsigned nwait;
+	double answer_by;               /* earliest answer_by of the waiters since the
+					 * last call (store_query), 0 = none */
 	struct store_result res;        /* last verdicts from Redis */
 	double res_at;                  /* mono() of res */
 	/* the query, for calls of our own (compact: keys in one allocation) */
@@ -604,6 +606,9 @@ static int grant_call(struct quota *qt, struct qkey *e)
 	if (want <= 0)
 		return 0;
 	query_of(e, &q);
+	/* answered by the time its first waiter must be */
+	q.answer_by = e->nwait ? e->answer_by : 0;
+	e->answer_by = 0;
 	if (want > 1) {
 		q.want = want;
 		q.batch = BATCH_GRANT;
@@ -861,6 +866,8 @@ enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_qu
 	report_send(qt, e);
 	list_append(&e->waiters, &w->node);
 	e->nwait++;
+	if (q->answer_by > 0 && (e->answer_by <= 0 || q->answer_by < e->answer_by))
+		e->answer_by = q->answer_by;
 	if (e->busy && qt->o.coalesce)
 		return QUOTA_WAIT;
 	if (e->busy) {

@@ -58,11 +58,16 @@
  * still queued at its queue deadline is shed: answered STORE_OVERLOAD and
  * freed. The probe of an open breaker skips the queue.
  *
- * Deadlines: a command's deadline is command_timeout_ms from when it is sent.
- * Every sent command joins one FIFO with its deadline; one timer tracks the
- * earliest of its head and the queue's head. Every command gets the same
- * timeout, so the FIFO head is always the oldest deadline whichever node the
- * command went to, even after redirections (which keep the deadline). When it
+ * Deadlines: a command's deadline is command_timeout_ms from when it is sent,
+ * or its query's answer_by (when its caller must be answered: HAProxy gives up
+ * on the NOTIFY soon after) if that comes first; the queue deadline likewise,
+ * and a decision submitted past its answer_by is shed at once. Every sent
+ * command joins one FIFO with its deadline; one timer tracks the earliest of
+ * its head and the queue's head. Every command gets the same timeout, and
+ * answer_by follows the NOTIFYs' arrival, so the FIFO head is (nearly) always
+ * the oldest deadline whichever node the command went to, even after
+ * redirections (which keep the deadline); one out of order is answered at most
+ * one timeout late. When it
  * expires the caller is answered STORE_TIMEOUT at once, the node's limit is
  * cut (when the time went to waiting for Redis, not to this agent's turns),
  * and the command is marked abandoned: hiredis still owns its callback, which
@@ -559,6 +564,18 @@ void node_fail_queue(struct store_node *n, enum store_status st)
 }
 
 /*
+ * <at>, or the time its caller must be answered by when that comes first (a
+ * decision whose NOTIFY HAProxy gives up on sooner: answered by the failure
+ * ladder while HAProxy still listens, rather than not at all).
+ */
+static double cmd_bound(const struct store_cmd *c, double at)
+{
+	if (c->kind == CMD_DECIDE && c->q.answer_by > 0 && c->q.answer_by < at)
+		return c->q.answer_by;
+	return at;
+}
+
+/*
  * Sends the new command <c> on <n> now and starts its deadline, from now.
  * Returns 0 or -1 (<c> untouched). Never invokes user callbacks.
  */
@@ -568,7 +585,7 @@ static int cmd_start(struct store_node *n, struct store_cmd *c)
 
 	if (cmd_send(n, c, false) < 0)
 		return -1;
-	c->deadline = c->sent_at + s->command_timeout_ms / 1000.;
+	c->deadline = cmd_bound(c, c->sent_at + s->command_timeout_ms / 1000.);
 	/* the timer follows the earliest deadline: arm it when this one is the
 	 * only waiting command (a queued one may have armed it earlier: fine) */
 	list_append(&s->waiting, &c->node);
@@ -1124,7 +1141,7 @@ static int store_submit(struct store_node *n, struct store_cmd *c)
 	}
 	c->at = n;
 	c->queued = true;
-	c->deadline = mono() + s->queue_s;
+	c->deadline = cmd_bound(c, mono() + s->queue_s);
 	list_append(&n->queue, &c->park);
 	list_append(&s->queued, &c->node);
 	n->nqueued++;
@@ -1153,6 +1170,12 @@ int store_decide(struct store *s, const struct store_query *q, store_done_fn cb,
 		return -(int)st;
 	}
 	BUG_ON(q->n < 1 || q->n > STORE_MAX_LIMITS);
+	if (q->answer_by > 0 && q->answer_by <= mono()) {
+		/* too late already: the excess of a backlog, shed at once */
+		s->stats.failed[STORE_OVERLOAD]++;
+		s->stats.shed++;
+		return -(int)STORE_OVERLOAD;
+	}
 	c = cmd_new(s, CMD_DECIDE, STORE_QUERY_SIZE(q));
 	c->cb = cb;
 	c->arg = arg;

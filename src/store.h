@@ -91,6 +91,8 @@ struct store_query {
 	int batch;                                      /* enum store_batch when want > 0 */
 	int64_t lease_us;                               /* lease lifetime wanted (batch) */
 	int64_t min_units;                              /* grant: fewest units worth it (0, 1 = any) */
+	double answer_by;                               /* mono(): answer (by the failure ladder
+							 * if need be) by then; 0 = no bound */
 	int64_t cost[STORE_MAX_LIMITS];                 /* tokens per limit; < 0 refunds */
 	struct limit_params params[STORE_MAX_LIMITS];
 	char keys[STORE_MAX_LIMITS][STORE_KEY_MAX];     /* NUL-terminated keys; last, so a
@@ -108,6 +110,7 @@ static inline void store_query_init(struct store_query *q)
 	q->batch = BATCH_GRANT;
 	q->lease_us = 0;
 	q->min_units = 0;
+	q->answer_by = 0;
 }
 
 struct store_result {

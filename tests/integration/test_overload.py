@@ -292,3 +292,25 @@ def test_an_agent_paused_longer_than_the_stall_bound_opens_no_breaker(agent, red
         assert all(v.get("degraded") is None for v in vs), vs
     assert metric(a, "spoa_ratelimit_redis_breaker_opened_total") == 0
     assert "stalled" not in a.proc.log_text()
+
+
+def test_decisions_are_answered_within_haproxys_budget_not_the_command_timeout(agent, redis):
+    """With spoe_timeout set, a decision Redis has not answered when most of HAProxy's
+    processing budget has passed is answered by the failure ladder then (HAProxy would let
+    the request through with no limit at all after it), not at the command or queue
+    timeout: here Redis is stopped, the budget is 100 ms and the command timeout 20 s, and
+    the answer (a local-limit verdict, reason timeout) arrives long before the latter."""
+    import signal
+    a = agent(redis=redis, metrics=True, spoe_timeout="100ms",
+              redis_cfg={"command_timeout_ms": 20000, "queue_timeout_ms": 20000})
+    with sc.SpopClient(a.addr, timeout=5) as c:
+        c.hello()
+        assert c.request(1, 1, [sc.rl_message(key="ab")]).get("degraded") is None
+        redis.proc.signal(signal.SIGSTOP)
+        try:
+            v = c.request(3, 1, [sc.rl_message(key="ab")], timeout=5)
+        finally:
+            redis.proc.signal(signal.SIGCONT)
+    assert v.get("degraded") == 1 and v.get("allow") == 1, v
+    assert metric(a, "spoa_ratelimit_degraded_total", reason="timeout") == 1
+    assert metric(a, "spoa_ratelimit_redis_breaker_opened_total") == 0

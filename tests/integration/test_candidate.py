@@ -274,6 +274,7 @@ def test_candidate_config_errors(tmp):
     r = check(tmp, BASE + 'candidate = { limits = { b = { rate = 1; period = "1m"; }; };\n'
               'tiers = { free = { limits = [ "b" ]; }; }; anonymous = { limits = [ "b" ]; }; };\n')
     assert r.returncode == 0, r.stderr
+    assert "candidate policy (1 tiers, 1 limits, 0 endpoints)" in r.stdout, r.stdout
 
 
 def test_candidate_with_the_memory_store(agent):

@@ -93,19 +93,20 @@ static void batch_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 		n->last_progress = now;
 	for (i = 0; i < b->count; i++) {
 		struct store_cmd *c = b->cmds[i];
+		size_t at = j;
 
 		if (rep && cmd_live(c) && c->sent_at > 0)
 			limit_sample(n, now - c->sent_at, now);
+		j += QUERY_DECISIONS(&c->q); /* cmd_reply() frees <c> */
 		if (split && c->q.ncand) {
 			/* its two decisions, as the multi form answers a query alone */
 			redisReply pair = {.type = REDIS_REPLY_ARRAY, .elements = 2,
-					   .element = rep->element + j};
+					   .element = rep->element + at};
 
 			cmd_reply(n, c, &pair);
 		} else {
-			cmd_reply(n, c, split ? rep->element[j] : rep);
+			cmd_reply(n, c, split ? rep->element[at] : rep);
 		}
-		j += QUERY_DECISIONS(&c->q);
 	}
 	free(b);
 	if (rep && n->ac == ac && !n->s->freeing)

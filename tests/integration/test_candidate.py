@@ -288,3 +288,36 @@ def test_candidate_with_the_memory_store(agent):
     assert published(a, lambda m: m.get("spoa_ratelimit_candidate_decisions_total", tier="free",
                                          rule="key_hour", result="would_deny") == 2 or None,
                      "candidate counters")
+
+
+def test_candidate_global_denial_takes_back_the_principal_charge(agent, redis):
+    """The candidate's endpoint global limit (2/h) denies after the principal's limit
+    admitted: the charge of the principal's bucket is taken back, as when enforced. 5
+    requests leave the candidate's principal bucket (3600/h, one token a second) charged
+    twice, not five times."""
+    cand = {"limits": {"c3600": {"rate": 3600, "period": "1h"}, "g2": {"rate": 2, "period": "1h"},
+                       "a5": {"rate": 5, "period": "1h"}},
+            "tiers": {"t": {"limits": ["c3600"]}}, "default_tier": "t",
+            "anonymous": {"limits": ["a5"]},
+            "endpoints": __import__("rlharness").LcList(
+                [{"name": "heavy", "path_prefix": "/x", "global_limits": ["g2"]}])}
+    a = agent(redis=redis, metrics=True,
+              limits={"b500": {"rate": 500, "period": "1h"}, "anon5": {"rate": 5, "period": "1h"}},
+              tiers={"t": {"limits": ["b500"]}}, default_tier="t",
+              anonymous={"limits": ["anon5"]}, candidate=cand)
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        vs = [c.request(2 * i + 1, 1, [sc.rl_message(key="gl-1", tier="t", path="/x")])
+              for i in range(5)]
+    assert all(v["allow"] == 1 for v in vs)
+    assert published(a, lambda m: m.get("spoa_ratelimit_candidate_decisions_total",
+                                        rule="g2", result="would_deny") == 3 or None,
+                     "candidate counters")
+    # the refunds are sent after the answers: wait for the bucket to settle at 2 tokens
+    key = "rl:{%s}:c:c3600" % principal(None, "gl-1")
+
+    def ahead():
+        v, t = redis.cmd("GET", key), redis.cmd("TIME")
+        s = (int(v.split(":")[0]) - int(t[0]) * 1000000 - int(t[1])) / 1e6
+        return s if s < 2.5 else None
+    assert 1.0 < wait_until(ahead, 3, 0.05, "the refunds") <= 2.0

@@ -64,12 +64,13 @@
  * timeout, so the FIFO head is always the oldest deadline whichever node the
  * command went to, even after redirections (which keep the deadline). When it
  * expires the caller is answered STORE_TIMEOUT at once, the node's limit is
- * cut, and the command is marked abandoned: hiredis still owns its callback,
- * which later frees it without calling anyone ("late" replies); a parked
- * command is freed at once.
+ * cut (when the time went to waiting for Redis, not to this agent's turns),
+ * and the command is marked abandoned: hiredis still owns its callback, which
+ * later frees it without calling anyone ("late" replies); a parked command is
+ * freed at once.
  *
  * Housekeeping tick (TICK_S): stalls (commands out on a node and nothing back
- * for stall_s: the breaker opens, the connection is dropped, its waiters
+ * for stall_s, seen by two ticks in a row: the breaker opens, the connection is dropped, its waiters
  * answered DOWN, a reconnect starts), retired nodes closed once idle, refresh
  * schedule.
  * Connections are only ever closed from timers, never from inside a hiredis
@@ -270,14 +271,14 @@ void node_error(struct store_node *n, enum store_errclass ec)
 /*
  * Each node has a limit on the commands out on its connection (sent, reply
  * still owed, late ones included: they still keep Redis busy). It follows the
- * latency of replies, measured from the send to the reply as this agent sees
- * it (so a busy agent counts as a slow Redis, which is the point), AIMD style:
+ * wait of replies (from the send to the reply, less the time this agent spent
+ * in its own loop turns meanwhile: see "Loop turns" below), AIMD style:
  *  - a reply within max(2 x the lowest latency seen, command timeout / 8),
  *    while at least half the limit is in use, raises the limit: by one per
  *    reply during slow start (doubling per round trip), by 1/limit once
  *    congestion was seen (one per round trip);
- *  - a reply slower than half the command timeout, or a command whose
- *    deadline passed, cuts it by LIMIT_DECREASE, at most once per command
+ *  - a wait longer than half the command timeout, or a command whose
+ *    deadline passed after such a wait, cuts it by LIMIT_DECREASE, at most once per command
  *    timeout (one congestion event, one cut);
  *  - in between it holds.
  * It stays within [LIMIT_MIN, max_concurrency]. The lowest latency is
@@ -346,6 +347,62 @@ void limit_sample(struct store_node *n, double rtt, double now)
 static bool limit_room(const struct store_node *n)
 {
 	return n->out < (unsigned)n->limit;
+}
+
+/*
+ * Loop turns. A reply read late because this agent was busy (a turn spent
+ * decoding a thousand NOTIFYs, a process stopped and resumed) says nothing of
+ * Redis. The store counts the time the loop spends in its turns (from the
+ * check after a poll to the prepare before the next one): a command's wait is
+ * the time since it was sent less the turns' time meanwhile, i.e. the time
+ * the loop spent polling for it. The limit follows waits, not wall-clock
+ * latencies, so a busy agent does not shrink its own concurrency and shed
+ * what Redis could have decided (congestion collapse under a burst); a slow
+ * Redis still shows: the loop is then idle, polling. Deadlines stay
+ * wall-clock: they are promises to HAProxy.
+ *
+ * The store's timers (deadlines, housekeeping) have the lowest priority, so
+ * the replies read in the same turn are seen first: a deadline or a stall
+ * check that expired while the process was busy or stopped never fires for a
+ * reply that is already there.
+ */
+static double store_busy(const struct store *s, double now)
+{
+	return s->busy + (s->turn_start > 0 ? now - s->turn_start : 0.);
+}
+
+/* Seconds <c> (sent) has waited for its reply with the loop polling, at <now>. */
+double cmd_wait(const struct store_cmd *c, double now)
+{
+	double w = (now - c->sent_at) - (store_busy(c->s, now) - c->busy_at);
+
+	return w > 0 ? w : 0.;
+}
+
+static void turn_begin_cb(struct ev_loop *loop, ev_check *w, int revents)
+{
+	struct store *s = w->data;
+
+	(void)loop;
+	(void)revents;
+	s->turn_start = mono();
+	/* the tick is always armed, so no poll lasts much longer than TICK_S: a
+	 * longer gap is a process that was stopped or not scheduled, not one
+	 * waiting for Redis */
+	if (s->turn_end_at > 0 && s->turn_start - s->turn_end_at > 2 * TICK_S)
+		s->busy += s->turn_start - s->turn_end_at;
+}
+
+static void turn_end_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+	struct store *s = w->data;
+
+	(void)loop;
+	(void)revents;
+	s->turn_end_at = mono();
+	if (s->turn_start > 0)
+		s->busy += s->turn_end_at - s->turn_start;
+	s->turn_start = 0;
 }
 
 /* ---- commands ------------------------------------------------------------ */
@@ -572,8 +629,9 @@ static void cmd_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 		if (c->deadline > now)
 			break;
 		cmd_unpark(c);
-		/* sent and unanswered in time: congestion at that node */
-		if (!parked && c->at)
+		/* sent and unanswered in time: congestion at that node, unless
+		 * the time went to this agent's own turns */
+		if (!parked && c->at && cmd_wait(c, now) >= s->command_timeout_ms / 2000.)
 			limit_decrease(c->at, now);
 		cmd_answer(c, STORE_TIMEOUT, NULL);
 		if (parked)
@@ -871,6 +929,7 @@ static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval)
 			ev_prepare_start(s->loop, &s->flusher);
 	}
 	c->sent_at = mono();
+	c->busy_at = store_busy(s, c->sent_at);
 	if (!n->out++)
 		n->last_progress = c->sent_at;
 	c->at = n;
@@ -1038,7 +1097,7 @@ static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 		now = mono();
 		n->last_progress = now;
 		if (cmd_live(c) && c->sent_at > 0)
-			limit_sample(n, now - c->sent_at, now);
+			limit_sample(n, cmd_wait(c, now), now);
 	}
 	cmd_reply(n, c, rep);
 	if (rep && n->ac == ac && !n->s->freeing)
@@ -1062,7 +1121,16 @@ static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	list_for_each_safe(l, tmp, &s->nodes) {
 		struct store_node *n = LIST_ELEM(l, struct store_node, link);
 
-		if (n->ac && n->state == ND_READY && n->out && now - n->last_progress >= s->stall_s) {
+		if (!(n->ac && n->state == ND_READY && n->out && now - n->last_progress >= s->stall_s)) {
+			n->stall_seen = false;
+		} else if (!n->stall_seen) {
+			/* confirmed by the next tick, after a poll: an agent resumed
+			 * from SIGSTOP runs its overdue timers in a loop turn whose
+			 * poll was interrupted (EINTR), before it read the replies
+			 * waiting in its sockets */
+			n->stall_seen = true;
+		} else {
+			n->stall_seen = false;
 			store_log_trouble(n, "stalled", "no reply in time, reconnecting");
 			breaker_trip(n, "stalled, no reply in time");
 			node_close(n);
@@ -1333,8 +1401,20 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 	s->slots = xcalloc(CRC16_SLOTS, sizeof(*s->slots));
 	s->scratch = xcalloc(CRC16_SLOTS, sizeof(*s->scratch));
 	ev_timer_init(&s->cmd_timer, cmd_timer_cb, 0., 0.);
+	ev_set_priority(&s->cmd_timer, EV_MINPRI);
 	ev_timer_init(&s->tick, tick_cb, TICK_S, TICK_S);
+	ev_set_priority(&s->tick, EV_MINPRI);
 	ev_timer_start(loop, &s->tick);
+	ev_check_init(&s->turn_begin, turn_begin_cb);
+	s->turn_begin.data = s;
+	ev_set_priority(&s->turn_begin, EV_MAXPRI);
+	ev_check_start(loop, &s->turn_begin);
+	ev_unref(loop);                 /* bookkeeping: keeps no loop alive */
+	ev_prepare_init(&s->turn_end, turn_end_cb);
+	s->turn_end.data = s;
+	ev_set_priority(&s->turn_end, EV_MINPRI);
+	ev_prepare_start(loop, &s->turn_end);
+	ev_unref(loop);
 	s->seed = node_new(s, &ep, true);
 	node_connect(s->seed);
 	*out = s;
@@ -1356,6 +1436,10 @@ void store_free(struct store *s)
 	ev_timer_stop(s->loop, &s->cmd_timer);
 	ev_timer_stop(s->loop, &s->tick);
 	ev_prepare_stop(s->loop, &s->flusher);
+	ev_ref(s->loop);
+	ev_check_stop(s->loop, &s->turn_begin);
+	ev_ref(s->loop);
+	ev_prepare_stop(s->loop, &s->turn_end);
 	/* calls every pending reply callback with NULL, answering waiters */
 	for (l = s->nodes.next; l != &s->nodes; l = l->next) {
 		struct store_node *n = LIST_ELEM(l, struct store_node, link);

@@ -96,7 +96,7 @@ static void batch_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 		size_t at = j;
 
 		if (rep && cmd_live(c) && c->sent_at > 0)
-			limit_sample(n, now - c->sent_at, now);
+			limit_sample(n, cmd_wait(c, now), now);
 		j += QUERY_DECISIONS(&c->q); /* cmd_reply() frees <c> */
 		if (split && c->q.ncand) {
 			/* its two decisions, as the multi form answers a query alone */

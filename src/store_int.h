@@ -80,6 +80,7 @@ struct store_node {
 	struct list parked;             /* store_cmd.park: redirected here, waiting for READY */
 	unsigned out;                   /* commands sent on ac, callbacks still owed */
 	double last_progress;           /* mono() of the last reply or first send */
+	bool stall_seen;                /* the last tick saw no progress for stall_s */
 	unsigned nslots;                /* slots routed here */
 	bool seed;                      /* the configured address: never retired */
 	bool retired;                   /* left the topology: closed once idle */
@@ -119,6 +120,7 @@ struct store_cmd {
 	double deadline;                /* mono() based: reply deadline once sent, queue
 					 * deadline while queued */
 	double sent_at;                 /* mono() of the last send; 0 before it and while parked */
+	double busy_at;                 /* store_busy() at that send */
 	enum cmd_kind kind;
 	unsigned redirects;             /* MOVED/ASK followed */
 	bool retried;                   /* NOSCRIPT retry done */
@@ -148,6 +150,11 @@ struct store {
 	ev_timer tick;                  /* housekeeping */
 	struct list flushq;             /* store_node.flush_node: output to send */
 	ev_prepare flusher;             /* sends flushq's output before each poll */
+	ev_check turn_begin;            /* after each poll: a loop turn starts ... */
+	ev_prepare turn_end;            /* ... and ends before the next poll */
+	double turn_start;              /* mono() the current turn started, 0 between turns */
+	double busy;                    /* seconds the loop spent in turns (not polling) */
+	double turn_end_at;             /* mono() the last turn ended (its poll began) */
 	char sha[41];                   /* digest of the script, from SCRIPT LOAD */
 	struct list waiting;            /* store_cmd.node, oldest first */
 	struct list queued;             /* store_cmd.node of queued commands, oldest first */
@@ -184,6 +191,7 @@ bool cmd_live(const struct store_cmd *c);
 void cmd_reply(struct store_node *n, struct store_cmd *c, const redisReply *rep);
 int cmd_write(struct store_node *n, struct store_cmd *c, bool eval);
 void limit_sample(struct store_node *n, double rtt, double now);
+double cmd_wait(const struct store_cmd *c, double now);
 void node_send_queue(struct store_node *n);
 int send_formatted(redisAsyncContext *ac, redisCallbackFn *fn, void *priv, int argc,
 		   const char **argv, const size_t *lens);

@@ -264,3 +264,31 @@ def test_commands_parked_at_a_connecting_node_do_not_open_its_breaker(agent):
     finally:
         fr.close()
         silent.close()
+
+
+def test_an_agent_paused_longer_than_the_stall_bound_opens_no_breaker(agent, redis):
+    """The agent stopped (SIGSTOP) for 1.5 s with a command out, its reply waiting in the
+    socket: on resume its housekeeping tick runs late, before the reply is read. The pause
+    was the agent's, not Redis': no stall, no breaker, the next decisions are exact (the
+    tick used to see 1.5 s without progress, open the breaker and drop the connection)."""
+    import signal
+    import time
+    a = agent(redis=redis, metrics=True, redis_cfg={"command_timeout_ms": 5})
+    with sc.SpopClient(a.addr, timeout=5) as c:
+        c.hello()
+        assert c.request(1, 1, [sc.rl_message(key="pz")]).get("degraded") is None
+        redis.proc.signal(signal.SIGSTOP)
+        try:
+            c.send(sc.notify(3, 1, [sc.rl_message(key="pz")]))
+            time.sleep(0.05)            # the command is out, Redis does not answer
+            a.proc.signal(signal.SIGSTOP)
+        finally:
+            redis.proc.signal(signal.SIGCONT)
+        time.sleep(1.5)                 # Redis answers into the stopped agent's socket
+        a.proc.signal(signal.SIGCONT)
+        f = c.recv_frame(timeout=5)
+        assert f is not None and f.type == sc.T_ACK and f.sid == 3, f
+        vs = [c.request(5 + 2 * i, 1, [sc.rl_message(key="pz")]) for i in range(5)]
+        assert all(v.get("degraded") is None for v in vs), vs
+    assert metric(a, "spoa_ratelimit_redis_breaker_opened_total") == 0
+    assert "stalled" not in a.proc.log_text()

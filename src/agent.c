@@ -152,6 +152,13 @@ struct applied {
 	struct limit_params local_lp;   /* l->local_lp, or a limit override's */
 };
 
+/* One limit of the candidate policy applied to a request. */
+struct cand_applied {
+	const struct rule_limit *l;     /* ref: into the decision's rs->cand */
+	int part;                       /* which store query: 0 principal, 1 global */
+	size_t slot;                    /* index inside that query's candidate limits */
+};
+
 /* One store query of a decision and its outcome. */
 struct part {
 	struct decision *d;             /* ref: back pointer for the callback */
@@ -195,11 +202,29 @@ struct decision {
 	double answer_by;               /* mono(): Redis answers by then or the ladder
 					 * does (ANSWER_SHARE of HAProxy's budget), 0 = none */
 	struct decision *next_free;     /* in agent.dfree while unused */
+	bool allowed;                   /* the answer respond() gave ... */
+	const struct rule_limit *rule;  /* ... and the limit it reported, or NULL */
+	/* the candidate policy, rs->cand: see "Candidate policy" below */
+	const struct rule_endpoint *cep; /* ref: into rs->cand, or NULL */
+	const struct rule_tier *ctier;  /* ref: rs->cand, its tier by name, or NULL */
+	size_t cn;                      /* its limits applied */
+	struct cand_applied cap[MAX_APPLIED];
 	struct part parts[2];           /* last: see decision_new() */
 };
 
 static void part_settle(struct decision *d, struct part *pt);
 static void decision_next(struct decision *d);
+static void cand_add(struct decision *d, const struct rule_tier *tier, const char *principal,
+		     const struct ovr_entry *ov);
+static void cand_trim(struct decision *d, struct part *pt, bool drop_own);
+static void cand_finish(struct decision *d);
+static void mem_decide(struct agent *a, const struct store_query *q, struct store_result *res);
+
+/* True when <pt> holds limits of the enforced policy (not only the candidate's). */
+static inline bool part_enforced(const struct part *pt)
+{
+	return pt->q.n > pt->q.ncand;
+}
 
 /* What we read from the message. */
 struct req_args {
@@ -304,7 +329,8 @@ static const struct limit_verdict *verdict_of(const struct decision *d, size_t i
 {
 	const struct part *p = &d->parts[d->ap[i].part];
 
-	if (!p->used || (p->st != STORE_OK && !(p->fallback && p->has[d->ap[i].slot])))
+	if (!p->used || !part_enforced(p) ||
+	    (p->st != STORE_OK && !(p->fallback && p->has[d->ap[i].slot])))
 		return NULL;
 	return &p->res.v[d->ap[i].slot];
 }
@@ -325,6 +351,8 @@ static void fallback(struct decision *d, struct part *pt)
 	pt->res.allowed = true;
 	pt->res.n = pt->q.n;
 	pt->fallback = true;
+	if (!part_enforced(pt))
+		return; /* the candidate's alone: it has no failure ladder */
 	store_query_init(&lq);
 	for (i = 0; i < d->n; i++) {
 		const struct rule_limit *l = d->ap[i].l;
@@ -410,7 +438,7 @@ static void respond(struct decision *d)
 	int64_t t;
 
 	for (p = 0; p < 2; p++) {
-		if (!d->parts[p].used)
+		if (!d->parts[p].used || !part_enforced(&d->parts[p]))
 			continue;
 		if (d->parts[p].st != STORE_OK) {
 			degraded = true;
@@ -448,6 +476,8 @@ static void respond(struct decision *d)
 	if (shadow)
 		set_str(req, "shadow", shadow->name);
 	set_int(req, "allow", allowed ? 1 : 0);
+	d->allowed = allowed;
+	d->rule = l;
 	a->outcomes[!allowed ? OUT_DENIED : (degraded ? OUT_DEGRADED : OUT_ALLOWED)]++;
 	if (a->ms) {
 		const char *rule = l ? l->name : "-";
@@ -469,7 +499,8 @@ static void respond(struct decision *d)
 		else if (degraded && local_denied)
 			a->ms->c[MC_FB_LOCAL_DENIED]++;
 		for (p = 0; p < 2; p++)
-			if (d->parts[p].used && d->parts[p].st != STORE_OK)
+			if (d->parts[p].used && part_enforced(&d->parts[p]) &&
+			    d->parts[p].st != STORE_OK)
 				a->ms->degraded[d->parts[p].st < STORE_COUNT ? d->parts[p].st
 									 : STORE_ERROR]++;
 	}
@@ -538,7 +569,7 @@ static void refund(struct decision *d)
 		struct store_result rr;
 		size_t i;
 
-		if (!pt->used || pt->st != STORE_OK || !pt->res.allowed)
+		if (!pt->used || !part_enforced(pt) || pt->st != STORE_OK || !pt->res.allowed)
 			continue;
 		/* answered locally: taken back locally, not charged in Redis yet
 		 * (a pre-check) or charged as part of a lease that gets it back */
@@ -548,7 +579,7 @@ static void refund(struct decision *d)
 			continue;
 		}
 		store_query_init(&rq);
-		for (i = 0; i < pt->q.n; i++) {
+		for (i = 0; i < pt->q.n - pt->q.ncand; i++) {
 			if (!pt->res.v[i].allowed || pt->q.cost[i] <= 0)
 				continue;
 			memcpy(rq.keys[rq.n], pt->q.keys[i], sizeof(rq.keys[0]));
@@ -560,7 +591,7 @@ static void refund(struct decision *d)
 			continue;
 		a->refunds++;
 		if (a->mem)
-			memstore_decide(a->mem, &rq, now_us_real(), &rr);
+			mem_decide(a, &rq, &rr);
 		else if (a->store) {
 			/* counted in pending: a drain waits for it */
 			a->pending++;
@@ -632,7 +663,7 @@ static void decision_finish(struct decision *d)
 		if (d->parts[p].used)
 			part_settle(d, &d->parts[p]);
 	for (p = 0; p < 2; p++) {
-		if (!d->parts[p].used)
+		if (!d->parts[p].used || !part_enforced(&d->parts[p]))
 			continue;
 		if (d->parts[p].st != STORE_OK) {
 			if (!d->parts[p].res.allowed)
@@ -648,6 +679,8 @@ static void decision_finish(struct decision *d)
 		refund(d);
 	respond(d);
 	spoa_req_done(d->req);
+	if (d->rs->cand)
+		cand_finish(d);
 	if (d->a->ms)
 		prom_hist_observe(&d->a->ms->decision_lat, mono() - d->t0);
 	decision_free(d);
@@ -678,7 +711,7 @@ static void blocked_put(struct agent *a, const struct part *pt)
 	int64_t wait = 0;
 	size_t i;
 
-	if (!a->blocked || pt->res.allowed)
+	if (!a->blocked || pt->res.allowed || pt->q.ncand)
 		return;
 	for (i = 0; i < pt->res.n; i++)
 		if (!pt->res.v[i].allowed && !pt->q.params[i].shadow && pt->res.v[i].retry_ms > wait)
@@ -702,7 +735,7 @@ static bool blocked_get(struct agent *a, struct part *pt)
 
 	/* whether Redis answers now or not: the denial is a fact Redis computed,
 	 * and nothing but a refund or a reload could end it before its time */
-	if (!a->blocked)
+	if (!a->blocked || pt->q.ncand) /* the candidate decides every request in Redis */
 		return false;
 	b = &a->blocked[pt->h % BLOCKED_SLOTS];
 	now = mono();
@@ -908,7 +941,7 @@ static bool part_start(struct decision *d, struct part *pt)
 		return false;
 	}
 	if (a->mem) {
-		memstore_decide(a->mem, &pt->q, now_us_real(), &pt->res);
+		mem_decide(a, &pt->q, &pt->res);
 		pt->st = STORE_OK;
 		blocked_put(a, pt);
 		return false;
@@ -917,7 +950,7 @@ static bool part_start(struct decision *d, struct part *pt)
 	a->pending++;
 	pt->t_sent = mono();
 	pt->q.answer_by = d->answer_by;
-	if (a->quota) {
+	if (a->quota && !pt->q.ncand) {
 		enum store_status st = STORE_ERROR;
 		enum quota_path qp;
 
@@ -961,14 +994,19 @@ static void decision_next(struct decision *d)
 {
 	while (d->next < 2) {
 		struct part *pt = &d->parts[d->next++];
+		bool denied = false;
 		int p;
 
 		if (!pt->used)
 			continue;
 		for (p = 0; &d->parts[p] != pt; p++)
-			if (d->parts[p].used && !d->parts[p].res.allowed)
-				break;
-		if (&d->parts[p] != pt) {
+			if (d->parts[p].used && part_enforced(&d->parts[p]) && !d->parts[p].res.allowed)
+				denied = true;
+		if (pt->q.ncand && pt != &d->parts[0])
+			cand_trim(d, pt, denied);
+		else if (denied)
+			pt->q.n = 0;
+		if (!pt->q.n) {
 			/* not sent, no verdict: the earlier part decided */
 			pt->used = false;
 			continue;
@@ -1112,6 +1150,8 @@ static void decision_run(struct decision *d, const struct rule_tier *tier)
 		snprintf(global, sizeof(global), "g:%s", d->ep->name);
 		add_limits(d, 1, &d->ep->global, global, "", NULL);
 	}
+	if (rs->cand)
+		cand_add(d, tier, principal, ov);
 	if (d->overridden)
 		d->a->ovr_limited++;
 	decision_next(d);
@@ -1143,6 +1183,8 @@ static void tier_lookup_cb(enum store_status st, const char *val, size_t len, vo
 			slot->expires = ev_now(a->loop) + d->rs->cfg->tier_cache_ttl_ms / 1000.;
 		}
 		tier = ruleset_tier_find(d->rs, val, val ? len : 0);
+		if (d->rs->cand)
+			d->ctier = ruleset_tier_find(d->rs->cand, val, val ? len : 0);
 	}
 	/* a failed lookup is not cached: the next request asks again */
 	if (!tier && d->rs->cfg->unknown_keys == UNKNOWN_DEFAULT_TIER)
@@ -1273,10 +1315,15 @@ static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 		a->invalid_costs++;
 	d->ep = ruleset_endpoint(rs, ra.route.p, ra.route.len, ra.method.p, ra.method.len,
 				 ra.path.p, ra.path.len);
+	if (rs->cand)
+		d->cep = ruleset_endpoint(rs->cand, ra.route.p, ra.route.len, ra.method.p,
+					  ra.method.len, ra.path.p, ra.path.len);
 	d->keyed = ra.key.len > 0;
 	if (d->keyed) {
 		principal_key(d, ra.key.p, ra.key.len);
 		d->sent_tier = ruleset_tier_find(rs, ra.tier.p, ra.tier.len);
+		if (rs->cand)
+			d->ctier = ruleset_tier_find(rs->cand, ra.tier.p, ra.tier.len);
 	}
 	decision_begin(d);
 }
@@ -1319,6 +1366,9 @@ static void decision_begin(struct decision *d)
 		    memcmp(slot->digest, d->digest, sizeof(d->digest)) == 0) {
 			a->tier_hits++;
 			tier = ruleset_tier_find(rs, slot->tier, strlen(slot->tier));
+			if (rs->cand)
+				d->ctier = ruleset_tier_find(rs->cand, slot->tier,
+							     strlen(slot->tier));
 		} else {
 			a->tier_misses++;
 			a->pending++;
@@ -1332,6 +1382,283 @@ static void decision_begin(struct decision *d)
 	if (!tier && rs->cfg->unknown_keys == UNKNOWN_DEFAULT_TIER)
 		tier = &rs->tiers[rs->default_tier];
 	decision_run(d, tier);
+}
+
+/*
+ * Candidate policy
+ *
+ * A ruleset may carry a candidate (rs->cand): a second policy evaluated on
+ * every request next to the enforced one and never enforced. Its limits go
+ * last in the same store queries as the enforced ones, keyed
+ * "<prefix>:{<principal>}:c:<limit><sfx>" (same principal, same hash tag, a
+ * name no enforced limit has), and the store sends them as a second decision
+ * of the same script call. The candidate decides as a whole policy of its
+ * own: a request passes it only if all of its limits admit it, and only then
+ * are its buckets charged, whatever the enforced policy decided; so on the
+ * same traffic its would-be denials are exactly what enforcing it would deny.
+ * Its verdicts change no answer: they are counted (metrics_candidate(), and
+ * top offenders under MET_CAND_TOP).
+ *
+ * To see every request, a query with a candidate goes to Redis: the local
+ * quotas and the blocked-key cache do not answer it. Decisions made without
+ * a script call (a block override, a request without address denied, Redis
+ * failing) have no candidate verdict and are counted as unevaluated.
+ */
+
+/*
+ * Adds the limits of candidate tier <t> to part <p> of <d> after every
+ * enforced one, as add_limits() does, keyed "...:c:<limit><sfx>".
+ */
+static void cand_limits(struct decision *d, int p, const struct rule_tier *t,
+			const char *principal, const char *sfx, const struct ovr_entry *ov)
+{
+	const struct ruleset *c = d->rs->cand;
+	struct part *pt = &d->parts[p];
+	size_t i;
+
+	for (i = 0; i < t->n && pt->q.n < STORE_MAX_LIMITS && d->cn < MAX_APPLIED; i++) {
+		const struct rule_limit *l = &c->limits[t->idx[i]];
+		int64_t cost = d->cost >= 0 ? d->cost : (d->cep ? d->cep->cost : 1);
+		char *k = pt->q.keys[pt->q.n];
+		size_t cap = sizeof(pt->q.keys[0]), len = 0;
+
+		if (d->cep && d->cep->limit_cost[t->idx[i]] >= 0)
+			cost = d->cep->limit_cost[t->idx[i]];
+		k[0] = '\0';
+		len = str_cat(k, cap, len, d->rs->cfg->redis.key_prefix);
+		len = str_cat(k, cap, len, ":{");
+		len = str_cat(k, cap, len, principal);
+		len = str_cat(k, cap, len, "}:c:");
+		len = str_cat(k, cap, len, l->name);
+		(void)str_cat(k, cap, len, sfx);
+		pt->q.params[pt->q.n] = l->lp;
+		pt->q.cost[pt->q.n] = cost;
+		if (ov) {
+			const struct cfg_limit *cl = &c->cfg->limits[t->idx[i]];
+			struct limit_params local;
+			uint64_t rate, burst;
+
+			/* a limit override of this name applies as it would once promoted */
+			if (ovr_adjust(ov, l->name, cl->rate, cl->burst, &rate, &burst))
+				rule_limit_params(c->cfg, cl, rate, burst, &pt->q.params[pt->q.n],
+						  &local);
+		}
+		d->cap[d->cn].l = l;
+		d->cap[d->cn].part = p;
+		d->cap[d->cn].slot = pt->q.ncand;
+		d->cn++;
+		pt->q.n++;
+		pt->q.ncand++;
+		pt->used = true;
+	}
+}
+
+/*
+ * Adds the candidate's limits to <d>, whose enforced tier is <tier> and
+ * principal <principal>: the candidate tier of the same name (the one HAProxy
+ * or the tier lookup named, if the candidate has it), else its default tier;
+ * a request the enforced policy treats as anonymous is anonymous for the
+ * candidate too (one principal, one hash tag for both).
+ */
+static void cand_add(struct decision *d, const struct rule_tier *tier, const char *principal,
+		     const struct ovr_entry *ov)
+{
+	const struct ruleset *c = d->rs->cand;
+	char sfx[72], global[80];
+
+	if (tier == &d->rs->anon)
+		d->ctier = &c->anon;
+	else if (!d->ctier)
+		d->ctier = ruleset_tier_find(c, tier->name, strlen(tier->name));
+	if (!d->ctier)
+		d->ctier = &c->tiers[c->default_tier];
+	cand_limits(d, 0, d->ctier, principal, "", ov);
+	if (d->cep) {
+		snprintf(sfx, sizeof(sfx), "@%s", d->cep->name);
+		cand_limits(d, 0, &d->cep->extra, principal, sfx, ov);
+		snprintf(global, sizeof(global), "g:%s", d->cep->name);
+		cand_limits(d, 1, &d->cep->global, global, "", NULL);
+	}
+}
+
+/* True when part <pt>'s candidate decision was made and admits the request. */
+static bool cand_part_allows(const struct part *pt)
+{
+	return pt->used && pt->q.ncand && pt->st == STORE_OK && pt->res.cand_ok &&
+	       pt->res.cand_allowed;
+}
+
+/*
+ * Before part <pt> (the endpoint's global limits) is sent: the candidate's
+ * limits go only if its principal part admitted the request (as they would
+ * once enforced), the enforced ones only if the enforced policy did (not
+ * <drop_own>): then the candidate's are moved first. Leaves q.n = 0 when
+ * nothing is left to send.
+ */
+static void cand_trim(struct decision *d, struct part *pt, bool drop_own)
+{
+	size_t ne = pt->q.n - pt->q.ncand, i;
+
+	if (!cand_part_allows(&d->parts[0])) {
+		pt->q.n = ne;
+		pt->q.ncand = 0;
+	}
+	if (!drop_own || !ne)
+		return;
+	for (i = 0; i < pt->q.ncand; i++) {
+		memcpy(pt->q.keys[i], pt->q.keys[ne + i], sizeof(pt->q.keys[0]));
+		pt->q.params[i] = pt->q.params[ne + i];
+		pt->q.cost[i] = pt->q.cost[ne + i];
+	}
+	pt->q.n = pt->q.ncand;
+}
+
+static void cand_refund_cb(enum store_status st, const struct store_result *res, void *arg)
+{
+	struct agent *a = arg;
+
+	(void)st;
+	(void)res;
+	a->pending--;
+}
+
+/*
+ * The candidate admitted the request in part <pt> and charged it there, but
+ * denied it in the other: take the charge back, as refund() does for the
+ * enforced policy.
+ */
+static void cand_refund(struct decision *d, const struct part *pt)
+{
+	struct agent *a = d->a;
+	size_t i, base = pt->q.n - pt->q.ncand;
+	struct store_query rq;
+	struct store_result rr;
+
+	store_query_init(&rq);
+	for (i = base; i < pt->q.n; i++) {
+		if (!pt->res.v[i].allowed || pt->q.cost[i] <= 0)
+			continue;
+		memcpy(rq.keys[rq.n], pt->q.keys[i], sizeof(rq.keys[0]));
+		rq.params[rq.n] = pt->q.params[i];
+		rq.cost[rq.n] = -pt->q.cost[i];
+		rq.n++;
+	}
+	if (!rq.n)
+		return;
+	if (a->mem) {
+		memstore_decide(a->mem, &rq, now_us_real(), &rr);
+	} else if (a->store) {
+		a->pending++;
+		if (store_decide(a->store, &rq, cand_refund_cb, a) < 0)
+			a->pending--;
+	}
+}
+
+/*
+ * After <d> was answered: what the candidate decided, in order of its parts
+ * (a part it denied ends it), counted against what the enforced policy
+ * answered (d->allowed, d->rule).
+ */
+static void cand_finish(struct decision *d)
+{
+	struct agent *a = d->a;
+	const struct rule_limit *cl = NULL;
+	int64_t wait = -1;
+	int verdict = 1, p;
+	size_t i;
+
+	if (!d->cn)
+		return;
+	for (p = 0; p < 2 && verdict == 1; p++) {
+		const struct part *pt = &d->parts[p];
+		size_t base = pt->q.n - pt->q.ncand;
+		bool needed = false;
+
+		for (i = 0; i < d->cn; i++)
+			needed = needed || d->cap[i].part == p;
+		if (!needed)
+			continue;
+		if (!pt->used || !pt->q.ncand || pt->st != STORE_OK || !pt->res.cand_ok) {
+			verdict = -1;
+			break;
+		}
+		if (pt->res.cand_allowed)
+			continue;
+		verdict = 0;
+		/* the rule reported is the one that makes the client wait longest */
+		for (i = 0; i < d->cn; i++) {
+			const struct limit_verdict *v = &pt->res.v[base + d->cap[i].slot];
+
+			if (d->cap[i].part == p && !v->allowed && !d->cap[i].l->shadow &&
+			    v->retry_ms > wait) {
+				wait = v->retry_ms;
+				cl = d->cap[i].l;
+			}
+		}
+		if (p == 1)
+			cand_refund(d, &d->parts[0]);
+	}
+	if (!a->ms)
+		return;
+	if (verdict < 0) {
+		a->ms->c[MC_CAND_UNEVALUATED]++;
+	} else if (verdict) {
+		metrics_candidate(a->ms, d->ctier->name, "-", MCR_WOULD_ALLOW);
+		if (!d->allowed)
+			metrics_candidate(a->ms, d->tier_name, d->rule ? d->rule->name : "-",
+					  MCR_LIFTED);
+	} else {
+		char rule[MET_NAME];
+
+		metrics_candidate(a->ms, d->ctier->name, cl ? cl->name : "-", MCR_WOULD_DENY);
+		if (d->allowed)
+			metrics_candidate(a->ms, d->ctier->name, cl ? cl->name : "-",
+					  MCR_NEW_DENIAL);
+		/* the same fingerprints and sketches as real denials, under their own name */
+		snprintf(rule, sizeof(rule), "%s%s", MET_CAND_TOP, cl ? cl->name : "-");
+		note_denied(a, rule, d->client);
+	}
+}
+
+/*
+ * The memory store's answer to <q>: its own limits decided, then its
+ * candidate's (the last q->ncand) as a decision of their own.
+ */
+static void mem_decide(struct agent *a, const struct store_query *q, struct store_result *res)
+{
+	size_t ne = q->n - q->ncand, i;
+	int64_t now = now_us_real();
+	struct store_query cq;
+	struct store_result cr;
+
+	if (!q->ncand) {
+		memstore_decide(a->mem, q, now, res);
+		return;
+	}
+	store_query_init(&cq);
+	for (i = 0; i < ne; i++) {
+		memcpy(cq.keys[i], q->keys[i], sizeof(cq.keys[0]));
+		cq.params[i] = q->params[i];
+		cq.cost[i] = q->cost[i];
+	}
+	cq.n = ne;
+	memset(res, 0, sizeof(*res));
+	res->allowed = true;
+	res->now_us = now;
+	if (ne)
+		memstore_decide(a->mem, &cq, now, res);
+	for (i = 0; i < q->ncand; i++) {
+		memcpy(cq.keys[i], q->keys[ne + i], sizeof(cq.keys[0]));
+		cq.params[i] = q->params[ne + i];
+		cq.cost[i] = q->cost[ne + i];
+	}
+	cq.n = q->ncand;
+	memstore_decide(a->mem, &cq, now, &cr);
+	for (i = 0; i < q->ncand; i++)
+		res->v[ne + i] = cr.v[i];
+	res->n = q->n;
+	res->cand_ok = true;
+	res->cand_allowed = cr.allowed;
 }
 
 static void tier_cache_setup(struct agent *a, const struct ruleset *rs)

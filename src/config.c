@@ -598,6 +598,165 @@ static void load_tier_lookup(struct loader *ld, const config_setting_t *root)
 	get_uint(ld, s, "cache_size", 1, 1 << 20, &cfg->tier_cache_size);
 }
 
+/*
+ * Loads a policy from group <g> (the top level, or the candidate section when
+ * <cand>): limits, tiers, default_tier, anonymous and endpoints, into ld->cfg.
+ */
+static void load_policy(struct loader *ld, const config_setting_t *g, bool cand)
+{
+	struct agent_config *cfg = ld->cfg;
+	const config_setting_t *s;
+	int i, n;
+
+	s = config_setting_get_member(g, "limits");
+	if (!s || !config_setting_is_group(s)) {
+		add_err(ld, line_of(s ? s : g), "'limits' must be a group of named limits");
+	} else {
+		n = config_setting_length(s);
+		cfg->limits = xcalloc((size_t)n, sizeof(*cfg->limits));
+		for (i = 0; i < n; i++)
+			load_limit(ld, config_setting_get_elem(s, (unsigned)i),
+				   &cfg->limits[cfg->nlimits++]);
+	}
+
+	s = config_setting_get_member(g, "tiers");
+	if (!s || !config_setting_is_group(s) || config_setting_length(s) < 1) {
+		add_err(ld, line_of(s ? s : g), "'tiers' must be a group with at least one tier");
+	} else {
+		n = config_setting_length(s);
+		cfg->tiers = xcalloc((size_t)n, sizeof(*cfg->tiers));
+		for (i = 0; i < n; i++) {
+			config_setting_t *t = config_setting_get_elem(s, (unsigned)i);
+
+			load_tier(ld, t, &cfg->tiers[cfg->ntiers], config_setting_name(t));
+			check_tier_refs(ld, &cfg->tiers[cfg->ntiers]);
+			cfg->ntiers++;
+		}
+	}
+
+	cfg->default_tier = get_str(ld, g, "default_tier", NULL);
+	if (!cfg->default_tier && cfg->ntiers) {
+		cfg->default_tier = xstrdup(cfg->tiers[0].name);
+	} else if (cfg->default_tier) {
+		size_t j;
+
+		for (j = 0; j < cfg->ntiers; j++)
+			if (strcmp(cfg->tiers[j].name, cfg->default_tier) == 0)
+				break;
+		if (j == cfg->ntiers)
+			add_err(ld, line_of(config_setting_get_member(g, "default_tier")),
+				"default_tier '%s' is not a tier", cfg->default_tier);
+	}
+
+	s = config_setting_get_member(g, "anonymous");
+	cfg->ipv4_prefix = 32;
+	cfg->ipv6_prefix = 64;
+	if (!s) {
+		add_err(ld, line_of(g), "'anonymous' is required: { limits = [ ... ]; }");
+	} else {
+		load_tier(ld, s, &cfg->anon, "anonymous");
+		check_tier_refs(ld, &cfg->anon);
+		if (config_setting_is_group(s) && cand) {
+			static const char *const shared[] = {"ipv4_prefix", "ipv6_prefix",
+							     "without_address"};
+			size_t k;
+
+			/* principals are the enforced policy's: one bucket key for both */
+			for (k = 0; k < ARRAY_SIZE(shared); k++)
+				if (config_setting_get_member(s, shared[k]))
+					add_err(ld, line_of(config_setting_get_member(s, shared[k])),
+						"candidate: anonymous.%s is the enforced policy's "
+						"(set it outside the candidate section)",
+						shared[k]);
+		} else if (config_setting_is_group(s)) {
+			get_uint(ld, s, "ipv4_prefix", 1, 32, &cfg->ipv4_prefix);
+			get_uint(ld, s, "ipv6_prefix", 1, 128, &cfg->ipv6_prefix);
+			load_no_address(ld, s);
+		}
+	}
+
+	load_endpoints(ld, config_setting_get_member(g, "endpoints"));
+	check_log_costs(ld);
+	/* a principal's limits go to Redis in one script call: bound their number */
+	{
+		size_t e, t;
+
+		for (e = 0; e < cfg->nendpoints; e++) {
+			const struct cfg_endpoint *ep = &cfg->endpoints[e];
+
+			for (t = 0; t <= cfg->ntiers; t++) {
+				const struct cfg_tier *tier = t < cfg->ntiers ? &cfg->tiers[t] : &cfg->anon;
+
+				if (tier->nlimits + ep->limits.nlimits > STORE_MAX_LIMITS)
+					add_err(ld, ep->line,
+						"endpoint '%s' with tier '%s': more than %d limits",
+						ep->name, tier->name ? tier->name : "?",
+						STORE_MAX_LIMITS);
+			}
+		}
+	}
+}
+
+/* The most limits one request gets from <cfg> in each of its two Redis calls. */
+static void policy_max_limits(const struct agent_config *cfg, size_t *principal, size_t *global)
+{
+	size_t t, e, tier = cfg->anon.nlimits, extra = 0;
+
+	*global = 0;
+	for (t = 0; t < cfg->ntiers; t++)
+		if (cfg->tiers[t].nlimits > tier)
+			tier = cfg->tiers[t].nlimits;
+	for (e = 0; e < cfg->nendpoints; e++) {
+		if (cfg->endpoints[e].limits.nlimits > extra)
+			extra = cfg->endpoints[e].limits.nlimits;
+		if (cfg->endpoints[e].global.nlimits > *global)
+			*global = cfg->endpoints[e].global.nlimits;
+	}
+	*principal = tier + extra;
+}
+
+/*
+ * The candidate section: a policy of its own, loaded into a second config.
+ * Its limits go to Redis in the same calls as the enforced ones, so both
+ * together must fit the limits of one call.
+ */
+static void load_candidate(struct loader *ld, const config_setting_t *root)
+{
+	static const char *const known[] = {"limits", "tiers", "default_tier", "anonymous",
+					    "endpoints", NULL};
+	const config_setting_t *s = config_setting_get_member(root, "candidate");
+	struct loader cl = {.file = ld->file, .errs = ld->errs};
+	struct agent_config *cfg = ld->cfg, *c;
+	size_t ep, eg, cp, cg;
+
+	if (!s)
+		return;
+	if (!config_setting_is_group(s)) {
+		add_err(ld, line_of(s), "'candidate' must be a group { limits = ...; tiers = ...; }");
+		return;
+	}
+	check_known(ld, s, "candidate", known);
+	c = cl.cfg = xcalloc(1, sizeof(*c));
+	c->file = xstrdup(cfg->file);
+	cfg->candidate = c;
+	load_policy(&cl, s, true);
+	/* what the compiled limits need of the rest: this configuration's */
+	c->gateways = cfg->gateways;
+	c->ipv4_prefix = cfg->ipv4_prefix;
+	c->ipv6_prefix = cfg->ipv6_prefix;
+	c->no_address = cfg->no_address;
+	c->unknown_keys = cfg->unknown_keys;
+	c->redis.key_prefix = xstrdup(cfg->redis.key_prefix);
+	policy_max_limits(cfg, &ep, &eg);
+	policy_max_limits(c, &cp, &cg);
+	if (ep + cp > STORE_MAX_LIMITS || eg + cg > STORE_MAX_LIMITS)
+		add_err(ld, line_of(s),
+			"candidate: a request may get %zu limits of a principal and %zu global "
+			"ones from the enforced policy, %zu and %zu from the candidate: each "
+			"call decides at most %d limits of both together",
+			ep, eg, cp, cg, STORE_MAX_LIMITS);
+}
+
 static void load_listen(struct loader *ld, const config_setting_t *s)
 {
 	struct agent_config *cfg = ld->cfg;
@@ -639,7 +798,8 @@ static void load_root(struct loader *ld, config_t *lc)
 		"listen", "log_level", "store", "message", "max_frame_size", "max_inflight", "redis",
 		"limits", "tiers", "default_tier", "anonymous", "response", "endpoints",
 		"unknown_keys", "tier_lookup", "reload", "fallback", "workers", "metrics", "blocked_cache",
-		"local_quota", "overrides", "max_connections", "idle_timeout", "spoe_timeout", NULL};
+		"local_quota", "overrides", "max_connections", "idle_timeout", "spoe_timeout",
+		"candidate", NULL};
 	static const char *const known_redis[] = {"address", "user", "password", "key_prefix",
 						  "connect_timeout_ms", "command_timeout_ms",
 						  "max_pending", "breaker_failures",
@@ -650,7 +810,6 @@ static void load_root(struct loader *ld, config_t *lc)
 	config_setting_t *root = config_root_setting(lc);
 	config_setting_t *s;
 	char *str;
-	int i, n;
 
 	check_known(ld, root, "the top level", known_root);
 	load_listen(ld, config_setting_get_member(root, "listen"));
@@ -728,81 +887,7 @@ static void load_root(struct loader *ld, config_t *lc)
 	get_uint(ld, s, "breaker_failures", 1, 1000000, &cfg->breaker_failures);
 	get_uint(ld, s, "breaker_cooldown_ms", 1, 600000, &cfg->breaker_cooldown_ms);
 
-	s = config_setting_get_member(root, "limits");
-	if (!s || !config_setting_is_group(s)) {
-		add_err(ld, line_of(s ? s : root), "'limits' must be a group of named limits");
-	} else {
-		n = config_setting_length(s);
-		cfg->limits = xcalloc((size_t)n, sizeof(*cfg->limits));
-		for (i = 0; i < n; i++)
-			load_limit(ld, config_setting_get_elem(s, (unsigned)i),
-				   &cfg->limits[cfg->nlimits++]);
-	}
-
-	s = config_setting_get_member(root, "tiers");
-	if (!s || !config_setting_is_group(s) || config_setting_length(s) < 1) {
-		add_err(ld, line_of(s ? s : root), "'tiers' must be a group with at least one tier");
-	} else {
-		n = config_setting_length(s);
-		cfg->tiers = xcalloc((size_t)n, sizeof(*cfg->tiers));
-		for (i = 0; i < n; i++) {
-			config_setting_t *t = config_setting_get_elem(s, (unsigned)i);
-
-			load_tier(ld, t, &cfg->tiers[cfg->ntiers], config_setting_name(t));
-			check_tier_refs(ld, &cfg->tiers[cfg->ntiers]);
-			cfg->ntiers++;
-		}
-	}
-
-	cfg->default_tier = get_str(ld, root, "default_tier", NULL);
-	if (!cfg->default_tier && cfg->ntiers) {
-		cfg->default_tier = xstrdup(cfg->tiers[0].name);
-	} else if (cfg->default_tier) {
-		size_t j;
-
-		for (j = 0; j < cfg->ntiers; j++)
-			if (strcmp(cfg->tiers[j].name, cfg->default_tier) == 0)
-				break;
-		if (j == cfg->ntiers)
-			add_err(ld, line_of(config_setting_get_member(root, "default_tier")),
-				"default_tier '%s' is not a tier", cfg->default_tier);
-	}
-
-	s = config_setting_get_member(root, "anonymous");
-	cfg->ipv4_prefix = 32;
-	cfg->ipv6_prefix = 64;
-	if (!s) {
-		add_err(ld, line_of(root), "'anonymous' is required: { limits = [ ... ]; }");
-	} else {
-		load_tier(ld, s, &cfg->anon, "anonymous");
-		check_tier_refs(ld, &cfg->anon);
-		if (config_setting_is_group(s)) {
-			get_uint(ld, s, "ipv4_prefix", 1, 32, &cfg->ipv4_prefix);
-			get_uint(ld, s, "ipv6_prefix", 1, 128, &cfg->ipv6_prefix);
-			load_no_address(ld, s);
-		}
-	}
-
-	load_endpoints(ld, config_setting_get_member(root, "endpoints"));
-	check_log_costs(ld);
-	/* a principal's limits go to Redis in one script call: bound their number */
-	{
-		size_t e, t;
-
-		for (e = 0; e < cfg->nendpoints; e++) {
-			const struct cfg_endpoint *ep = &cfg->endpoints[e];
-
-			for (t = 0; t <= cfg->ntiers; t++) {
-				const struct cfg_tier *tier = t < cfg->ntiers ? &cfg->tiers[t] : &cfg->anon;
-
-				if (tier->nlimits + ep->limits.nlimits > STORE_MAX_LIMITS)
-					add_err(ld, ep->line,
-						"endpoint '%s' with tier '%s': more than %d limits",
-						ep->name, tier->name ? tier->name : "?",
-						STORE_MAX_LIMITS);
-			}
-		}
-	}
+	load_policy(ld, root, false);
 	load_tier_lookup(ld, root);
 
 	s = config_setting_get_member(root, "fallback");
@@ -899,6 +984,7 @@ static void load_root(struct loader *ld, config_t *lc)
 		check_known(ld, s, "response", known_resp);
 		get_bool(ld, s, "legacy_headers", &cfg->legacy_headers);
 	}
+	load_candidate(ld, root);
 }
 
 /*
@@ -984,6 +1070,7 @@ void config_free(struct agent_config *cfg)
 	free(cfg->redis.password);
 	free(cfg->redis.key_prefix);
 	free(cfg->file);
+	config_free(cfg->candidate);
 	free(cfg);
 }
 

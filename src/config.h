@@ -146,6 +146,13 @@ struct agent_config {
 		bool leases;            /* lease tokens for hot keys */
 		bool coalesce;          /* one Redis call for decisions of one key in flight */
 	} quota;
+	/*
+	 * The candidate policy (section "candidate"), or NULL: its own limits,
+	 * tiers, default tier, anonymous limits and endpoints, evaluated next to
+	 * these and never enforced. Only those fields are set; everything else
+	 * (principals, keys, Redis) is this configuration's. Owned.
+	 */
+	struct agent_config *candidate;
 };
 
 /* Errors collected while loading, each "file:line: message". */

@@ -147,6 +147,9 @@ static void reload(struct app *app, const char *why, const uint8_t *digest)
 	agent_swap_rules(app->agent, rs);
 	LOG(LOG_NOTICE, "reload (%s) ok: generation %llu, %zu tiers, %zu limits, %zu endpoints",
 	    why, (unsigned long long)app->gen, rs->ntiers, rs->cfg->nlimits, rs->nendpoints);
+	if (rs->cand)
+		LOG(LOG_NOTICE, "candidate policy evaluated: %zu tiers, %zu limits, %zu endpoints",
+		    rs->cand->ntiers, rs->cand->cfg->nlimits, rs->cand->nendpoints);
 }
 
 static void sighup_cb(struct ev_loop *loop, ev_signal *w, int revents)
@@ -468,6 +471,9 @@ int main(int argc, char **argv)
 	if (check) {
 		printf("%s: configuration is valid (%zu tiers, %zu limits, %zu endpoints)\n", file,
 		       rs->ntiers, rs->cfg->nlimits, rs->nendpoints);
+		if (rs->cand)
+			printf("%s: candidate policy (%zu tiers, %zu limits, %zu endpoints)\n", file,
+			       rs->cand->ntiers, rs->cand->cfg->nlimits, rs->cand->nendpoints);
 		ruleset_unref(rs);
 		return 0;
 	}

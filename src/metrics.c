@@ -118,6 +118,55 @@ void metrics_decision(struct met_slot *s, const char *tier, const char *rule, in
 	}
 }
 
+/*
+ * Counts one verdict of the candidate policy for tier <tier>: <rule> is the
+ * candidate rule that would deny (MCR_WOULD_DENY, MCR_NEW_DENIAL), the
+ * enforced rule that denied (MCR_LIFTED), or "-" (MCR_WOULD_ALLOW).
+ */
+void metrics_candidate(struct met_slot *s, const char *tier, const char *rule, int result)
+{
+	bool enforced = result == MCR_LIFTED;
+	struct met_cand_row *row = NULL;
+	size_t i;
+
+	tier = tier ? tier : "";
+	rule = rule ? rule : "";
+	for (i = 0; i < s->ncand; i++) {
+		if (s->cand[i].enforced == enforced &&
+		    strncmp(s->cand[i].tier, tier, MET_NAME - 1) == 0 &&
+		    strncmp(s->cand[i].rule, rule, MET_NAME - 1) == 0) {
+			row = &s->cand[i];
+			break;
+		}
+	}
+	if (!row) {
+		if (s->ncand == MET_CAND_ROWS) {
+			s->c[MC_ROWS_OVERFLOW]++;
+			return;
+		}
+		row = &s->cand[s->ncand];
+		memset(row, 0, sizeof(*row));
+		copy_name(row->tier, tier);
+		copy_name(row->rule, rule);
+		row->enforced = enforced;
+		__atomic_store_n(&s->ncand, s->ncand + 1, __ATOMIC_RELEASE);
+	}
+	switch (result) {
+	case MCR_WOULD_ALLOW:
+		row->would_allow++;
+		break;
+	case MCR_WOULD_DENY:
+		row->would_deny++;
+		break;
+	case MCR_NEW_DENIAL:
+		row->new_denials++;
+		break;
+	default:
+		row->lifted++;
+		break;
+	}
+}
+
 /* The top-offender record of <rule> in slot <s> (created), or NULL when full. */
 struct met_top *metrics_top(struct met_slot *s, const char *rule)
 {
@@ -263,6 +312,129 @@ static void samples_u64(struct http_reply *r, const struct metrics *m, const cha
 		sum_counter(m, t[i].c, &v);
 		prom_sample_u64(r, name, &l, 1, v);
 	}
+}
+
+/* The name of rule <t> without the candidate prefix, or NULL when <t> is not <cand>'s. */
+static const char *top_rule(const char *t, bool cand)
+{
+	size_t pl = strlen(MET_CAND_TOP);
+	bool is_cand = strncmp(t, MET_CAND_TOP, pl) == 0;
+
+	return is_cand != cand ? NULL : (cand ? t + pl : t);
+}
+
+/*
+ * Distinct denied clients and top offenders per rule: of the enforced rules,
+ * or of the candidate's (<cand>: families spoa_ratelimit_candidate_*).
+ */
+static void render_tops(struct http_reply *r, const struct merged_top *mt, size_t ntop, bool cand)
+{
+	const char *dc = cand ? "spoa_ratelimit_candidate_denied_clients"
+			      : "spoa_ratelimit_denied_clients";
+	const char *td = cand ? "spoa_ratelimit_candidate_top_denied" : "spoa_ratelimit_top_denied";
+	size_t i, j;
+
+	prom_family(r, dc, PROM_GAUGE,
+		    cand ? "Distinct clients the candidate policy would deny, by candidate rule "
+			   "(HyperLogLog estimate)."
+			 : "Distinct clients denied by a rule (HyperLogLog estimate).");
+	for (j = 0; j < ntop; j++) {
+		const char *rule = top_rule(mt[j].rule, cand);
+		struct prom_label l = {"rule", rule};
+
+		if (rule)
+			prom_sample_u64(r, dc, &l, 1, hll_count(&mt[j].hll));
+	}
+	prom_family(r, td, PROM_GAUGE,
+		    cand ? "Would-be denials of the heaviest clients the candidate policy would "
+			   "deny, per candidate rule (space-saving top-K, as real denials)."
+			 : "Denials of the heaviest denied clients per rule (space-saving top-K; "
+			   "the client is a key fingerprint or an address prefix).");
+	for (j = 0; j < ntop; j++) {
+		const char *rule = top_rule(mt[j].rule, cand);
+
+		for (i = 0; rule && i < mt[j].n; i++) {
+			char rank[24];
+			struct prom_label l[3] = {{"rule", rule},
+						  {"rank", rank},
+						  {"client", mt[j].e[i].item}};
+
+			snprintf(rank, sizeof(rank), "%zu", i + 1);
+			prom_sample_u64(r, td, l, 3, mt[j].e[i].count);
+		}
+	}
+}
+
+/* The candidate policy's verdicts, summed over the live workers. */
+static void render_candidate(const struct metrics *m, struct http_reply *r)
+{
+	struct met_cand_row *rows = xcalloc(MET_CAND_ROWS * MET_WORKERS_MAX, sizeof(*rows));
+	size_t nrows = 0, i, j;
+	unsigned w;
+
+	for (w = 0; w < m->nslots; w++) {
+		const struct met_slot *s = &m->slots[w];
+		size_t n;
+
+		if (!slot_live(s))
+			continue;
+		n = __atomic_load_n(&s->ncand, __ATOMIC_ACQUIRE);
+		for (i = 0; i < n; i++) {
+			const struct met_cand_row *src = &s->cand[i];
+
+			for (j = 0; j < nrows; j++)
+				if (rows[j].enforced == src->enforced &&
+				    strcmp(rows[j].tier, src->tier) == 0 &&
+				    strcmp(rows[j].rule, src->rule) == 0)
+					break;
+			if (j == nrows) {
+				rows[nrows++] = (struct met_cand_row){0};
+				memcpy(rows[j].tier, src->tier, MET_NAME);
+				memcpy(rows[j].rule, src->rule, MET_NAME);
+				rows[j].enforced = src->enforced;
+			}
+			rows[j].would_allow += src->would_allow;
+			rows[j].would_deny += src->would_deny;
+			rows[j].new_denials += src->new_denials;
+			rows[j].lifted += src->lifted;
+		}
+	}
+	prom_family(r, "spoa_ratelimit_candidate_decisions_total", PROM_COUNTER,
+		    "Verdicts of the candidate policy (never enforced), by candidate tier and "
+		    "the candidate rule that would deny (\"-\" when it would allow).");
+	for (j = 0; j < nrows; j++) {
+		static const char *const res[2] = {"would_allow", "would_deny"};
+		uint64_t v[2] = {rows[j].would_allow, rows[j].would_deny};
+		int k;
+
+		for (k = 0; k < 2; k++) {
+			struct prom_label l[3] = {{"tier", rows[j].tier},
+						  {"rule", rows[j].rule},
+						  {"result", res[k]}};
+
+			if (v[k])
+				prom_sample_u64(r, "spoa_ratelimit_candidate_decisions_total", l, 3,
+						v[k]);
+		}
+	}
+	prom_family(r, "spoa_ratelimit_candidate_changes_total", PROM_COUNTER,
+		    "Requests the two policies decide differently: new_denial = the candidate "
+		    "rule would deny what is allowed today; lifted_denial = the enforced rule "
+		    "denies what the candidate would allow.");
+	for (j = 0; j < nrows; j++) {
+		struct prom_label l[3] = {{"tier", rows[j].tier},
+					  {"rule", rows[j].rule},
+					  {"change", rows[j].enforced ? "lifted_denial" : "new_denial"}};
+		uint64_t v = rows[j].enforced ? rows[j].lifted : rows[j].new_denials;
+
+		if (v)
+			prom_sample_u64(r, "spoa_ratelimit_candidate_changes_total", l, 3, v);
+	}
+	family_u64(r, m, "spoa_ratelimit_candidate_unevaluated_total", PROM_COUNTER,
+		   "Decisions made without the candidate's verdict (a Redis call failed, or "
+		   "answered without Redis).",
+		   MC_CAND_UNEVALUATED);
+	free(rows);
 }
 
 /*
@@ -545,27 +717,9 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 	prom_sample_u64(r, "spoa_ratelimit_workers", NULL, 0, live);
 
 	ntop = merge_tops(m, &mt);
-	prom_family(r, "spoa_ratelimit_denied_clients", PROM_GAUGE,
-		    "Distinct clients denied by a rule (HyperLogLog estimate).");
-	for (j = 0; j < ntop; j++) {
-		struct prom_label l = {"rule", mt[j].rule};
-
-		prom_sample_u64(r, "spoa_ratelimit_denied_clients", &l, 1, hll_count(&mt[j].hll));
-	}
-	prom_family(r, "spoa_ratelimit_top_denied", PROM_GAUGE,
-		    "Denials of the heaviest denied clients per rule (space-saving top-K; the "
-		    "client is a key fingerprint or an address prefix).");
-	for (j = 0; j < ntop; j++) {
-		for (i = 0; i < mt[j].n; i++) {
-			char rank[24];
-			struct prom_label l[3] = {{"rule", mt[j].rule},
-						  {"rank", rank},
-						  {"client", mt[j].e[i].item}};
-
-			snprintf(rank, sizeof(rank), "%zu", i + 1);
-			prom_sample_u64(r, "spoa_ratelimit_top_denied", l, 3, mt[j].e[i].count);
-		}
-	}
+	render_tops(r, mt, ntop, false);
+	render_candidate(m, r);
+	render_tops(r, mt, ntop, true);
 	free(mt);
 	free(rows);
 }
@@ -576,18 +730,33 @@ void metrics_render_top(const struct metrics *m, struct http_reply *r)
 	struct merged_top *mt;
 	size_t ntop = merge_tops(m, &mt), i, j;
 
-	http_reply_printf(r, "{\"rules\":[");
-	for (j = 0; j < ntop; j++) {
-		http_reply_printf(r, "%s{\"rule\":\"%s\",\"denied\":%llu,\"distinct_clients\":%llu,"
-				     "\"top\":[",
-				  j ? "," : "", mt[j].rule, (unsigned long long)mt[j].denied,
-				  (unsigned long long)hll_count(&mt[j].hll));
-		for (i = 0; i < mt[j].n; i++)
-			http_reply_printf(r, "%s{\"client\":\"%s\",\"count\":%llu,\"error\":%llu}",
-					  i ? "," : "", mt[j].e[i].item,
-					  (unsigned long long)mt[j].e[i].count,
-					  (unsigned long long)mt[j].e[i].error);
-		http_reply_printf(r, "]}");
+	int cand;
+
+	/* the enforced rules' denials, then the candidate rules' would-be denials */
+	for (cand = 0; cand < 2; cand++) {
+		bool first = true;
+
+		http_reply_printf(r, cand ? "],\"candidate\":[" : "{\"rules\":[");
+		for (j = 0; j < ntop; j++) {
+			const char *rule = top_rule(mt[j].rule, cand);
+
+			if (!rule)
+				continue;
+			http_reply_printf(r,
+					  "%s{\"rule\":\"%s\",\"denied\":%llu,"
+					  "\"distinct_clients\":%llu,\"top\":[",
+					  first ? "" : ",", rule, (unsigned long long)mt[j].denied,
+					  (unsigned long long)hll_count(&mt[j].hll));
+			first = false;
+			for (i = 0; i < mt[j].n; i++)
+				http_reply_printf(r,
+						  "%s{\"client\":\"%s\",\"count\":%llu,"
+						  "\"error\":%llu}",
+						  i ? "," : "", mt[j].e[i].item,
+						  (unsigned long long)mt[j].e[i].count,
+						  (unsigned long long)mt[j].e[i].error);
+			http_reply_printf(r, "]}");
+		}
 	}
 	http_reply_printf(r, "]}\n");
 	free(mt);

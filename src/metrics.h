@@ -103,6 +103,7 @@ enum met_counter {
 	MC_OVR_LOADS,           /* override tables loaded */
 	MC_OVR_SKIPPED,         /* override entries skipped (bad, or over the cap) */
 	MC_OVR_POLL_ERRORS,     /* override polls or loads that failed */
+	MC_CAND_UNEVALUATED,    /* decisions made without their candidate's verdict */
 	MC_COUNT                /* sentinel */
 };
 
@@ -112,6 +113,22 @@ struct met_row {
 	char rule[MET_NAME];
 	uint64_t allowed, denied, shadow_denied, degraded, local;
 };
+
+/*
+ * The candidate policy's verdicts for one (tier, rule) pair. <enforced> rows
+ * name an enforced rule (lifted denials), the others a candidate rule.
+ */
+struct met_cand_row {
+	char tier[MET_NAME];
+	char rule[MET_NAME];
+	bool enforced;
+	uint64_t would_allow, would_deny, new_denials, lifted;
+};
+
+#define MET_CAND_ROWS   128     /* candidate (tier, rule) rows per worker */
+/* Top-offender records of candidate rules: this prefix and the rule's name (no
+ * rule name holds a ':') */
+#define MET_CAND_TOP    "candidate:"
 
 /* Denied clients of one rule: a snapshot of the worker's top-K and its HLL. */
 struct met_top {
@@ -133,6 +150,8 @@ struct met_slot {
 	struct prom_hist redis_lat;     /* script call round trip, seconds */
 	size_t ntop;
 	struct met_top top[MET_TOP_RULES];
+	size_t ncand;
+	struct met_cand_row cand[MET_CAND_ROWS];
 };
 
 struct metrics;
@@ -141,6 +160,7 @@ struct metrics *metrics_new(unsigned workers);
 void metrics_free(struct metrics *m);
 struct met_slot *metrics_attach(struct metrics *m, unsigned worker);
 void metrics_decision(struct met_slot *s, const char *tier, const char *rule, int result);
+void metrics_candidate(struct met_slot *s, const char *tier, const char *rule, int result);
 struct met_top *metrics_top(struct met_slot *s, const char *rule);
 void metrics_render(const struct metrics *m, struct http_reply *r);
 void metrics_render_top(const struct metrics *m, struct http_reply *r);
@@ -153,6 +173,15 @@ enum met_result {
 	MR_DEGRADED,            /* allowed without any verdict: fail-open */
 	MR_LOCAL,               /* allowed by local fallback limits, Redis not consulted */
 	MR_COUNT                /* sentinel */
+};
+
+/* Results for metrics_candidate(). */
+enum met_cand_result {
+	MCR_WOULD_ALLOW = 0,    /* the candidate admits the request (rule: "-") */
+	MCR_WOULD_DENY,         /* the candidate's <rule> denies it */
+	MCR_NEW_DENIAL,         /* ... and the enforced policy allowed it */
+	MCR_LIFTED,             /* the enforced <rule> denied it, the candidate admits it */
+	MCR_COUNT               /* sentinel */
 };
 
 #endif /* AGENT_METRICS_H */

@@ -201,6 +201,11 @@ struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen)
 		tier_compile(rs, &ce->global, &e->global);
 	}
 	rs->ack_max = ack_size(rs);
+	if (cfg->candidate) {
+		/* the candidate's own ruleset owns its config from now on */
+		rs->cand = ruleset_build(cfg->candidate, gen);
+		cfg->candidate = NULL;
+	}
 	return rs;
 }
 
@@ -228,6 +233,7 @@ void ruleset_unref(struct ruleset *rs)
 	}
 	free(rs->endpoints);
 	free(rs->limits);
+	ruleset_unref(rs->cand);
 	config_free(rs->cfg);
 	free(rs);
 }

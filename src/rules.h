@@ -60,6 +60,8 @@ struct ruleset {
 	struct rule_tier anon;          /* anonymous clients */
 	struct rule_endpoint *endpoints;/* owned, cfg->nendpoints entries */
 	size_t nendpoints;
+	struct ruleset *cand;           /* owned or NULL: the candidate policy (cfg->candidate,
+					 * compiled), evaluated next to this one, never enforced */
 	size_t ack_max;                 /* largest ACK frame a decision builds, length included */
 	size_t policy_max;              /* longest RateLimit-Policy value, NUL excluded */
 };

@@ -684,11 +684,10 @@ static bool int_in(const redisReply *e, long long lo, long long hi)
  * non-negative and bounded, a grant within what was asked), so nothing the
  * agent computes from it can overflow. Returns 0 or -1.
  */
-static int parse_result(const redisReply *rep, const struct store_query *q,
-			struct store_result *r)
+static int parse_flat(const redisReply *rep, size_t n, int64_t want, struct store_result *r)
 {
-	bool batch = q->want > 0;
-	size_t i, n = q->n;
+	bool batch = want > 0;
+	size_t i;
 
 	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 3 + 4 * n + (batch ? 2 : 0))
 		return -1;
@@ -712,12 +711,42 @@ static int parse_result(const redisReply *rep, const struct store_query *q,
 	r->granted = r->allowed ? 1 : 0;
 	r->lease_ms = 0;
 	if (batch) {
-		if (!int_in(rep->element[3 + 4 * n], 0, q->want) ||
+		if (!int_in(rep->element[3 + 4 * n], 0, want) ||
 		    !int_in(rep->element[4 + 4 * n], 0, REPLY_MS_MAX))
 			return -1;
 		r->granted = rep->element[3 + 4 * n]->integer;
 		r->lease_ms = rep->element[4 + 4 * n]->integer;
 	}
+	r->cand_ok = r->cand_allowed = false;
+	return 0;
+}
+
+/*
+ * Parses the answer to <q> into <r>: the script's flat array, or for a query
+ * with a candidate the multi form's pair { own decision, candidate's }. The
+ * candidate's element may be an error of its own (r->cand_ok stays false);
+ * an error in the first is the caller's (cmd_reply()). Returns 0 or -1.
+ */
+static int parse_result(const redisReply *rep, const struct store_query *q,
+			struct store_result *r)
+{
+	struct store_result cr;
+	size_t i, ne = q->n - q->ncand;
+
+	if (!q->ncand)
+		return parse_flat(rep, q->n, q->want, r);
+	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+	    parse_flat(rep->element[0], ne, 0, r) < 0)
+		return -1;
+	r->n = q->n;
+	if (rep->element[1]->type == REDIS_REPLY_ERROR)
+		return 0;
+	if (parse_flat(rep->element[1], q->ncand, 0, &cr) < 0)
+		return -1;
+	for (i = 0; i < q->ncand; i++)
+		r->v[ne + i] = cr.v[i];
+	r->cand_ok = true;
+	r->cand_allowed = cr.allowed;
 	return 0;
 }
 
@@ -802,6 +831,41 @@ void query_push_args(struct argv_buf *av, const struct store_query *q)
 	}
 }
 
+/* Appends the 5 arguments of each of limits <from> to <to> (excluded) of <q>. */
+static void push_limits(struct argv_buf *av, const struct store_query *q, size_t from, size_t to)
+{
+	size_t i;
+
+	for (i = from; i < to; i++) {
+		argv_num(av, q->params[i].alg);
+		argv_num(av, q->params[i].a);
+		argv_num(av, q->params[i].b);
+		argv_num(av, q->params[i].shadow ? 1 : 0);
+		argv_num(av, q->cost[i]);
+	}
+}
+
+/*
+ * Appends <q> as QUERY_DECISIONS(q) decisions of the multi form, each as
+ * "<limits> <extra> <arguments>": its own, then its candidate policy's (the
+ * last ncand limits; a query with a candidate is never a batch).
+ */
+void query_push_decisions(struct argv_buf *av, const struct store_query *q)
+{
+	size_t ne = q->n - q->ncand;
+
+	argv_num(av, (int64_t)ne);
+	argv_num(av, q->want > 0 ? 4 : 0);
+	if (!q->ncand) {
+		query_push_args(av, q);
+		return;
+	}
+	push_limits(av, q, 0, ne);
+	argv_num(av, (int64_t)q->ncand);
+	argv_num(av, 0);
+	push_limits(av, q, ne, q->n);
+}
+
 /*
  * Writes <c> into <n>'s connection buffer: EVALSHA (or EVAL with the body when
  * <eval>), or HGET; preceded by ASKING after an ASK. Keys and numbers go as
@@ -811,7 +875,7 @@ void query_push_args(struct argv_buf *av, const struct store_query *q)
 int cmd_write(struct store_node *n, struct store_cmd *c, bool eval)
 {
 	struct store *s = n->s;
-	const char *argv[3 + STORE_MAX_LIMITS * 6 + 4];
+	const char *argv[3 + STORE_MAX_LIMITS * 6 + 4 + 6];
 	size_t lens[ARRAY_SIZE(argv)];
 	char nums[ARRAY_SIZE(argv)][24];
 	char nkeys[16];
@@ -846,7 +910,14 @@ int cmd_write(struct store_node *n, struct store_cmd *c, bool eval)
 	argv_str(&av, eval ? script_ratelimit : s->sha, eval ? script_ratelimit_len : strlen(s->sha));
 	argv_num(&av, (int64_t)c->q.n);
 	query_push_keys(&av, &c->q);
-	query_push_args(&av, &c->q);
+	if (c->q.ncand) {
+		/* with its candidate: two decisions, the multi form */
+		argv_str(&av, "M", 1);
+		argv_num(&av, 2);
+		query_push_decisions(&av, &c->q);
+	} else {
+		query_push_args(&av, &c->q);
+	}
 	argc = av.argc;
 	return eval ? redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, argc, argv, lens)
 		    : send_formatted(n->ac, cmd_reply_cb, c, argc, argv, lens);
@@ -960,6 +1031,10 @@ void cmd_reply(struct store_node *n, struct store_cmd *c, const redisReply *rep)
 		cmd_free(c);
 		return;
 	}
+	/* with a candidate, an error of the query's own decision is the query's */
+	if (c->kind == CMD_DECIDE && c->q.ncand && rep->type == REDIS_REPLY_ARRAY &&
+	    rep->elements == 2 && rep->element[0]->type == REDIS_REPLY_ERROR)
+		rep = rep->element[0];
 	if (rep->type == REDIS_REPLY_ERROR) {
 		if (cmd_redirect(n, c, rep->str))
 			return;

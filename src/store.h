@@ -84,9 +84,16 @@ enum store_batch {
  * query (cost[i] tokens of limit i). With want == 0 it decides one unit; with
  * want > 0 it is a batch (see enum store_batch) and the result says how many
  * units were granted and how long a lease of them lives.
+ *
+ * The last <ncand> of the n limits may be a candidate policy's: a second
+ * decision of its own, made in the same script call at the same Redis time
+ * (the script's multi form), which never changes the first one's verdict
+ * (store_result.cand_*). A query with a candidate is never a batch.
  */
 struct store_query {
 	size_t n;                                       /* limits, 1..STORE_MAX_LIMITS */
+	size_t ncand;                                   /* of which the last are a
+							 * candidate policy's (0: none) */
 	int64_t want;                                   /* 0, or batch size in units */
 	int batch;                                      /* enum store_batch when want > 0 */
 	int64_t lease_us;                               /* lease lifetime wanted (batch) */
@@ -106,6 +113,7 @@ struct store_query {
 static inline void store_query_init(struct store_query *q)
 {
 	q->n = 0;
+	q->ncand = 0;
 	q->want = 0;
 	q->batch = BATCH_GRANT;
 	q->lease_us = 0;
@@ -119,7 +127,9 @@ struct store_result {
 	int64_t now_us;                 /* Redis time of the decision */
 	int64_t granted;                /* batch: units granted (grant) or that fitted (report) */
 	int64_t lease_ms;               /* batch: lease lifetime granted (Redis time) */
-	struct limit_verdict v[STORE_MAX_LIMITS];
+	bool cand_ok;                   /* the candidate decision was made (ncand > 0) */
+	bool cand_allowed;              /* ... and every limit of it admits the request */
+	struct limit_verdict v[STORE_MAX_LIMITS]; /* the query's n limits, candidate last */
 };
 
 /* Called once per accepted query; <res> is valid only during the call. */

@@ -79,19 +79,34 @@ static void batch_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	struct batch_call *b = privdata;
 	struct store_node *n = ac->data;
 	redisReply *rep = reply;
-	bool split = rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == b->count;
+	size_t j = 0, nd = 0;
+	bool split;
 	double now = mono();
 	unsigned i;
+
+	for (i = 0; i < b->count; i++)
+		nd += QUERY_DECISIONS(&b->cmds[i]->q);
+	split = rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == nd;
 
 	n->out -= b->count;
 	if (rep)
 		n->last_progress = now;
 	for (i = 0; i < b->count; i++) {
 		struct store_cmd *c = b->cmds[i];
+		size_t at = j;
 
 		if (rep && cmd_live(c) && c->sent_at > 0)
 			limit_sample(n, cmd_wait(c, now), now);
-		cmd_reply(n, c, split ? rep->element[i] : rep);
+		j += QUERY_DECISIONS(&c->q); /* cmd_reply() frees <c> */
+		if (split && c->q.ncand) {
+			/* its two decisions, as the multi form answers a query alone */
+			redisReply pair = {.type = REDIS_REPLY_ARRAY, .elements = 2,
+					   .element = rep->element + at};
+
+			cmd_reply(n, c, &pair);
+		} else {
+			cmd_reply(n, c, split ? rep->element[at] : rep);
+		}
 	}
 	free(b);
 	if (rep && n->ac == ac && !n->s->freeing)
@@ -102,19 +117,24 @@ static void batch_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
  * The argv of one call of <b>'s decisions in the multi form:
  *   EVALSHA sha <keys> <every decision's keys> M <count>
  *           { <limits n> <extra e> <5n + e arguments> } x count
+ * where a query with a candidate policy counts as two decisions (its own,
+ * then the candidate's: query_push_decisions()), answered as a pair.
  * Returns REDIS_OK when hiredis took it.
  */
 static int batch_send_call(struct store_node *n, struct batch_call *b)
 {
 	struct store *s = n->s;
 	struct argv_buf av = {0};
-	size_t nargs = 5, nkeys = 0;
+	size_t nargs = 5, nkeys = 0, nd = 0;
 	unsigned i;
 	int ret;
 
 	for (i = 0; i < b->count; i++) {
-		nkeys += b->cmds[i]->q.n;
-		nargs += b->cmds[i]->q.n + 2 + QUERY_ARGS(&b->cmds[i]->q);
+		const struct store_query *q = &b->cmds[i]->q;
+
+		nkeys += q->n;
+		nd += QUERY_DECISIONS(q);
+		nargs += q->n + 2 * QUERY_DECISIONS(q) + QUERY_ARGS(q);
 	}
 	av.argv = xmalloc(nargs * sizeof(*av.argv));
 	av.lens = xmalloc(nargs * sizeof(*av.lens));
@@ -125,14 +145,9 @@ static int batch_send_call(struct store_node *n, struct batch_call *b)
 	for (i = 0; i < b->count; i++)
 		query_push_keys(&av, &b->cmds[i]->q);
 	argv_str(&av, "M", 1);
-	argv_num(&av, b->count);
-	for (i = 0; i < b->count; i++) {
-		const struct store_query *q = &b->cmds[i]->q;
-
-		argv_num(&av, (int64_t)q->n);
-		argv_num(&av, q->want > 0 ? 4 : 0);
-		query_push_args(&av, q);
-	}
+	argv_num(&av, (int64_t)nd);
+	for (i = 0; i < b->count; i++)
+		query_push_decisions(&av, &b->cmds[i]->q);
 	ret = send_formatted(n->ac, batch_reply_cb, b, av.argc, av.argv, av.lens);
 	free(av.argv);
 	free(av.lens);

@@ -209,6 +209,9 @@ void argv_str(struct argv_buf *av, const char *str, size_t len);
 void argv_num(struct argv_buf *av, int64_t v);
 void query_push_keys(struct argv_buf *av, const struct store_query *q);
 void query_push_args(struct argv_buf *av, const struct store_query *q);
+/* Decisions of the multi form <q> makes: its own, and its candidate policy's. */
+#define QUERY_DECISIONS(q) ((q)->ncand ? 2 : 1)
+void query_push_decisions(struct argv_buf *av, const struct store_query *q);
 
 /* store_batch.c */
 bool batch_wants(const struct store_node *n, const struct store_cmd *c, bool eval);

@@ -379,3 +379,26 @@ def test_bad_post_charge_config_is_an_error(agent_bin, tmp):
         r = subprocess.run([str(agent_bin), "-c", "-f", str(p)], capture_output=True,
                            text=True, timeout=20, env=agent_env())
         assert r.returncode != 0 and msg in r.stderr, (bad, r)
+
+
+def test_worked_example_of_the_docs(agent, haproxy, redis):
+    """doc/configuration.md, "Worked example": the sample gateway and the sample
+    application (haproxy/upstream.cfg echoes X-App-Cost as X-RateLimit-Cost)."""
+    a = agent(redis=redis,
+              limits={"per_minute": {"rate": 10, "period": "1m", "burst": 10},
+                      "per_day": {"algorithm": "fixed_window", "rate": 10000,
+                                  "period": "1d"},
+                      "anon": {"rate": 10, "period": "1m"}},
+              tiers={"free": {"limits": ["per_minute", "per_day"]}},
+              anonymous={"limits": ["anon"]}, post_charge={"max": 1000})
+    g = haproxy(a.address)
+    r = g.request("/", api_key="k1", headers={"X-App-Cost": "18"})
+    assert r.status == 200 and r.body == b"ok", r
+    check_clean(r)
+    assert dict(parse_sf_list(r.h("RateLimit")))["per_minute"]["r"] == 9
+    wait_until(lambda: window_count(redis, "k1", "per_day") == 18, 5, what="18 charged")
+    r = g.request("/", api_key="k1")
+    assert r.status == 429, r
+    ra = int(r.h("Retry-After"))
+    assert 54 - 4 <= ra <= 54, r
+    assert dict(parse_sf_list(r.h("RateLimit")))["per_minute"] == {"r": 0, "t": ra}

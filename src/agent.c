@@ -66,6 +66,17 @@
 
 #define BLOCKED_SLOTS 4096
 
+/* What became of a response's cost (the post-charge message), counted. */
+enum post_outcome {
+	POST_CHARGED   = 0,     /* a charge (the difference) sent, debt allowed */
+	POST_REFUNDED  = 1,     /* a refund (the response cost less than the pre-charge) sent */
+	POST_UNCHANGED = 2,     /* the response cost what the request was charged */
+	POST_ABSENT    = 3,     /* no cost in the message: the pre-charge stands */
+	POST_INVALID   = 4,     /* not a non-negative integer: ignored, the pre-charge stands */
+	POST_FAILED    = 5,     /* a charge or refund Redis did not take (timeout, down...) */
+	POST_OUT_COUNT          /* sentinel */
+};
+
 /* The blocked-key cache: a query Redis denied, denied locally until it could pass. */
 struct blocked_slot {
 	uint64_t h;                     /* hash of the query (keys, limits, costs) */
@@ -124,6 +135,8 @@ struct agent {
 	uint64_t local_decisions;       /* failed parts decided by local fallback limits */
 	uint64_t invalid_costs;         /* costs from HAProxy out of range: charged COST_MAX */
 	uint64_t no_address;            /* anonymous requests without a source address */
+	uint64_t post[POST_OUT_COUNT];  /* post-charges by outcome */
+	uint64_t post_clamped;          /* response costs above post_charge.max: the max */
 	struct metrics *metrics;        /* ref: shared region (owned by main) */
 	struct met_slot *ms;            /* ref: this process's slot */
 	struct http_server *http;       /* owned or NULL */
@@ -193,6 +206,8 @@ struct decision {
 	bool charges;                   /* some applied limit costs this request tokens */
 	bool overridden;                /* some limit has a limit override's parameters */
 	bool keyed;                     /* an API key was sent */
+	bool post;                      /* a post-charge, not a decision: no answer, no req */
+	int64_t post_cost;              /* post: the request's cost, known from its response */
 	const struct rule_tier *sent_tier; /* ref: rs, the tier HAProxy sent, if known */
 	struct list park;               /* on a->parked while it waits for the overrides */
 	const struct rule_tier *tier;   /* ref: rs, the tier applied */
@@ -225,6 +240,7 @@ static inline bool part_enforced(const struct part *pt)
 {
 	return pt->q.n > pt->q.ncand;
 }
+static void post_send(struct decision *d);
 
 /* What we read from the message. */
 struct req_args {
@@ -234,6 +250,10 @@ struct req_args {
 	struct spop_data ip;            /* NULL type when absent */
 	int64_t cost;                   /* -1 when not sent */
 	bool cost_invalid;              /* sent, but not an integer in 0..COST_MAX */
+	/* the post-charge message's */
+	bool has_endpoint;              /* `endpoint` sent (NULL: the request matched none) */
+	struct spop_str endpoint;       /* the endpoint the request's ACK named */
+	struct spop_data charge, bytes, time; /* NULL type when absent */
 };
 
 
@@ -510,6 +530,8 @@ static void respond(struct decision *d)
 		set_int(req, "status", d->rs->cfg->deny_status);
 	if (d->ep)
 		set_str(req, "endpoint", d->ep->name);
+	if (allowed && (d->ep ? d->ep->post : &d->rs->cfg->post)->from != POST_FROM_CHARGE)
+		set_int(req, "post", 1); /* HAProxy sends this response's size or time */
 	/* the ruleset knows its longest policy: it is sent whole, never cut */
 	if (d->rs->policy_max < sizeof(buf)) {
 		render_policy(d, buf, sizeof(buf));
@@ -1027,6 +1049,12 @@ static void deny_no_address(struct decision *d)
 {
 	struct spoa_req *req = d->req;
 
+	if (d->post) {
+		/* its request was denied the same way: nothing to charge */
+		decision_free(d);
+		return;
+	}
+
 	set_int(req, "allow", 0);
 	set_int(req, "status", d->rs->cfg->deny_status);
 	set_int(req, "retry_after", 1);
@@ -1079,7 +1107,8 @@ static bool deny_blocked(struct decision *d, bool keyed, const struct rule_tier 
 	int64_t now_ms, left;
 	size_t len;
 
-	if (!a->ovr || !ovr_count(a->ovr))
+	/* a post-charge follows a request that was answered: blocked since, or not */
+	if (d->post || !a->ovr || !ovr_count(a->ovr))
 		return false;
 	now_ms = now_us_real() / 1000;
 	if (keyed)
@@ -1149,6 +1178,10 @@ static void decision_run(struct decision *d, const struct rule_tier *tier)
 		add_limits(d, 0, &d->ep->extra, principal, sfx, ov);
 		snprintf(global, sizeof(global), "g:%s", d->ep->name);
 		add_limits(d, 1, &d->ep->global, global, "", NULL);
+	}
+	if (d->post) {
+		post_send(d);
+		return;
 	}
 	if (rs->cand)
 		cand_add(d, tier, principal, ov);
@@ -1248,6 +1281,16 @@ static void read_args(struct spop_msg *m, struct req_args *ra)
 		} else if (spop_str_eq(&name, "route")) {
 			if (str)
 				ra->route = v.v.s;
+		} else if (spop_str_eq(&name, "endpoint")) {
+			ra->has_endpoint = true;
+			if (str)
+				ra->endpoint = v.v.s;
+		} else if (spop_str_eq(&name, "charge")) {
+			ra->charge = v;
+		} else if (spop_str_eq(&name, "bytes")) {
+			ra->bytes = v;
+		} else if (spop_str_eq(&name, "time")) {
+			ra->time = v;
 		} else if (spop_str_eq(&name, "cost")) {
 			/* NULL: HAProxy had no value, as if not sent. Anything but an
 			 * integer in 0..COST_MAX is an error, never free: the maximum */
@@ -1269,6 +1312,39 @@ static void read_args(struct spop_msg *m, struct req_args *ra)
 }
 
 static void decision_begin(struct decision *d);
+static void post_begin(struct agent *a, struct spoa_req *req, struct spop_msg *m);
+
+/*
+ * A new decision for the request of <ra> (its message read) with endpoint
+ * <ep>, answering <req> (NULL: a post-charge, nothing to answer).
+ */
+static struct decision *decision_start(struct agent *a, struct spoa_req *req,
+				       const struct req_args *ra, const struct rule_endpoint *ep)
+{
+	struct ruleset *rs = a->rs;
+	struct decision *d = decision_new(a);
+
+	d->t0 = mono();
+	d->answer_by = 0;
+	d->a = a;
+	d->req = req;
+	list_init(&d->park);
+	d->rs = ruleset_ref(rs);
+	d->ip = ra->ip;
+	d->cost = ra->cost;
+	d->ep = ep;
+	if (rs->cand)
+		d->cep = ruleset_endpoint(rs->cand, ra->route.p, ra->route.len, ra->method.p,
+					  ra->method.len, ra->path.p, ra->path.len);
+	d->keyed = ra->key.len > 0;
+	if (d->keyed) {
+		principal_key(d, ra->key.p, ra->key.len);
+		d->sent_tier = ruleset_tier_find(rs, ra->tier.p, ra->tier.len);
+		if (rs->cand)
+			d->ctier = ruleset_tier_find(rs->cand, ra->tier.p, ra->tier.len);
+	}
+	return d;
+}
 
 static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 {
@@ -1285,6 +1361,10 @@ static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 			found = true;
 			break;
 		}
+		if (spop_str_eq(&m.name, rs->cfg->post_message)) {
+			post_begin(a, req, &m);
+			return;
+		}
 	}
 	if (!found) {
 		/* nothing to decide: answer without a verdict, HAProxy lets it pass */
@@ -1299,32 +1379,14 @@ static void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 		spoa_req_done(req);
 		return;
 	}
-	d = decision_new(a);
-	d->t0 = mono();
-	d->answer_by = 0;
+	if (ra.cost_invalid)
+		a->invalid_costs++;
+	d = decision_start(a, req, &ra,
+			   ruleset_endpoint(rs, ra.route.p, ra.route.len, ra.method.p,
+					    ra.method.len, ra.path.p, ra.path.len));
 	if (rs->cfg->spoe_timeout_ms)
 		d->answer_by = d->t0 + rs->cfg->spoe_timeout_ms * (ANSWER_SHARE / 1000.) -
 			       spoa_req_age_us(req) / 1e6;
-	d->a = a;
-	d->req = req;
-	list_init(&d->park);
-	d->rs = ruleset_ref(rs);
-	d->ip = ra.ip;
-	d->cost = ra.cost;
-	if (ra.cost_invalid)
-		a->invalid_costs++;
-	d->ep = ruleset_endpoint(rs, ra.route.p, ra.route.len, ra.method.p, ra.method.len,
-				 ra.path.p, ra.path.len);
-	if (rs->cand)
-		d->cep = ruleset_endpoint(rs->cand, ra.route.p, ra.route.len, ra.method.p,
-					  ra.method.len, ra.path.p, ra.path.len);
-	d->keyed = ra.key.len > 0;
-	if (d->keyed) {
-		principal_key(d, ra.key.p, ra.key.len);
-		d->sent_tier = ruleset_tier_find(rs, ra.tier.p, ra.tier.len);
-		if (rs->cand)
-			d->ctier = ruleset_tier_find(rs->cand, ra.tier.p, ra.tier.len);
-	}
 	decision_begin(d);
 }
 
@@ -1661,6 +1723,209 @@ static void mem_decide(struct agent *a, const struct store_query *q, struct stor
 	res->cand_allowed = cr.allowed;
 }
 
+/*
+ * POST-CHARGES
+ *
+ * The cost of some requests is known only once they are served (rows scanned,
+ * bytes sent, time taken). HAProxy sends a second message on the response
+ * (post_charge.message, "rl-res"), with the request's arguments, the endpoint
+ * its ACK named, and the response's cost: `charge` (a header the application
+ * sets), `bytes` or `time`, the one post_charge.from names (per endpoint, or
+ * the top level's). It is answered at once with an empty ACK: the client has
+ * its response, nothing waits for the charge.
+ *
+ * The cost in tokens, ceil(value / per) clamped to post_charge.max, replaces
+ * the request's own cost (what it was charged at request time: the endpoint's
+ * cost or HAProxy's `cost`); limits with a cost of their own (limit_costs)
+ * keep it. The same principal and limits as the request's get the difference
+ * in one report per part (lua/decide.lua's report: charged whatever is left,
+ * so a bucket goes into debt and a window past its limit; a refund when the
+ * response cost less). Later requests wait until the debt is repaid, and
+ * their Retry-After and RateLimit fields say so. A failure is counted and
+ * otherwise ignored: no failure ladder, no retry (the charge may have run).
+ */
+
+/* How a response's cost reads (post_tokens()). */
+enum post_value {
+	PV_OK      = 0,
+	PV_CLAMPED = 1,         /* above post_charge.max: the max */
+	PV_ABSENT  = 2,         /* not sent, or NULL (no such header) */
+	PV_INVALID = 3,         /* not a non-negative decimal integer */
+};
+
+/*
+ * The tokens of value <v> under <pc>: a non-negative integer, or a string of
+ * decimal digits (a header; surrounding blanks ignored), ceil(value / per),
+ * at most max. Anything else is PV_INVALID; nothing wraps (any number of
+ * digits saturates, then clamps to the max).
+ */
+static enum post_value post_tokens(const struct spop_data *v, const struct cfg_post *pc,
+				   int64_t *tokens)
+{
+	uint64_t x = 0, t;
+	int64_t i;
+
+	if (v->type == SPOP_T_NULL)
+		return PV_ABSENT;
+	if (v->type == SPOP_T_STR || v->type == SPOP_T_BIN) {
+		const char *p = v->v.s.p, *end = p + v->v.s.len;
+
+		while (p < end && (*p == ' ' || *p == '\t'))
+			p++;
+		while (end > p && (end[-1] == ' ' || end[-1] == '\t'))
+			end--;
+		if (p == end)
+			return PV_INVALID;
+		for (; p < end; p++) {
+			if (*p < '0' || *p > '9')
+				return PV_INVALID;
+			x = x > (UINT64_MAX - 9) / 10 ? UINT64_MAX : x * 10 + (uint64_t)(*p - '0');
+		}
+	} else if (v->type == SPOP_T_UINT32 || v->type == SPOP_T_UINT64) {
+		x = v->v.u;
+	} else if (spop_data_int(v, &i) && i >= 0) {
+		x = (uint64_t)i;
+	} else {
+		return PV_INVALID;
+	}
+	t = x / pc->per + (x % pc->per != 0);
+	if (t > (uint64_t)pc->max) {
+		*tokens = pc->max;
+		return PV_CLAMPED;
+	}
+	*tokens = (int64_t)t;
+	return PV_OK;
+}
+
+static void post_done_cb(enum store_status st, const struct store_result *res, void *arg)
+{
+	struct decision *d = arg;
+	struct agent *a = d->a;
+
+	(void)res;
+	a->pending--;
+	if (st != STORE_OK)
+		a->post[POST_FAILED]++;
+	if (!--d->waiting)
+		decision_free(d);
+}
+
+/*
+ * Charges (or refunds) post-charge <d>, its limits built as the request's:
+ * for each part, one report of what the response cost beyond the request's
+ * cost, per limit; frees <d> once every call answered.
+ */
+static void post_send(struct decision *d)
+{
+	struct agent *a = d->a;
+	struct store_query q;
+	struct store_result rr;
+	bool sent = false;
+	size_t i;
+	int p;
+
+	for (p = 0; p < 2; p++) {
+		struct part *pt = &d->parts[p];
+		int64_t units = 0;
+
+		if (!pt->used)
+			continue;
+		store_query_init(&q);
+		q.want = 1;
+		q.batch = BATCH_REPORT;
+		for (i = 0; i < d->n; i++) {
+			const struct applied *ap = &d->ap[i];
+			size_t idx = (size_t)(ap->l - d->rs->limits);
+			int64_t pre = pt->q.cost[ap->slot];
+
+			if (ap->part != p || (d->ep && d->ep->limit_cost[idx] >= 0) ||
+			    d->post_cost == pre)
+				continue;
+			memcpy(q.keys[q.n], pt->q.keys[ap->slot], sizeof(q.keys[0]));
+			q.params[q.n] = pt->q.params[ap->slot];
+			q.cost[q.n++] = d->post_cost - pre;
+			/* in requests of this kind, for the local quota of the key */
+			units = pre > 0 ? (d->post_cost - pre + (d->post_cost > pre ? pre - 1 : 0)) / pre
+					: d->post_cost;
+		}
+		if (!q.n)
+			continue;
+		sent = true;
+		a->post[q.cost[0] > 0 ? POST_CHARGED : POST_REFUNDED]++;
+		if (a->mem) {
+			memstore_decide(a->mem, &q, now_us_real(), &rr);
+			continue;
+		}
+		if (!a->store)
+			continue;
+		/* a local quota of the key knows less is left (or more) */
+		if (a->quota)
+			quota_note_charge(a->quota, query_hash(&pt->q), &pt->q, units);
+		a->pending++;
+		d->waiting++;
+		if (store_decide(a->store, &q, post_done_cb, d) < 0) {
+			a->pending--;
+			d->waiting--;
+			a->post[POST_FAILED]++;
+		}
+	}
+	if (!sent)
+		a->post[POST_UNCHANGED]++;
+	if (!d->waiting)
+		decision_free(d);
+}
+
+/*
+ * The post-charge message <m> of <req>: answered at once, then the cost read
+ * and, if there is one, charged through a decision of its own (the request's
+ * principal, tier and limits) that answers nobody.
+ */
+static void post_begin(struct agent *a, struct spoa_req *req, struct spop_msg *m)
+{
+	const struct ruleset *rs = a->rs;
+	const struct rule_endpoint *ep = NULL;
+	const struct cfg_post *pc;
+	const struct spop_data *v;
+	struct decision *d;
+	struct req_args ra;
+	int64_t tokens = 0;
+
+	read_args(m, &ra);
+	spoa_req_done(req);
+	if (rs->cfg->store == STORE_KIND_ALLOW)
+		return;
+	if (ra.has_endpoint)
+		ep = ruleset_endpoint_named(rs, ra.endpoint.p, ra.endpoint.len);
+	else
+		ep = ruleset_endpoint(rs, ra.route.p, ra.route.len, ra.method.p, ra.method.len,
+				      ra.path.p, ra.path.len);
+	pc = ep ? ep->post : &rs->cfg->post;
+	v = pc->from == POST_FROM_BYTES ? &ra.bytes : pc->from == POST_FROM_TIME ? &ra.time
+										  : &ra.charge;
+	switch (post_tokens(v, pc, &tokens)) {
+	case PV_ABSENT:
+		a->post[POST_ABSENT]++;
+		return;
+	case PV_INVALID:
+		a->post[POST_INVALID]++;
+		return;
+	case PV_CLAMPED:
+		a->post_clamped++;
+		break;
+	case PV_OK:
+		break;
+	}
+	if (ra.cost_invalid) {
+		/* the request was charged the maximum for its bad cost: that stands */
+		a->post[POST_INVALID]++;
+		return;
+	}
+	d = decision_start(a, NULL, &ra, ep);
+	d->post = true;
+	d->post_cost = tokens;
+	decision_begin(d);
+}
+
 static void tier_cache_setup(struct agent *a, const struct ruleset *rs)
 {
 	if (!rs->cfg->tier_hash) {
@@ -1720,6 +1985,9 @@ static void publish(struct agent *a)
 	}
 	ms->c[MC_LOCAL_DECISIONS] = a->local_decisions;
 	ms->c[MC_INVALID_COSTS] = a->invalid_costs;
+	for (i = 0; i < POST_OUT_COUNT; i++)
+		ms->c[MC_POST_CHARGED + i] = a->post[i];
+	ms->c[MC_POST_CLAMPED] = a->post_clamped;
 	ms->c[MC_NO_ADDRESS] = a->no_address;
 	ms->c[MC_TIER_HITS] = a->tier_hits;
 	ms->c[MC_TIER_MISSES] = a->tier_misses;

@@ -384,10 +384,60 @@ static void load_name_list(struct loader *ld, const config_setting_t *g, const c
 	check_tier_refs(ld, t);
 }
 
+/*
+ * Reads post-charge group <name> of <g> into <p> (p->set when present), with
+ * <msg> for the top level's `message`, NULL for an endpoint's.
+ */
+static void load_post(struct loader *ld, const config_setting_t *g, const char *name,
+		      struct cfg_post *p, char **msg)
+{
+	static const char *const known[] = {"from", "per", "max", "message", NULL};
+	const config_setting_t *s = g ? config_setting_get_member(g, name) : NULL;
+	unsigned v;
+	char *str;
+
+	p->from = POST_FROM_CHARGE;
+	p->per = 1;
+	p->max = 1000000;
+	if (!s)
+		return;
+	if (!config_setting_is_group(s)) {
+		add_err(ld, line_of(s), "'%s' must be a group { from = \"charge\"; per = 1; }", name);
+		return;
+	}
+	p->set = true;
+	check_known(ld, s, name, known);
+	if (msg) {
+		free(*msg);
+		*msg = get_str(ld, s, "message", "rl-res");
+	} else if (config_setting_get_member(s, "message")) {
+		add_err(ld, line_of(config_setting_get_member(s, "message")),
+			"'%s.message' belongs to the top level's post_charge", name);
+	}
+	str = get_str(ld, s, "from", "charge");
+	if (strcmp(str, "charge") == 0)
+		p->from = POST_FROM_CHARGE;
+	else if (strcmp(str, "bytes") == 0)
+		p->from = POST_FROM_BYTES;
+	else if (strcmp(str, "time") == 0)
+		p->from = POST_FROM_TIME;
+	else
+		add_err(ld, line_of(config_setting_get_member(s, "from")),
+			"%s.from '%s': use \"charge\", \"bytes\" or \"time\"", name, str);
+	free(str);
+	v = 1;
+	get_uint(ld, s, "per", 1, 1000000000, &v);
+	p->per = v;
+	v = 1000000;
+	get_uint(ld, s, "max", 0, 1000000, &v);
+	p->max = v;
+}
+
 static void load_endpoint(struct loader *ld, const config_setting_t *g, struct cfg_endpoint *e)
 {
 	static const char *const known[] = {"name", "route", "path_prefix", "methods", "cost",
-					    "limit_costs", "limits", "global_limits", NULL};
+					    "limit_costs", "limits", "global_limits",
+					    "post_charge", NULL};
 	const config_setting_t *m;
 	unsigned v;
 	int i, n;
@@ -460,6 +510,7 @@ static void load_endpoint(struct loader *ld, const config_setting_t *g, struct c
 	}
 	load_name_list(ld, g, "limits", e->name, &e->limits);
 	load_name_list(ld, g, "global_limits", e->name, &e->global);
+	load_post(ld, g, "post_charge", &e->post, NULL);
 }
 
 /* Whether tier <t> lists the limit called <name>. */
@@ -799,7 +850,7 @@ static void load_root(struct loader *ld, config_t *lc)
 		"limits", "tiers", "default_tier", "anonymous", "response", "endpoints",
 		"unknown_keys", "tier_lookup", "reload", "fallback", "workers", "metrics", "blocked_cache",
 		"local_quota", "overrides", "max_connections", "idle_timeout", "spoe_timeout",
-		"candidate", NULL};
+		"candidate", "post_charge", NULL};
 	static const char *const known_redis[] = {"address", "user", "password", "key_prefix",
 						  "connect_timeout_ms", "command_timeout_ms",
 						  "max_pending", "breaker_failures",
@@ -836,6 +887,11 @@ static void load_root(struct loader *ld, config_t *lc)
 	free(str);
 
 	cfg->message = get_str(ld, root, "message", "rl-req");
+	cfg->post_message = xstrdup("rl-res");
+	load_post(ld, root, "post_charge", &cfg->post, &cfg->post_message);
+	if (strcmp(cfg->post_message, cfg->message) == 0)
+		add_err(ld, line_of(config_setting_get_member(root, "post_charge")),
+			"post_charge.message '%s' is the request's message", cfg->post_message);
 	cfg->max_frame_size = 65532;
 	get_uint(ld, root, "max_frame_size", 16380, 1 << 24, &cfg->max_frame_size);
 	cfg->blocked_cache = true;
@@ -1065,6 +1121,7 @@ void config_free(struct agent_config *cfg)
 	free(cfg->metrics_listen);
 	free(cfg->default_tier);
 	free(cfg->message);
+	free(cfg->post_message);
 	free(cfg->redis.address);
 	free(cfg->redis.user);
 	free(cfg->redis.password);

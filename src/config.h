@@ -41,6 +41,26 @@ struct cfg_tier {
 	size_t nlimits;
 };
 
+/* Where a response's cost comes from (the response message's arguments). */
+enum post_source {
+	POST_FROM_CHARGE = 0,   /* `charge`: what the application said (X-RateLimit-Cost) */
+	POST_FROM_BYTES  = 1,   /* `bytes`: the response's size (Content-Length) */
+	POST_FROM_TIME   = 2,   /* `time`: milliseconds the response took */
+	POST_FROM_COUNT         /* sentinel */
+};
+
+/*
+ * Post-charges: the cost of a request known once its response is there. The
+ * tokens are ceil(value / per), at most max; they replace the request's cost
+ * (what it was charged at request time is adjusted by the difference).
+ */
+struct cfg_post {
+	bool set;               /* given in this group (an endpoint's: else the top level's) */
+	int from;               /* enum post_source */
+	uint64_t per;           /* units of the source per token (1..10^9) */
+	int64_t max;            /* most tokens one response costs (0..1000000) */
+};
+
 /* A heavy operation: matched by route id, or by method and path prefix. */
 struct cfg_endpoint {
 	char *name;             /* owned: also the key suffix of its limits */
@@ -55,6 +75,7 @@ struct cfg_endpoint {
 	size_t ncosts;
 	struct cfg_tier limits; /* extra limits per (principal, endpoint) */
 	struct cfg_tier global; /* limits shared by every client of the endpoint */
+	struct cfg_post post;   /* its post-charges (post.set), else the top level's */
 };
 
 /* What a limit does when Redis cannot decide (the failure ladder). */
@@ -85,6 +106,8 @@ struct agent_config {
 	int log_level;                  /* enum log_level */
 	enum store_kind store;
 	char *message;                  /* owned: SPOE message name we act on */
+	char *post_message;             /* owned: SPOE message of a response's cost */
+	struct cfg_post post;           /* post-charges of requests without their own */
 	unsigned max_frame_size;        /* SPOP frame size we accept */
 	unsigned max_inflight;          /* NOTIFYs in flight per connection */
 	unsigned max_conns;             /* SPOP connections; the idlest makes room (restart-only) */

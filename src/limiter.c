@@ -317,11 +317,14 @@ static void apply(const struct limit_params *p, struct limit_state *st, int64_t 
  * limits <p> with states <st> at <now_us>, as the script does: it passes only
  * if every enforcing (non-shadow) limit admits it; then every limit that
  * admits it is charged. A negative cost is a refund: always applied, never
- * denies. Fills <out>[0..n) and returns the overall verdict. Unknown
- * algorithms admit.
+ * denies. With <report> every limit is charged whatever it admits (the
+ * script's report of one unit): a bucket may go into debt, a window past its
+ * limit, a sliding log takes at most LOG_ADD_MAX entries and never holds more
+ * than its limit + LOG_ADD_MAX. Fills <out>[0..n) and returns the overall
+ * verdict (true for a report). Unknown algorithms admit.
  */
-bool limit_decide(const struct limit_params *p, struct limit_state *st, size_t n,
-		  const int64_t *cost, int64_t now_us, struct limit_verdict *out)
+static bool decide(const struct limit_params *p, struct limit_state *st, size_t n,
+		   const int64_t *cost, int64_t now_us, bool report, struct limit_verdict *out)
 {
 	struct check c[16];
 	bool allowed = true;
@@ -357,17 +360,40 @@ bool limit_decide(const struct limit_params *p, struct limit_state *st, size_t n
 		if (!c[i].ok && !p[i].shadow)
 			allowed = false;
 	}
+	if (report)
+		allowed = true;
 	for (i = 0; i < n; i++) {
-		bool charged = allowed && c[i].ok;
+		bool charged = allowed && (c[i].ok || report);
+		int64_t ci = clampm(cost[i], LIMIT_COUNT_MAX);
 
+		if (charged && report && p[i].alg == ALG_SLIDING_LOG && ci > 0) {
+			/* as sliding_log_commit: bounded entries per call and in all */
+			int64_t room = p[i].b + LOG_ADD_MAX - (int64_t)st[i].nlog;
+
+			ci = ci < LOG_ADD_MAX ? ci : LOG_ADD_MAX;
+			ci = ci < room ? ci : clamp0(room);
+		}
 		if (charged)
-			apply(&p[i], &st[i], now_us, clampm(cost[i], LIMIT_COUNT_MAX), &c[i]);
+			apply(&p[i], &st[i], now_us, ci, &c[i]);
 		out[i].allowed = c[i].ok;
 		out[i].remaining = charged ? c[i].rem_c : c[i].rem_u;
 		out[i].retry_ms = ceil_ms(c[i].retry);
 		out[i].reset_ms = ceil_ms(charged ? c[i].reset_c : c[i].reset_u);
 	}
 	return allowed;
+}
+
+bool limit_decide(const struct limit_params *p, struct limit_state *st, size_t n,
+		  const int64_t *cost, int64_t now_us, struct limit_verdict *out)
+{
+	return decide(p, st, n, cost, now_us, false, out);
+}
+
+/* Charges <cost>[i] to every limit whatever it admits (see decide()). */
+void limit_report(const struct limit_params *p, struct limit_state *st, size_t n,
+		  const int64_t *cost, int64_t now_us, struct limit_verdict *out)
+{
+	(void)decide(p, st, n, cost, now_us, true, out);
 }
 
 void limit_state_release(struct limit_state *st)

@@ -96,6 +96,8 @@ int limit_params_init(struct limit_params *p, int alg, uint64_t rate, uint64_t p
 int limit_params_check(int alg, uint64_t rate, uint64_t period_ms, uint64_t burst);
 bool limit_decide(const struct limit_params *p, struct limit_state *st, size_t n,
 		  const int64_t *cost, int64_t now_us, struct limit_verdict *out);
+void limit_report(const struct limit_params *p, struct limit_state *st, size_t n,
+		  const int64_t *cost, int64_t now_us, struct limit_verdict *out);
 void limit_state_release(struct limit_state *st);
 
 #endif /* AGENT_LIMITER_H */

@@ -423,6 +423,39 @@ static int run_master(const char *file, struct ruleset *rs, int n, struct metric
 	}
 }
 
+/*
+ * What -c says beyond errors, when post-charges are configured: how much debt
+ * each limit can carry. A bucket owes at most GCRA_DEBT_MAX ticks (two to four
+ * times its burst); a sliding log records one entry per token, at most
+ * LOG_ADD_MAX a call and never more than its limit + LOG_ADD_MAX; a window's
+ * count past its limit lasts until the window ends (not said: it is what a
+ * window is).
+ */
+static void check_notes(const struct ruleset *rs)
+{
+	const struct agent_config *c = rs->cfg;
+	bool post = c->post.set;
+	size_t i;
+
+	for (i = 0; i < c->nendpoints; i++)
+		post = post || c->endpoints[i].post.set;
+	if (!post)
+		return;
+	for (i = 0; i < c->nlimits; i++) {
+		const struct limit_params *lp = &rs->limits[i].lp;
+
+		if (lp->alg == ALG_SLIDING_LOG)
+			printf("note: limit '%s' (sliding_log) owes at most %d tokens: a post-charge "
+			       "records at most %d and the log never holds more than its limit + %d\n",
+			       c->limits[i].name, LOG_ADD_MAX, LOG_ADD_MAX, LOG_ADD_MAX);
+		else if (lp->alg == ALG_GCRA)
+			printf("note: limit '%s' (gcra) owes at most %lld tokens (%.0f s) after a "
+			       "post-charge\n",
+			       c->limits[i].name, (long long)(GCRA_DEBT_MAX / lp->a),
+			       (double)GCRA_DEBT_MAX / (double)(INT64_C(1) << (lp->b % lp->a)) / 1e6);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	const char *file = "/etc/spoa-ratelimit/spoa-ratelimit.conf";
@@ -474,6 +507,7 @@ int main(int argc, char **argv)
 		if (rs->cand)
 			printf("%s: candidate policy (%zu tiers, %zu limits, %zu endpoints)\n", file,
 			       rs->cand->ntiers, rs->cand->cfg->nlimits, rs->cand->nendpoints);
+		check_notes(rs);
 		ruleset_unref(rs);
 		return 0;
 	}

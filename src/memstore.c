@@ -420,6 +420,15 @@ size_t memstore_sweep(struct memstore *m, int64_t now_us, size_t max)
 	return freed;
 }
 
+/* <c> x <units> (units >= 1), clamped to +-LIMIT_COUNT_MAX as the script does */
+static int64_t mul_clamp(int64_t c, int64_t units)
+{
+	int64_t m = c < 0 ? -c : c;
+
+	m = m > LIMIT_COUNT_MAX / units ? LIMIT_COUNT_MAX : m * units;
+	return c < 0 ? -m : m;
+}
+
 /*
  * Decides query <q> at <now_us> and fills <res> (allowed, n, now_us, v[0..n)),
  * as lua/decide.lua would against a Redis holding this table's keys: each
@@ -427,7 +436,9 @@ size_t memstore_sweep(struct memstore *m, int64_t now_us, size_t max)
  * an expired or missing one counts as a zero state, limit_decide() decides
  * with the costs q->cost[i], and every charged limit's entry is written with
  * its new expiry. A missing key that is not charged with a positive cost is
- * not created. q->n above STORE_MAX_LIMITS counts as STORE_MAX_LIMITS.
+ * not created. A report (q->want > 0, BATCH_REPORT) charges want units of
+ * every limit whatever it admits, as the script's report does (other batches
+ * are decided as one unit). q->n above STORE_MAX_LIMITS counts as STORE_MAX_LIMITS.
  * <now_us> is any clock the caller uses consistently with this table. May
  * free expired entries and evict live ones (see memstore_evictions()); never
  * fails, invokes no callback, keeps no reference to <q> or <res>.
@@ -440,6 +451,7 @@ void memstore_decide(struct memstore *m, const struct store_query *q, int64_t no
 	uint64_t h[STORE_MAX_LIMITS];
 	size_t len[STORE_MAX_LIMITS], first[STORE_MAX_LIMITS], win[STORE_MAX_LIMITS];
 	size_t n = q->n < STORE_MAX_LIMITS ? q->n : STORE_MAX_LIMITS;
+	bool report = q->want > 0 && q->batch == BATCH_REPORT;
 	size_t i, j;
 	int pass;
 
@@ -477,17 +489,28 @@ void memstore_decide(struct memstore *m, const struct store_query *q, int64_t no
 		memset(&ent[i]->st, 0, sizeof(ent[i]->st));
 	}
 
-	res->allowed = limit_decide(q->params, st, n, q->cost, now_us, res->v);
+	if (report) {
+		/* a report charges want units whatever fits, as the script's */
+		int64_t cost[STORE_MAX_LIMITS];
+
+		for (i = 0; i < n; i++)
+			cost[i] = q->want > 1 && q->cost[i] ? mul_clamp(q->cost[i], q->want)
+							     : q->cost[i];
+		limit_report(q->params, st, n, cost, now_us, res->v);
+		res->allowed = true;
+	} else {
+		res->allowed = limit_decide(q->params, st, n, q->cost, now_us, res->v);
+	}
 	res->n = n;
 	res->now_us = now_us;
-	res->granted = res->allowed ? 1 : 0; /* batches are the Redis store's */
+	res->granted = res->allowed ? 1 : 0; /* other batches are the Redis store's */
 	res->lease_ms = 0;
 
 	/* for each key, the occurrence whose state is kept: the last charged one */
 	for (i = 0; i < n; i++) {
 		if (first[i] == i)
 			win[i] = i;
-		if (res->allowed && res->v[i].allowed)
+		if (res->allowed && (res->v[i].allowed || report))
 			win[first[i]] = i;
 	}
 	/* pass 0 writes existing entries back, pass 1 inserts: an insertion may evict */
@@ -498,7 +521,7 @@ void memstore_decide(struct memstore *m, const struct store_query *q, int64_t no
 
 			if (first[i] != i || (pass == 0) != (ent[i] != NULL))
 				continue;
-			charged = res->allowed && res->v[w].allowed;
+			charged = res->allowed && (res->v[w].allowed || report);
 			for (j = i; j < n; j++)
 				if (first[j] == i && j != w)
 					limit_state_release(&st[j]);

@@ -583,6 +583,21 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 	family_u64(r, m, "spoa_ratelimit_invalid_costs_total", PROM_COUNTER,
 		   "Costs from HAProxy that were not an integer in 0..1000000 (charged 1000000).",
 		   MC_INVALID_COSTS);
+	prom_family(r, "spoa_ratelimit_post_charges_total", PROM_COUNTER,
+		    "Response costs (post-charges), by what became of them.");
+	{
+		static const struct labelled pc[] = {{"charged", MC_POST_CHARGED},
+						     {"refunded", MC_POST_REFUNDED},
+						     {"unchanged", MC_POST_UNCHANGED},
+						     {"absent", MC_POST_ABSENT},
+						     {"invalid", MC_POST_INVALID},
+						     {"failed", MC_POST_FAILED}};
+
+		samples_u64(r, m, "spoa_ratelimit_post_charges_total", "outcome", pc,
+			    ARRAY_SIZE(pc));
+	}
+	family_u64(r, m, "spoa_ratelimit_post_charge_clamped_total", PROM_COUNTER,
+		   "Response costs above post_charge.max (charged the max).", MC_POST_CLAMPED);
 	family_u64(r, m, "spoa_ratelimit_no_address_total", PROM_COUNTER,
 		   "Anonymous requests without a source address (anonymous.without_address).",
 		   MC_NO_ADDRESS);

@@ -92,6 +92,13 @@ enum met_counter {
 	MC_FB_CLOSED,           /* ... denied by a fail-closed limit */
 	MC_INVALID_COSTS,       /* costs from HAProxy out of range, charged the maximum */
 	MC_NO_ADDRESS,          /* anonymous requests without a source address */
+	MC_POST_CHARGED,        /* post-charges by outcome (agent.c, enum post_outcome order) */
+	MC_POST_REFUNDED,
+	MC_POST_UNCHANGED,
+	MC_POST_ABSENT,
+	MC_POST_INVALID,
+	MC_POST_FAILED,
+	MC_POST_CLAMPED,        /* response costs above post_charge.max, charged the max */
 	MC_SPOP_STALE,          /* NOTIFYs older than spoe_timeout, answered empty */
 	MC_SPOP_EVICTED,        /* idle SPOP connections closed to admit a new one */
 	MC_SPOP_IDLE_TIMEOUTS,  /* SPOP connections closed by idle_timeout */

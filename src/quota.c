@@ -1050,6 +1050,22 @@ void quota_flush(struct quota *qt)
 		}
 }
 
+/*
+ * Key <h> (query <q>) was charged <units> more units (fewer when negative)
+ * by a call of its own (a post-charge, sent to Redis as a report): what this
+ * gateway knows is left in Redis moves by as much, so pre-checks stop as
+ * early as if its requests had cost that. Leases are left alone: their units
+ * were charged when granted; a key in debt is denied its next lease.
+ */
+void quota_note_charge(struct quota *qt, uint64_t h, const struct store_query *q, int64_t units)
+{
+	struct qkey *e = qt ? key_find(qt, h, q) : NULL;
+
+	if (!e || !e->known_at)
+		return;
+	e->known = units > e->known ? 0 : e->known - units;
+}
+
 /* Reports in flight and keys with usage still to report (a drain waits for them). */
 size_t quota_pending(const struct quota *qt)
 {

@@ -101,7 +101,7 @@ static size_t ack_size(struct ruleset *rs)
 	     setvar_str_size("ratelimit", name + 2 + 3 + 20 + 3 + 20);
 	n += setvar_int_size("allow") + setvar_int_size("degraded") + setvar_int_size("status") +
 	     setvar_int_size("retry_after") + setvar_int_size("limit") +
-	     setvar_int_size("remaining") + setvar_int_size("reset");
+	     setvar_int_size("remaining") + setvar_int_size("reset") + setvar_int_size("post");
 	return n + ACK_SLACK;
 }
 
@@ -199,6 +199,7 @@ struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen)
 		}
 		tier_compile(rs, &ce->limits, &e->extra);
 		tier_compile(rs, &ce->global, &e->global);
+		e->post = ce->post.set ? &ce->post : &cfg->post;
 	}
 	rs->ack_max = ack_size(rs);
 	if (cfg->candidate) {
@@ -247,6 +248,21 @@ const struct rule_tier *ruleset_tier_find(const struct ruleset *rs, const char *
 		for (i = 0; i < rs->ntiers; i++)
 			if (strlen(rs->tiers[i].name) == len && memcmp(rs->tiers[i].name, name, len) == 0)
 				return &rs->tiers[i];
+	}
+	return NULL;
+}
+
+/* The endpoint called <name> (<len> bytes, untrusted), or NULL. */
+const struct rule_endpoint *ruleset_endpoint_named(const struct ruleset *rs, const char *name,
+						   size_t len)
+{
+	size_t i;
+
+	if (name && len) {
+		for (i = 0; i < rs->nendpoints; i++)
+			if (strlen(rs->endpoints[i].name) == len &&
+			    memcmp(rs->endpoints[i].name, name, len) == 0)
+				return &rs->endpoints[i];
 	}
 	return NULL;
 }

@@ -47,6 +47,7 @@ struct rule_endpoint {
 	int64_t *limit_cost;            /* owned: per limit index, -1 = use cost */
 	struct rule_tier extra;         /* limits per (principal, endpoint) */
 	struct rule_tier global;        /* limits shared by all clients */
+	const struct cfg_post *post;    /* ref: cfg, its own post-charges or the top level's */
 };
 
 struct ruleset {
@@ -72,6 +73,8 @@ struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen);
 struct ruleset *ruleset_ref(struct ruleset *rs);
 void ruleset_unref(struct ruleset *rs);
 const struct rule_tier *ruleset_tier_find(const struct ruleset *rs, const char *name, size_t len);
+const struct rule_endpoint *ruleset_endpoint_named(const struct ruleset *rs, const char *name,
+						   size_t len);
 const struct rule_endpoint *ruleset_endpoint(const struct ruleset *rs, const char *route,
 					     size_t route_len, const char *method,
 					     size_t method_len, const char *path, size_t path_len);

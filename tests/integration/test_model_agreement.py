@@ -24,11 +24,13 @@ def script():
 
 
 def run_model(limits, calls):
-    """limits: [(alg, a, b, shadow)], calls: [(now_us, cost or [costs])] -> int lists."""
+    """limits: [(alg, a, b, shadow)], calls: [(now_us, cost or [costs][, "R"])] -> int
+    lists ("R": a report)."""
     lines = ["%d %s" % (len(limits), " ".join("%d %d %d %d" % l for l in limits))]
-    for now, cost in calls:
+    for now, cost, *report in calls:
         costs = cost if isinstance(cost, (list, tuple)) else [cost]
-        lines.append("%d %s" % (now, " ".join(str(c) for c in costs)))
+        lines.append("%d %s%s" % (now, " ".join(str(c) for c in costs),
+                                  " R" if report else ""))
     out = subprocess.run([MODEL], input="\n".join(lines) + "\n", capture_output=True,
                          text=True, check=True, timeout=30).stdout
     return [[int(x) for x in line.split()] for line in out.splitlines()]
@@ -187,3 +189,30 @@ def test_per_limit_costs(redis):
         calls.append((rep[2], costs))
         time.sleep(rnd.choice([0, 0.01, 0.03]))
     compare(replies, run_model(limits, calls))
+
+
+@pytest.mark.parametrize("alg", sorted(ALGOS))
+def test_report_takes_debt(redis, alg):
+    """A report of one unit (what a post-charge sends) charges every limit whatever is
+    left: a bucket goes into debt, a window past its limit, a sliding log by at most 100
+    entries and to at most its limit + 100. Script and model agree on every field, and
+    later requests are denied until the debt is repaid."""
+    sha = redis.cmd("SCRIPT", "LOAD", script())
+    limits = [ALGOS[alg], (GCRA, 1728000000, 1728000000 * 200, 0)]
+    keys = ["rl:{rep%s}:a" % alg, "rl:{rep%s}:day" % alg]
+    seq = [(1, False), (12, True), (1, False), (-3, True), (1, False), (150, True),
+           (1, False), (0, True), (-200, True), (1, False)]
+    replies, calls = [], []
+    for c, report in seq:
+        argv = [str(x) for l in limits for x in tuple(l) + (c,)]
+        if report:
+            argv += ["1", "1", "0"]
+        rep = [int(x) for x in redis.cmd("EVALSHA", sha, str(len(keys)), *keys, *argv)]
+        replies.append(rep[:3 + 4 * len(limits)])
+        calls.append((rep[2], c, "R") if report else (rep[2], c))
+    compare(replies, run_model(limits, calls))
+    assert all(r[0] == 1 for r, (c, rep) in zip(replies, seq) if rep), "a report never denies"
+    assert replies[2][0] == 0 and replies[6][0] == 0, "in debt: denied"
+    # a refund that large repays everything, but a sliding log gives back at most 100
+    # entries a call
+    assert replies[9][0] == (0 if alg == "sliding_log" else 1), replies[9]

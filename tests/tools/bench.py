@@ -200,7 +200,8 @@ def derive_cfg(text, spoe):
         if not spoe and st.startswith("filter spoe"):
             removed["filter spoe"] += 1
             continue
-        if not spoe and st.startswith("http-request send-spoe-group"):
+        if not spoe and (st.startswith("http-request send-spoe-group") or
+                         st.startswith("http-response send-spoe-group")):
             removed["send-spoe-group"] += 1
             continue
         out.append(line)

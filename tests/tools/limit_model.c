@@ -5,7 +5,8 @@
  * every field.
  *
  * stdin:  "n alg1 a1 b1 shadow1 ... algn an bn shadown" on the first line,
- *         then "now_us cost" or "now_us cost1 ... costn" lines.
+ *         then "now_us cost" or "now_us cost1 ... costn" lines; a line ending
+ *         in "R" is a report (charged whatever is left, as the script's).
  * stdout: per request "allowed ok1 rem1 retry1 reset1 ... okn remn retryn resetn".
  *
  * With "--params ALG RATE PERIOD_MS BURST" it prints instead "A B RET": the
@@ -70,7 +71,13 @@ int main(int argc, char **argv)
 				cost[i] = cost[0];
 		else if (k != n)
 			return 2;
-		ok = limit_decide(p, st, n, cost, now, v);
+		if (strchr(s, 'R')) {
+			/* "... R": a report of one unit, charged whatever is left */
+			limit_report(p, st, n, cost, now, v);
+			ok = true;
+		} else {
+			ok = limit_decide(p, st, n, cost, now, v);
+		}
 
 		printf("%d", ok ? 1 : 0);
 		for (i = 0; i < n; i++)

@@ -286,7 +286,7 @@ void node_error(struct store_node *n, enum store_errclass ec)
  *    deadline passed after such a wait, cuts it by LIMIT_DECREASE, at most once per command
  *    timeout (one congestion event, one cut);
  *  - in between it holds.
- * It stays within [LIMIT_MIN, max_concurrency]. The lowest latency is
+ * It stays within [limit_floor(), max_concurrency]. The lowest latency is
  * re-learnt every RTT_WINDOW_S (Redis may have moved).
  */
 
@@ -309,6 +309,21 @@ void limit_reset(struct store_node *n)
 	n->rtt_window_end = mono() + RTT_WINDOW_S;
 }
 
+/*
+ * The lowest a limit goes: LIMIT_MIN, or one full script call when decisions
+ * are batched (a single Redis). Below that each round trip carries fewer
+ * decisions and Redis pays its per-call cost for fewer of them, lowering its
+ * capacity exactly when it is short; latency that does not come from our own
+ * commands (a Redis starved of CPU by its neighbours) would otherwise cut the
+ * limit to almost nothing and the agent's goodput with it.
+ */
+static double limit_floor(const struct store *s)
+{
+	unsigned f = s->mode == MODE_SINGLE && s->batch_max > LIMIT_MIN ? s->batch_max : LIMIT_MIN;
+
+	return f < s->max_concurrency ? f : s->max_concurrency;
+}
+
 /* Congestion at <n> (a missed deadline, a slow reply): cut the limit once per timeout. */
 static void limit_decrease(struct store_node *n, double now)
 {
@@ -318,7 +333,8 @@ static void limit_decrease(struct store_node *n, double now)
 	if (now - n->last_decrease < s->command_timeout_ms / 1000.)
 		return;
 	n->last_decrease = now;
-	limit_set(n, n->limit * LIMIT_DECREASE < LIMIT_MIN ? LIMIT_MIN : n->limit * LIMIT_DECREASE);
+	limit_set(n, n->limit * LIMIT_DECREASE < limit_floor(s) ? limit_floor(s) :
+		     n->limit * LIMIT_DECREASE);
 }
 
 /* A reply from <n> took <rtt> seconds. */

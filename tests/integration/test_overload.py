@@ -7,6 +7,8 @@ import socket
 import subprocess
 import threading
 
+import pytest
+
 import spop_client as sc
 from conftest import SPOA_BIN, Redis, wait_until
 from fake_redis import ERR_NO_CLUSTER, FakeRedis, resp_array, resp_int, script_reply
@@ -95,6 +97,38 @@ def test_short_stalls_under_paced_load_open_no_breaker(agent, procs, tmp):
     print("control:", control, "stalls:", stalls[0], r, deg, "limit", limit)
     assert r["degraded"] <= control["degraded"] + 2 * in_stalls, (r, control, stalls, deg)
     assert a.alive()
+
+
+@pytest.mark.parametrize("batch_max", [16, 1])
+def test_a_slow_redis_never_cuts_the_limit_below_one_script_call(agent, procs, tmp, batch_max):
+    """Redis stalled 20 ms ten times in a row under paced load: each stall cuts the
+    concurrency limit, but with batching never below one full script call (batch_max
+    decisions: fewer per round trip would only lower Redis' capacity while it is short);
+    without batching (batch_max = 1) it goes down to 2. Read right after the stalls."""
+    redis = DebugRedis(procs, tmp)
+    a = agent(redis=redis, metrics=True,
+              redis_cfg={"command_timeout_ms": 5, "batch_max": batch_max})
+    done, out = threading.Event(), {}
+
+    def load():
+        out["r"] = run_load(a, "-r", 2000, "-d", 2, "-c", 4, "-p", 32, "-k", 1000,
+                            "-K", "slow-")
+        done.set()
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    try:
+        wait_until(lambda: metric(a, "spoa_ratelimit_redis_commands_total") > 200, 10)
+        for _ in range(10):
+            redis.cmd("DEBUG", "SLEEP", "0.02")
+        limit = metric(a, "spoa_ratelimit_redis_concurrency_limit")
+    finally:
+        t.join(30)
+    assert done.is_set(), "load did not finish"
+    assert metric(a, "spoa_ratelimit_redis_breaker_opened_total") == 0
+    if batch_max > 2:
+        assert limit >= batch_max, limit
+    else:
+        assert limit < 16, limit
 
 
 def test_closed_loop_beyond_capacity_opens_no_breaker(agent, redis):

@@ -195,8 +195,7 @@ struct decision {
 	const struct rule_endpoint *ep; /* ref: into rs, or NULL */
 	unsigned waiting;               /* store queries not answered yet */
 	int next;                       /* next part to decide (parts go in order) */
-	size_t n;                       /* applied limits */
-	struct applied ap[MAX_APPLIED];
+	size_t n;                       /* applied limits, in ap[] */
 	/* kept while the tier is looked up */
 	char principal[80];
 	uint8_t digest[16];
@@ -222,7 +221,10 @@ struct decision {
 	/* the candidate policy, rs->cand: see "Candidate policy" below */
 	const struct rule_endpoint *cep; /* ref: into rs->cand, or NULL */
 	const struct rule_tier *ctier;  /* ref: rs->cand, its tier by name, or NULL */
-	size_t cn;                      /* its limits applied */
+	size_t cn;                      /* its limits applied, in cap[] */
+	/* from here on, not cleared by decision_new(): entries below n and cn are
+	 * written whole before they are read */
+	struct applied ap[MAX_APPLIED];
 	struct cand_applied cap[MAX_APPLIED];
 	struct part parts[2];           /* last: see decision_new() */
 };
@@ -632,7 +634,7 @@ static void part_clear(struct part *pt)
 	memset(&pt->st, 0, sizeof(*pt) - offsetof(struct part, st));
 }
 
-/* A new decision, all zero but for the key buffers of its parts. */
+/* A new decision, all zero but for the key buffers of its parts and ap[], cap[]. */
 static struct decision *decision_new(struct agent *a)
 {
 	struct decision *d = a->dfree;
@@ -644,7 +646,7 @@ static struct decision *decision_new(struct agent *a)
 	} else {
 		d = xmalloc(sizeof(*d));
 	}
-	memset(d, 0, offsetof(struct decision, parts));
+	memset(d, 0, offsetof(struct decision, ap));
 	for (i = 0; i < ARRAY_SIZE(d->parts); i++)
 		part_clear(&d->parts[i]);
 	return d;

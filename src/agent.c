@@ -627,11 +627,19 @@ static void refund(struct decision *d)
 	}
 }
 
-/* A cleared part: everything but its query's key buffers, written before use. */
+/* A cleared part: its scalars; its arrays are written up to their counts before use. */
 static void part_clear(struct part *pt)
 {
-	memset(pt, 0, offsetof(struct part, q) + offsetof(struct store_query, keys));
-	memset(&pt->st, 0, sizeof(*pt) - offsetof(struct part, st));
+	/* the query's and the result's per-limit arrays are written up to their
+	 * counts before anything reads them: only the scalars are cleared */
+	_Static_assert(offsetof(struct part, st) < offsetof(struct part, res) &&
+		       offsetof(struct part, res) < offsetof(struct part, used),
+		       "part_clear() relies on this order");
+	pt->d = NULL;
+	store_query_init(&pt->q);
+	memset(&pt->st, 0, offsetof(struct part, res) + offsetof(struct store_result, v) -
+			   offsetof(struct part, st));
+	memset(&pt->used, 0, sizeof(*pt) - offsetof(struct part, used));
 }
 
 /* A new decision, all zero but for the key buffers of its parts and ap[], cap[]. */

@@ -820,6 +820,29 @@ int64_t now_us_real(void)
 	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+/* What this request costs limit <li> (an index in its ruleset's limits) of endpoint <ep>. */
+static int64_t request_cost(const struct decision *d, const struct rule_endpoint *ep, size_t li)
+{
+	if (ep && ep->limit_cost[li] >= 0)
+		return ep->limit_cost[li];
+	return d->cost >= 0 ? d->cost : (ep ? ep->cost : 1);
+}
+
+/* Writes "<prefix>:{<principal><sep><limit><sfx>" into <k>, truncated like snprintf. */
+static void limit_key(char *k, size_t cap, const char *prefix, const char *principal,
+		      const char *sep, const char *name, const char *sfx)
+{
+	size_t len = 0;
+
+	k[0] = '\0';
+	len = str_cat(k, cap, len, prefix);
+	len = str_cat(k, cap, len, ":{");
+	len = str_cat(k, cap, len, principal);
+	len = str_cat(k, cap, len, sep);
+	len = str_cat(k, cap, len, name);
+	(void)str_cat(k, cap, len, sfx);
+}
+
 /*
  * Adds the limits of <t> to part <p> of <d>, keyed "<prefix>:{<principal>}:<limit><sfx>",
  * with the parameters of limit override <ov> (NULL: none).
@@ -834,23 +857,10 @@ static void add_limits(struct decision *d, int p, const struct rule_tier *t, con
 		pt->cap = -1;
 	for (i = 0; i < t->n && pt->q.n < STORE_MAX_LIMITS && d->n < MAX_APPLIED; i++) {
 		const struct rule_limit *l = &d->rs->limits[t->idx[i]];
-		int64_t cost = d->cost >= 0 ? d->cost : (d->ep ? d->ep->cost : 1);
+		int64_t cost = request_cost(d, d->ep, t->idx[i]);
 
-		if (d->ep && d->ep->limit_cost[t->idx[i]] >= 0)
-			cost = d->ep->limit_cost[t->idx[i]];
-		{
-			/* "<prefix>:{<principal>}:<limit><sfx>", truncated like snprintf */
-			char *k = pt->q.keys[pt->q.n];
-			size_t cap = sizeof(pt->q.keys[0]), len = 0;
-
-			k[0] = '\0';
-			len = str_cat(k, cap, len, d->rs->cfg->redis.key_prefix);
-			len = str_cat(k, cap, len, ":{");
-			len = str_cat(k, cap, len, principal);
-			len = str_cat(k, cap, len, "}:");
-			len = str_cat(k, cap, len, l->name);
-			(void)str_cat(k, cap, len, sfx);
-		}
+		limit_key(pt->q.keys[pt->q.n], sizeof(pt->q.keys[0]), d->rs->cfg->redis.key_prefix,
+			  principal, "}:", l->name, sfx);
 		pt->q.params[pt->q.n] = l->lp;
 		pt->q.cost[pt->q.n] = cost;
 		if (cost > 0)
@@ -1490,19 +1500,10 @@ static void cand_limits(struct decision *d, int p, const struct rule_tier *t,
 
 	for (i = 0; i < t->n && pt->q.n < STORE_MAX_LIMITS && d->cn < MAX_APPLIED; i++) {
 		const struct rule_limit *l = &c->limits[t->idx[i]];
-		int64_t cost = d->cost >= 0 ? d->cost : (d->cep ? d->cep->cost : 1);
-		char *k = pt->q.keys[pt->q.n];
-		size_t cap = sizeof(pt->q.keys[0]), len = 0;
+		int64_t cost = request_cost(d, d->cep, t->idx[i]);
 
-		if (d->cep && d->cep->limit_cost[t->idx[i]] >= 0)
-			cost = d->cep->limit_cost[t->idx[i]];
-		k[0] = '\0';
-		len = str_cat(k, cap, len, d->rs->cfg->redis.key_prefix);
-		len = str_cat(k, cap, len, ":{");
-		len = str_cat(k, cap, len, principal);
-		len = str_cat(k, cap, len, "}:c:");
-		len = str_cat(k, cap, len, l->name);
-		(void)str_cat(k, cap, len, sfx);
+		limit_key(pt->q.keys[pt->q.n], sizeof(pt->q.keys[0]), d->rs->cfg->redis.key_prefix,
+			  principal, "}:c:", l->name, sfx);
 		pt->q.params[pt->q.n] = l->lp;
 		pt->q.cost[pt->q.n] = cost;
 		if (ov) {

@@ -578,6 +578,27 @@ static void refund_done_cb(enum store_status st, const struct store_result *res,
 }
 
 /*
+ * Fills <rq> with the refund of what limits <from> to <to> (exclusive) of
+ * <pt>'s query charged: those that admitted it, at minus their cost.
+ * Returns the number of limits to refund.
+ */
+static size_t refund_query(const struct part *pt, size_t from, size_t to, struct store_query *rq)
+{
+	size_t i;
+
+	store_query_init(rq);
+	for (i = from; i < to; i++) {
+		if (!pt->res.v[i].allowed || pt->q.cost[i] <= 0)
+			continue;
+		memcpy(rq->keys[rq->n], pt->q.keys[i], sizeof(rq->keys[0]));
+		rq->params[rq->n] = pt->q.params[i];
+		rq->cost[rq->n] = -pt->q.cost[i];
+		rq->n++;
+	}
+	return rq->n;
+}
+
+/*
  * A request denied by one part was charged by the other (the two live in
  * different Redis slots, so no single script can see both): take that charge
  * back, so a denied request leaves no limit charged.
@@ -591,7 +612,6 @@ static void refund(struct decision *d)
 		struct part *pt = &d->parts[p];
 		struct store_query rq;
 		struct store_result rr;
-		size_t i;
 
 		if (!pt->used || !part_enforced(pt) || pt->st != STORE_OK || !pt->res.allowed)
 			continue;
@@ -602,16 +622,7 @@ static void refund(struct decision *d)
 			a->refunds++;
 			continue;
 		}
-		store_query_init(&rq);
-		for (i = 0; i < pt->q.n - pt->q.ncand; i++) {
-			if (!pt->res.v[i].allowed || pt->q.cost[i] <= 0)
-				continue;
-			memcpy(rq.keys[rq.n], pt->q.keys[i], sizeof(rq.keys[0]));
-			rq.params[rq.n] = pt->q.params[i];
-			rq.cost[rq.n] = -pt->q.cost[i];
-			rq.n++;
-		}
-		if (!rq.n)
+		if (!refund_query(pt, 0, pt->q.n - pt->q.ncand, &rq))
 			continue;
 		a->refunds++;
 		if (a->mem)
@@ -1603,20 +1614,11 @@ static void cand_refund_cb(enum store_status st, const struct store_result *res,
 static void cand_refund(struct decision *d, const struct part *pt)
 {
 	struct agent *a = d->a;
-	size_t i, base = pt->q.n - pt->q.ncand;
+	size_t base = pt->q.n - pt->q.ncand;
 	struct store_query rq;
 	struct store_result rr;
 
-	store_query_init(&rq);
-	for (i = base; i < pt->q.n; i++) {
-		if (!pt->res.v[i].allowed || pt->q.cost[i] <= 0)
-			continue;
-		memcpy(rq.keys[rq.n], pt->q.keys[i], sizeof(rq.keys[0]));
-		rq.params[rq.n] = pt->q.params[i];
-		rq.cost[rq.n] = -pt->q.cost[i];
-		rq.n++;
-	}
-	if (!rq.n)
+	if (!refund_query(pt, base, pt->q.n, &rq))
 		return;
 	if (a->mem) {
 		memstore_decide(a->mem, &rq, now_us_real(), &rr);

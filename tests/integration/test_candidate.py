@@ -359,3 +359,26 @@ def test_candidate_global_limits_of_another_endpoint_in_a_cluster(agent, redis_c
     assert published(a, counts, "candidate counters") == \
         {("-", "would_allow"): 2, ("gb", "would_deny"): 3}
     assert "CROSSSLOT" not in a.proc.log_text()
+
+
+def test_candidate_top_offenders_keep_a_long_rule_name(agent):
+    """A limit name may have 64 characters: the candidate's top offenders and distinct
+    clients are reported under the whole name, as the enforced ones are."""
+    name = "candidate_limit_with_the_longest_name_a_limit_may_have_64_chars"
+    name += "x" * (64 - len(name))
+    a = agent(metrics=True, store="memory", limits=TODAY_LIMITS, tiers=TIERS, anonymous=ANON,
+              candidate=dict(CANDIDATE, limits={name: {"rate": 1, "period": "1h"},
+                                                "anon_hour": {"rate": 3, "period": "1h"}},
+                             tiers={"free": {"limits": [name]}}))
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        vs = [c.request(2 * i + 1, 1, [sc.rl_message(key="long-1")]) for i in range(3)]
+    assert all(v["allow"] == 1 for v in vs)
+    published(a, lambda m: m.get("spoa_ratelimit_candidate_decisions_total", tier="free",
+                                 rule=name, result="would_deny") == 2 or None,
+              "candidate counters")
+    got = wait_until(lambda: top(a, "candidate") or None, 5, 0.1, "candidate /top")
+    assert list(got) == [name], got
+    assert got[name][0] == 2
+    m = scrape(a)
+    assert m.get("spoa_ratelimit_candidate_denied_clients", rule=name) == 1

@@ -53,6 +53,12 @@
 
 #define COST_MAX 1000000
 #define MAX_APPLIED (2 * STORE_MAX_LIMITS)
+/*
+ * Store queries of a decision: 0 the principal's limits, 1 an endpoint's
+ * global limits, 2 the candidate endpoint's global limits when their hash tag
+ * is not part 1's (see cand_add()).
+ */
+#define NPARTS 3
 
 /*
  * With spoe_timeout set, a decision sent to Redis is answered by the time
@@ -168,7 +174,7 @@ struct applied {
 /* One limit of the candidate policy applied to a request. */
 struct cand_applied {
 	const struct rule_limit *l;     /* ref: into the decision's rs->cand */
-	int part;                       /* which store query: 0 principal, 1 global */
+	int part;                       /* which store query: 0 principal, 1 or 2 global */
 	size_t slot;                    /* index inside that query's candidate limits */
 };
 
@@ -226,7 +232,7 @@ struct decision {
 	 * written whole before they are read */
 	struct applied ap[MAX_APPLIED];
 	struct cand_applied cap[MAX_APPLIED];
-	struct part parts[2];           /* last: see decision_new() */
+	struct part parts[NPARTS];      /* last: see decision_new() */
 };
 
 static void part_settle(struct decision *d, struct part *pt);
@@ -459,7 +465,7 @@ static void respond(struct decision *d)
 	int p;
 	int64_t t;
 
-	for (p = 0; p < 2; p++) {
+	for (p = 0; p < NPARTS; p++) {
 		if (!d->parts[p].used || !part_enforced(&d->parts[p]))
 			continue;
 		if (d->parts[p].st != STORE_OK) {
@@ -520,7 +526,7 @@ static void respond(struct decision *d)
 			a->ms->c[MC_FB_CLOSED]++;
 		else if (degraded && local_denied)
 			a->ms->c[MC_FB_LOCAL_DENIED]++;
-		for (p = 0; p < 2; p++)
+		for (p = 0; p < NPARTS; p++)
 			if (d->parts[p].used && part_enforced(&d->parts[p]) &&
 			    d->parts[p].st != STORE_OK)
 				a->ms->degraded[d->parts[p].st < STORE_COUNT ? d->parts[p].st
@@ -608,7 +614,7 @@ static void refund(struct decision *d)
 	struct agent *a = d->a;
 	int p;
 
-	for (p = 0; p < 2; p++) {
+	for (p = 0; p < NPARTS; p++) {
 		struct part *pt = &d->parts[p];
 		struct store_query rq;
 		struct store_result rr;
@@ -702,10 +708,10 @@ static void decision_finish(struct decision *d)
 	bool denied = false, charged = false;
 	int p;
 
-	for (p = 0; p < 2; p++)
+	for (p = 0; p < NPARTS; p++)
 		if (d->parts[p].used)
 			part_settle(d, &d->parts[p]);
-	for (p = 0; p < 2; p++) {
+	for (p = 0; p < NPARTS; p++) {
 		if (!d->parts[p].used || !part_enforced(&d->parts[p]))
 			continue;
 		if (d->parts[p].st != STORE_OK) {
@@ -1045,7 +1051,7 @@ static void part_settle(struct decision *d, struct part *pt)
  */
 static void decision_next(struct decision *d)
 {
-	while (d->next < 2) {
+	while (d->next < NPARTS) {
 		struct part *pt = &d->parts[d->next++];
 		bool denied = false;
 		int p;
@@ -1485,7 +1491,9 @@ static void decision_begin(struct decision *d)
  * last in the same store queries as the enforced ones, keyed
  * "<prefix>:{<principal>}:c:<limit><sfx>" (same principal, same hash tag, a
  * name no enforced limit has), and the store sends them as a second decision
- * of the same script call. The candidate decides as a whole policy of its
+ * of the same script call (the global limits of a candidate endpoint named
+ * unlike the enforced one with global limits: another hash tag, so a call of
+ * their own, part 2). The candidate decides as a whole policy of its
  * own: a request passes it only if all of its limits admit it, and only then
  * are its buckets charged, whatever the enforced policy decided; so on the
  * same traffic its would-be denials are exactly what enforcing it would deny.
@@ -1561,7 +1569,11 @@ static void cand_add(struct decision *d, const struct rule_tier *tier, const cha
 		snprintf(sfx, sizeof(sfx), "@%s", d->cep->name);
 		cand_limits(d, 0, &d->cep->extra, principal, sfx, ov);
 		snprintf(global, sizeof(global), "g:%s", d->cep->name);
-		cand_limits(d, 1, &d->cep->global, global, "", NULL);
+		/* the keys of one call share a hash tag (one Redis Cluster slot):
+		 * with the enforced endpoint's global limits under another name,
+		 * the candidate's go in a call of their own */
+		cand_limits(d, d->parts[1].used && strcmp(d->ep->name, d->cep->name) != 0 ? 2 : 1,
+			    &d->cep->global, global, "", NULL);
 	}
 }
 
@@ -1644,7 +1656,7 @@ static void cand_finish(struct decision *d)
 
 	if (!d->cn)
 		return;
-	for (p = 0; p < 2 && verdict == 1; p++) {
+	for (p = 0; p < NPARTS && verdict == 1; p++) {
 		const struct part *pt = &d->parts[p];
 		size_t base = pt->q.n - pt->q.ncand;
 		bool needed = false;
@@ -1670,7 +1682,7 @@ static void cand_finish(struct decision *d)
 				cl = d->cap[i].l;
 			}
 		}
-		if (p == 1)
+		if (p >= 1)
 			cand_refund(d, &d->parts[0]);
 	}
 	if (!a->ms)
@@ -1837,7 +1849,7 @@ static void post_send(struct decision *d)
 	size_t i;
 	int p;
 
-	for (p = 0; p < 2; p++) {
+	for (p = 0; p < NPARTS; p++) {
 		struct part *pt = &d->parts[p];
 		int64_t units = 0;
 

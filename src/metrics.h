@@ -134,8 +134,9 @@ struct met_cand_row {
 
 #define MET_CAND_ROWS   128     /* candidate (tier, rule) rows per worker */
 /* Top-offender records of candidate rules: this prefix and the rule's name (no
- * rule name holds a ':') */
-#define MET_CAND_TOP    "candidate:"
+ * rule name holds a ':'; short, so that a 64-character name fits MET_NAME) */
+#define MET_CAND_TOP    "c:"
+_Static_assert(sizeof(MET_CAND_TOP) + 64 <= MET_NAME, "a candidate rule's record name fits");
 
 /* Denied clients of one rule: a snapshot of the worker's top-K and its HLL. */
 struct met_top {

@@ -13,6 +13,7 @@ import spop_client as sc
 import pytest
 
 from conftest import SPOA_BIN, Stack, to_libconfig, wait_until
+from test_cluster import redis_cluster  # noqa: F401 (the fixture)
 from test_ops import pipeline, scrape
 
 # today: generous limits that deny nobody in these tests
@@ -321,3 +322,63 @@ def test_candidate_global_denial_takes_back_the_principal_charge(agent, redis):
         s = (int(v.split(":")[0]) - int(t[0]) * 1000000 - int(t[1])) / 1e6
         return s if s < 2.5 else None
     assert 1.0 < wait_until(ahead, 3, 0.05, "the refunds") <= 2.0
+
+
+def test_candidate_global_limits_of_another_endpoint_in_a_cluster(agent, redis_cluster):
+    """In a Redis Cluster, a request whose endpoint has global limits in both policies under
+    two names has two hash tags ({g:ea}, {g:eb}): one script call holding both would be
+    refused (CROSSSLOT), the enforced answer degraded and the node's breaker opened. The
+    candidate's go in a call of their own: nothing degraded, and the candidate's global
+    limit (2/h) still decides: 2 would-be allowed, 3 would-be denied."""
+    cl = redis_cluster(replicas=0)
+    cand = {"limits": {"c": {"rate": 100, "period": "1h"}, "gb": {"rate": 2, "period": "1h"},
+                       "a": {"rate": 100, "period": "1h"}},
+            "tiers": {"t": {"limits": ["c"]}}, "default_tier": "t",
+            "anonymous": {"limits": ["a"]},
+            "endpoints": __import__("rlharness").LcList(
+                [{"name": "eb", "path_prefix": "/x", "global_limits": ["gb"]}])}
+    a = agent(redis=cl.masters()[0], metrics=True,
+              limits={"b": {"rate": 100, "period": "1h"}, "ga": {"rate": 100, "period": "1h"},
+                      "an": {"rate": 100, "period": "1h"}},
+              tiers={"t": {"limits": ["b"]}}, default_tier="t", anonymous={"limits": ["an"]},
+              endpoints=__import__("rlharness").LcList(
+                  [{"name": "ea", "path_prefix": "/x", "global_limits": ["ga"]}]),
+              candidate=cand)
+    allow0 = scrape(a).get("spoa_ratelimit_candidate_decisions_total", result="would_allow")
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        vs = [c.request(2 * i + 1, 1, [sc.rl_message(key="cx-%d" % i, tier="t", path="/x")])
+              for i in range(5)]
+    assert all(v["allow"] == 1 and v.get("degraded") is None for v in vs), vs
+
+    def counts(m):
+        d = {(x["rule"], x["result"]): v for n, x, v in m.samples
+             if n == "spoa_ratelimit_candidate_decisions_total"}
+        d[("-", "would_allow")] -= allow0
+        return d if sum(d.values()) == 5 else None
+    assert published(a, counts, "candidate counters") == \
+        {("-", "would_allow"): 2, ("gb", "would_deny"): 3}
+    assert "CROSSSLOT" not in a.proc.log_text()
+
+
+def test_candidate_top_offenders_keep_a_long_rule_name(agent):
+    """A limit name may have 64 characters: the candidate's top offenders and distinct
+    clients are reported under the whole name, as the enforced ones are."""
+    name = "candidate_limit_with_the_longest_name_a_limit_may_have_64_chars"
+    name += "x" * (64 - len(name))
+    a = agent(metrics=True, store="memory", limits=TODAY_LIMITS, tiers=TIERS, anonymous=ANON,
+              candidate=dict(CANDIDATE, limits={name: {"rate": 1, "period": "1h"},
+                                                "anon_hour": {"rate": 3, "period": "1h"}},
+                             tiers={"free": {"limits": [name]}}))
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        vs = [c.request(2 * i + 1, 1, [sc.rl_message(key="long-1")]) for i in range(3)]
+    assert all(v["allow"] == 1 for v in vs)
+    published(a, lambda m: m.get("spoa_ratelimit_candidate_decisions_total", tier="free",
+                                 rule=name, result="would_deny") == 2 or None,
+              "candidate counters")
+    got = wait_until(lambda: top(a, "candidate") or None, 5, 0.1, "candidate /top")
+    assert list(got) == [name], got
+    assert got[name][0] == 2
+    m = scrape(a)
+    assert m.get("spoa_ratelimit_candidate_denied_clients", rule=name) == 1

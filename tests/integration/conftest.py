@@ -11,12 +11,14 @@ Environment:
 """
 
 import http.client
+import http.server
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -93,6 +95,25 @@ def wait_until(pred, timeout, interval=0.1, what="condition"):
             raise AssertionError("timed out after %.1fs waiting for %s (last: %r)" % (
                 timeout, what, last))
         time.sleep(interval)
+
+
+class StubApp:
+    """A stand-in application on a free loopback port: an HTTP server answering with
+    <handler> (a BaseHTTPRequestHandler subclass) in a thread; close() stops it."""
+
+    def __init__(self, handler):
+        self.port = free_port()
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), handler)
+        self.thread = threading.Thread(target=self.srv.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def address(self):
+        return "127.0.0.1:%d" % self.port
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
 
 
 class Proc:

@@ -14,7 +14,8 @@ import time
 import pytest
 
 import spop_client as sc
-from conftest import HAProxy, LcList, agent_env, free_port, parse_sf_list, to_libconfig, wait_until
+from conftest import (HAProxy, LcList, StubApp, agent_env, free_port, parse_sf_list, to_libconfig,
+                      wait_until)
 from test_ops import Prom
 
 # cb: a bucket of 10, one token every 6 s; cw: a day's window, its count read exactly.
@@ -66,7 +67,7 @@ def posts(a, outcome):
     return metrics(a).get("spoa_ratelimit_post_charges_total", outcome=outcome) or 0
 
 
-class App:
+class App(StubApp):
     """The application: answers GET /<anything> with 200, and
     ?cost=N   sets X-RateLimit-Cost: N (the value as given, any text)
     ?n=N      sends a body of N bytes with a Content-Length
@@ -101,18 +102,7 @@ class App:
             def log_message(self, *a):
                 pass
 
-        self.port = free_port()
-        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.thread = threading.Thread(target=self.srv.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def address(self):
-        return "127.0.0.1:%d" % self.port
-
-    def close(self):
-        self.srv.shutdown()
-        self.srv.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture

@@ -3,14 +3,13 @@ agent's variables (cost 0: decided, nothing charged) and never reaches the appli
 
 import http.server
 import json
-import threading
 
 import pytest
 
-from conftest import HAProxy, free_port, parse_sf_list, wait_until
+from conftest import HAProxy, StubApp, parse_sf_list, wait_until
 
 
-class App:
+class App(StubApp):
     """A stand-in application that records the paths it is asked for."""
 
     def __init__(self):
@@ -30,18 +29,7 @@ class App:
             def log_message(self, *a):
                 pass
 
-        self.port = free_port()
-        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.thread = threading.Thread(target=self.srv.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def address(self):
-        return "127.0.0.1:%d" % self.port
-
-    def close(self):
-        self.srv.shutdown()
-        self.srv.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture

@@ -1503,7 +1503,8 @@ static void decision_begin(struct decision *d)
  * To see every request, a query with a candidate goes to Redis: the local
  * quotas and the blocked-key cache do not answer it. Decisions made without
  * a script call (a block override, a request without address denied, Redis
- * failing) have no candidate verdict and are counted as unevaluated.
+ * failing) have no candidate verdict; only the last are counted, as
+ * unevaluated (the first two apply alike whatever the policy).
  */
 
 /*

@@ -167,16 +167,26 @@ void metrics_candidate(struct met_slot *s, const char *tier, const char *rule, i
 	}
 }
 
-/* The top-offender record of <rule> in slot <s> (created), or NULL when full. */
+/*
+ * The top-offender record of <rule> in slot <s> (created), or NULL when full;
+ * a candidate's rules (MET_CAND_TOP) take at most half of the records.
+ */
 struct met_top *metrics_top(struct met_slot *s, const char *rule)
 {
 	struct met_top *t;
-	size_t i;
+	size_t i, pl = strlen(MET_CAND_TOP), ncand = 0;
+	bool cand = strncmp(rule, MET_CAND_TOP, pl) == 0;
 
-	for (i = 0; i < s->ntop; i++)
+	for (i = 0; i < s->ntop; i++) {
 		if (strncmp(s->top[i].rule, rule, MET_NAME - 1) == 0)
 			return &s->top[i];
+		ncand += strncmp(s->top[i].rule, MET_CAND_TOP, pl) == 0;
+	}
 	if (s->ntop == MET_TOP_RULES)
+		return NULL;
+	/* a candidate policy never takes more than half: the rules in force
+	 * keep room for their top offenders, what an incident needs */
+	if (cand && ncand >= MET_TOP_RULES / 2)
 		return NULL;
 	t = &s->top[s->ntop];
 	memset(t, 0, sizeof(*t));

@@ -382,3 +382,37 @@ def test_candidate_top_offenders_keep_a_long_rule_name(agent):
     assert got[name][0] == 2
     m = scrape(a)
     assert m.get("spoa_ratelimit_candidate_denied_clients", rule=name) == 1
+
+
+def test_candidate_rules_leave_room_for_the_enforced_top_offenders(agent):
+    """Top offenders are kept for 64 rules per agent: a candidate with more rules that
+    deny than that takes at most half of them, so the rules in force still show theirs in
+    /top (a candidate used to be able to fill them all, hiding an incident's offenders)."""
+    n = 70
+    tiers = {"t%d" % i: {"limits": ["key_hour"]} for i in range(n)}
+    tiers["tight"] = {"limits": ["tight_hour"]}
+    limits = dict(TODAY_LIMITS, tight_hour={"rate": 1, "period": "1h"})
+    cand_limits = {"c%d" % i: {"rate": 1, "period": "1h"} for i in range(n)}
+    cand_limits["anon_hour"] = {"rate": 3, "period": "1h"}
+    cand_tiers = {"t%d" % i: {"limits": ["c%d" % i]} for i in range(n)}
+    a = agent(metrics=True, store="memory", limits=limits, tiers=tiers, anonymous=ANON,
+              default_tier="t0",
+              candidate={"limits": cand_limits, "tiers": cand_tiers, "default_tier": "t0",
+                         "anonymous": ANON})
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        sid = 1
+        for i in range(n):
+            for _ in range(2):
+                v = c.request(sid, 1, [sc.rl_message(key="room-%d" % i, tier="t%d" % i)])
+                assert v["allow"] == 1, v
+                sid += 2
+        vs = []
+        for _ in range(2):
+            vs.append(c.request(sid, 1, [sc.rl_message(key="room-victim", tier="tight")]))
+            sid += 2
+    assert [v["allow"] for v in vs] == [1, 0], vs
+    got = wait_until(lambda: top(a, "rules") or None, 5, 0.1, "enforced /top")
+    assert "tight_hour" in got and got["tight_hour"][0] == 1, got
+    cand = top(a, "candidate")
+    assert 0 < len(cand) <= 32, sorted(cand)

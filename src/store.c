@@ -328,13 +328,13 @@ static double limit_floor(const struct store *s)
 static void limit_decrease(struct store_node *n, double now)
 {
 	struct store *s = n->s;
+	double floor = limit_floor(s);
 
 	n->slow_start = false;
 	if (now - n->last_decrease < s->command_timeout_ms / 1000.)
 		return;
 	n->last_decrease = now;
-	limit_set(n, n->limit * LIMIT_DECREASE < limit_floor(s) ? limit_floor(s) :
-		     n->limit * LIMIT_DECREASE);
+	limit_set(n, n->limit * LIMIT_DECREASE < floor ? floor : n->limit * LIMIT_DECREASE);
 }
 
 /* A reply from <n> took <rtt> seconds. */
@@ -823,30 +823,6 @@ void query_push_keys(struct argv_buf *av, const struct store_query *q)
 		argv_str(av, q->keys[i], strlen(q->keys[i]));
 }
 
-/*
- * Appends the script arguments of <q> after its keys: 5 per limit (alg, a, b,
- * shadow, cost), then, for a batch, want, mode, lease lifetime and fewest units
- * (lua/decide.lua). QUERY_ARGS(q) of them.
- */
-void query_push_args(struct argv_buf *av, const struct store_query *q)
-{
-	size_t i;
-
-	for (i = 0; i < q->n; i++) {
-		argv_num(av, q->params[i].alg);
-		argv_num(av, q->params[i].a);
-		argv_num(av, q->params[i].b);
-		argv_num(av, q->params[i].shadow ? 1 : 0);
-		argv_num(av, q->cost[i]);
-	}
-	if (q->want > 0) {
-		argv_num(av, q->want);
-		argv_num(av, q->batch);
-		argv_num(av, q->lease_us);
-		argv_num(av, q->min_units > 1 ? q->min_units : 1);
-	}
-}
-
 /* Appends the 5 arguments of each of limits <from> to <to> (excluded) of <q>. */
 static void push_limits(struct argv_buf *av, const struct store_query *q, size_t from, size_t to)
 {
@@ -860,6 +836,23 @@ static void push_limits(struct argv_buf *av, const struct store_query *q, size_t
 		argv_num(av, q->cost[i]);
 	}
 }
+
+/*
+ * Appends the script arguments of <q> after its keys: 5 per limit (alg, a, b,
+ * shadow, cost), then, for a batch, want, mode, lease lifetime and fewest units
+ * (lua/decide.lua). QUERY_ARGS(q) of them.
+ */
+void query_push_args(struct argv_buf *av, const struct store_query *q)
+{
+	push_limits(av, q, 0, q->n);
+	if (q->want > 0) {
+		argv_num(av, q->want);
+		argv_num(av, q->batch);
+		argv_num(av, q->lease_us);
+		argv_num(av, q->min_units > 1 ? q->min_units : 1);
+	}
+}
+
 
 /*
  * Appends <q> as QUERY_DECISIONS(q) decisions of the multi form, each as

@@ -364,17 +364,7 @@ def main():
 
     h = rh.Harness("rl-accuracy-", args.time_limit)
     h.keep = args.keep
-    try:
-        return run(h, args, modes, scens)
-    except (rh.SetupError, rh.Watchdog) as e:
-        print("\nSETUP FAILED: %s" % e, file=sys.stderr)
-        dump_failed(h)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted: stopping everything", file=sys.stderr)
-        return 130
-    finally:
-        h.close()
+    return rh.run_guarded(h, lambda: run(h, args, modes, scens), dump_failed)
 
 
 def run(h, args, modes, scens):

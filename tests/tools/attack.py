@@ -1382,17 +1382,7 @@ def main():
 
     h = rh.Harness("rl-attack-", args.time_limit)
     h.keep = args.keep
-    try:
-        return run(h, args, keys)
-    except (rh.SetupError, rh.Watchdog) as e:
-        print("\nSETUP FAILED: %s" % e, file=sys.stderr)
-        h.dump_logs(nlines=15)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted: stopping everything", file=sys.stderr)
-        return 130
-    finally:
-        h.close()
+    return rh.run_guarded(h, lambda: run(h, args, keys), lambda h: h.dump_logs(nlines=15))
 
 
 def run(h, args, keys):

@@ -726,17 +726,7 @@ def main():
     bound = 60 + 3 * per_wrk + 3 * per_spop + 2 * 60 + args.steps * (args.step + 8)
     h = rh.Harness("rl-bench-", bound)
     h.keep = args.keep
-    try:
-        return run(h, args, agent_bin, script)
-    except (rh.SetupError, rh.Watchdog) as e:
-        print("\nSETUP FAILED: %s" % e, file=sys.stderr)
-        h.dump_logs()
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted: stopping everything", file=sys.stderr)
-        return 130
-    finally:
-        h.close()
+    return rh.run_guarded(h, lambda: run(h, args, agent_bin, script))
 
 
 def run(h, args, agent_bin, script):

@@ -84,22 +84,10 @@ def main():
 
     h = rh.Harness("rl-demo-", TIME_LIMIT)
     h.keep = args.keep
-    failed = True
-    try:
-        rc = run(h, agent_bin, nreq)
-        failed = rc != 0
-        return rc
-    except (rh.SetupError, rh.Watchdog) as e:
-        print("\nSETUP FAILED: %s" % e, file=sys.stderr)
-        h.dump_logs()
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted: stopping everything", file=sys.stderr)
-        return 130
-    finally:
-        if failed and not args.keep:
-            print("(rerun with --keep to keep the process logs and configs)", file=sys.stderr)
-        h.close()
+    rc = rh.run_guarded(h, lambda: run(h, agent_bin, nreq))
+    if rc != 0 and not args.keep:
+        print("(rerun with --keep to keep the process logs and configs)", file=sys.stderr)
+    return rc
 
 
 def run(h, agent_bin, nreq):

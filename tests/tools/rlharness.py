@@ -502,6 +502,23 @@ class Client:
             self.conn = None
 
 
+def run_guarded(h, body, dump=None):
+    """The main() of a tool: <body>() with harness <h>, returning its exit status; a setup
+    failure or the watchdog prints why, dumps the logs (<dump>(h), else h.dump_logs()) and
+    returns 2; Ctrl-C returns 130; <h> is closed whatever happens."""
+    try:
+        return body()
+    except (SetupError, Watchdog) as e:
+        print("\nSETUP FAILED: %s" % e, file=sys.stderr)
+        (dump or Harness.dump_logs)(h)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping everything", file=sys.stderr)
+        return 130
+    finally:
+        h.close()
+
+
 def poll(pred, timeout, interval=0.1, what="condition"):
     """Call pred() until it returns a true value (returned), at most <timeout> seconds."""
     deadline = time.monotonic() + timeout

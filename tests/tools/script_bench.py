@@ -99,17 +99,7 @@ def main():
                   file=sys.stderr)
             return 2
     h = rh.Harness("rl-script-bench-", 60 + args.reps * (2 + len(multi)) * 40)
-    try:
-        return run(h, args, script, model, multi)
-    except (rh.SetupError, rh.Watchdog) as e:
-        print("\nSETUP FAILED: %s" % e, file=sys.stderr)
-        h.dump_logs()
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted: stopping everything", file=sys.stderr)
-        return 130
-    finally:
-        h.close()
+    return rh.run_guarded(h, lambda: run(h, args, script, model, multi))
 
 
 def run(h, args, script, model, multi):

@@ -5,6 +5,7 @@
  *   store_node.c     one connection: connect, AUTH + SCRIPT LOAD, reconnect, addresses
  *   store_cluster.c  mode, slot map, CLUSTER SLOTS, MOVED/ASK
  *   store_batch.c    several decisions in one script call
+ *   store_reply.c    reply objects from a free list instead of calloc()
  * Nothing here is part of the store's API (store.h).
  */
 #ifndef AGENT_STORE_INT_H
@@ -128,6 +129,8 @@ struct store_cmd {
 	bool parked;                    /* on at->parked, owned by us, not by hiredis */
 	bool queued;                    /* on at->queue and store.queued, owned by us */
 	bool batched;                   /* on at->batch, owned by us until the flusher */
+	bool pooled;                    /* CMD_POOL_SIZE bytes: goes back to store.cmd_pool */
+	struct store_cmd *next_free;    /* in store.cmd_pool */
 	char *hkey, *hfield;            /* owned: HGET key and field; heartbeat key and id */
 	unsigned window_ms;             /* heartbeat liveness window */
 	struct store_query q;           /* decisions: kept for re-sends; last, and only
@@ -163,6 +166,8 @@ struct store {
 	unsigned batch_max;             /* decisions per script call (1: no batching) */
 	struct store_stats stats;
 	bool freeing;
+	struct store_cmd *cmd_pool;     /* owned: freed commands of CMD_POOL_SIZE bytes, for reuse */
+	unsigned ncmd_pool;
 	double stall_s;                 /* no reply for this long with commands out: reconnect */
 	unsigned breaker_failures;      /* threshold */
 	double breaker_cooldown_s;
@@ -172,6 +177,10 @@ struct store {
 	double refresh_last;            /* mono() it was sent */
 	unsigned refresh_rr;            /* rotates the choice of node */
 };
+
+/* store_reply.c */
+void reply_attach(redisAsyncContext *ac);
+void reply_cache_free(void);
 
 /* store.c */
 void breaker_set(struct store_node *n, bool open);

@@ -352,6 +352,7 @@ void node_connect(struct store_node *n)
 		node_lost(n);
 		return;
 	}
+	reply_attach(ac);
 	ac->data = n;
 	n->ac = ac;
 	n->state = ND_CONNECTING;

@@ -1,0 +1,137 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Reply objects for the store's connections.
+ *
+ * hiredis builds every reply element with calloc(): seven or more objects a
+ * decision (the reply array, its integers) and as many free() calls after the
+ * callback. glibc serves calloc() past its per-thread cache, from the slow
+ * path, and that was the largest share of the agent's own instructions per
+ * exact decision (callgrind). These functions build the very same redisReply
+ * trees, so nothing that reads a reply changes, but take the objects from a
+ * free list and the element vectors and strings from malloc().
+ *
+ * Single-threaded: a process (each worker is one) has one list. It keeps at
+ * most REPLY_FREE_MAX objects; the rest go back to the allocator.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "store_int.h"
+#include "util.h"
+
+#define REPLY_FREE_MAX 4096     /* objects kept: 48 bytes each */
+
+static redisReply *reply_free;  /* linked through ->element */
+static unsigned reply_nfree;
+
+/* A new object of <type> for <task>, linked into its parent array. */
+static redisReply *reply_new(const redisReadTask *task, int type)
+{
+	redisReply *r = reply_free;
+
+	if (r) {
+		reply_free = (redisReply *)(void *)r->element;
+		reply_nfree--;
+	} else {
+		r = xmalloc(sizeof(*r));
+	}
+	r->type = type;
+	r->integer = 0;
+	r->len = 0;
+	r->str = NULL;
+	r->elements = 0;
+	r->element = NULL;
+	if (task->parent) {
+		redisReply *parent = task->parent->obj;
+
+		BUG_ON(parent->type != REDIS_REPLY_ARRAY || task->idx < 0 ||
+		       (size_t)task->idx >= parent->elements);
+		parent->element[task->idx] = r;
+	}
+	return r;
+}
+
+static void *create_string(const redisReadTask *task, char *str, size_t len)
+{
+	redisReply *r = reply_new(task, task->type);
+
+	r->str = xmalloc(len + 1);
+	memcpy(r->str, str, len);
+	r->str[len] = '\0';
+	r->len = len;
+	return r;
+}
+
+static void *create_array(const redisReadTask *task, int elements)
+{
+	redisReply *r = reply_new(task, REDIS_REPLY_ARRAY);
+
+	if (elements > 0) {
+		/* zeroed: an array cut short by a protocol error is freed half built */
+		r->element = xmalloc((size_t)elements * sizeof(*r->element));
+		memset(r->element, 0, (size_t)elements * sizeof(*r->element));
+		r->elements = (size_t)elements;
+	}
+	return r;
+}
+
+static void *create_integer(const redisReadTask *task, long long value)
+{
+	redisReply *r = reply_new(task, REDIS_REPLY_INTEGER);
+
+	r->integer = value;
+	return r;
+}
+
+static void *create_nil(const redisReadTask *task)
+{
+	return reply_new(task, REDIS_REPLY_NIL);
+}
+
+static void free_object(void *obj)
+{
+	redisReply *r = obj;
+	size_t i;
+
+	if (!r)
+		return;
+	if (r->type == REDIS_REPLY_ARRAY && r->element) {
+		for (i = 0; i < r->elements; i++)
+			free_object(r->element[i]);
+		free(r->element);
+	}
+	free(r->str);
+	if (reply_nfree < REPLY_FREE_MAX) {
+		r->element = (redisReply **)(void *)reply_free;
+		reply_free = r;
+		reply_nfree++;
+	} else {
+		free(r);
+	}
+}
+
+static redisReplyObjectFunctions reply_fns = {
+	.createString  = create_string,
+	.createArray   = create_array,
+	.createInteger = create_integer,
+	.createNil     = create_nil,
+	.freeObject    = free_object,
+};
+
+/* Makes <ac> build its replies with these functions; before its first reply. */
+void reply_attach(redisAsyncContext *ac)
+{
+	ac->c.reader->fn = &reply_fns;
+}
+
+/* Gives the free list back to the allocator (at exit, for leak checkers). */
+void reply_cache_free(void)
+{
+	while (reply_free) {
+		redisReply *r = reply_free;
+
+		reply_free = (redisReply *)(void *)r->element;
+		free(r);
+	}
+	reply_nfree = 0;
+}

@@ -346,10 +346,13 @@ static void render_policy(const struct decision *d, char *buf, size_t len)
 		buf[0] = 0;
 		used = 0;
 	}
-	for (i = 0; i < 3 && used < len; i++)
-		if (parts[i][0])
-			used += (size_t)snprintf(buf + used, len - used, "%s%s", used ? ", " : "",
-						 parts[i]);
+	for (i = 0; i < 3; i++) {
+		if (!parts[i][0])
+			continue;
+		if (used)
+			used = str_cat(buf, len, used, ", ");
+		used = str_cat(buf, len, used, parts[i]);
+	}
 }
 
 /* The verdict of applied limit <i>, or NULL if there is none (failed open). */
@@ -562,8 +565,19 @@ static void respond(struct decision *d)
 		set_int(req, "retry_after", t);
 	}
 	set_str(req, "rule", l->name);
-	snprintf(buf, sizeof(buf), "\"%s\";r=%lld;t=%lld", l->name, (long long)pv->remaining,
-		 (long long)t);
+	{
+		/* "<name>";r=<remaining>;t=<seconds>, cut as snprintf() would */
+		char num[24];
+		size_t used = str_cat(buf, sizeof(buf), 0, "\"");
+
+		used = str_cat(buf, sizeof(buf), used, l->name);
+		used = str_cat(buf, sizeof(buf), used, "\";r=");
+		fmt_i64(num, pv->remaining);
+		used = str_cat(buf, sizeof(buf), used, num);
+		used = str_cat(buf, sizeof(buf), used, ";t=");
+		fmt_i64(num, t);
+		str_cat(buf, sizeof(buf), used, num);
+	}
 	set_str(req, "ratelimit", buf);
 	if (d->rs->cfg->legacy_headers) {
 		/* the legacy trio describes the bucket: what it holds, what is left, when full */

@@ -128,18 +128,40 @@ double mono(void)
  */
 size_t fmt_i64(char *out, int64_t v)
 {
+	/* "00" to "99": two digits per division */
+	static const char pairs[201] =
+		"0001020304050607080910111213141516171819"
+		"2021222324252627282930313233343536373839"
+		"4041424344454647484950515253545556575859"
+		"6061626364656667686970717273747576777879"
+		"8081828384858687888990919293949596979899";
 	char tmp[20];
 	uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
-	size_t n = 0, len = 0;
+	size_t n = 20, len = 0;
 
-	do {
-		tmp[n++] = (char)('0' + u % 10);
-		u /= 10;
-	} while (u);
+	if (v >= 0 && v < 10) {
+		/* most numbers sent are lengths, flags and counts */
+		out[0] = (char)('0' + v);
+		out[1] = '\0';
+		return 1;
+	}
+	while (u >= 100) {
+		unsigned d = (unsigned)(u % 100) * 2;
+
+		u /= 100;
+		tmp[--n] = pairs[d + 1];
+		tmp[--n] = pairs[d];
+	}
+	if (u >= 10) {
+		tmp[--n] = pairs[u * 2 + 1];
+		tmp[--n] = pairs[u * 2];
+	} else {
+		tmp[--n] = (char)('0' + u);
+	}
 	if (v < 0)
 		out[len++] = '-';
-	while (n)
-		out[len++] = tmp[--n];
+	memcpy(out + len, tmp + n, 20 - n);
+	len += 20 - n;
 	out[len] = '\0';
 	return len;
 }

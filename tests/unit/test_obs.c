@@ -980,6 +980,44 @@ static void test_http_large_reply_written_in_pieces(void **state)
 	assert_memory_equal(body + LARGE_LEN - 8, "00bffff\n", 8);
 }
 
+/* fmt_i64() writes what "%lld" would, on every digit count and both ends of the range. */
+static void test_fmt_i64_like_printf(void **state)
+{
+	int64_t vals[200];
+	size_t nv = 0, i;
+	int64_t p = 1;
+	uint64_t x = 0x9e3779b97f4a7c15ULL;
+	char got[24], want[24];
+
+	(void)state;
+	vals[nv++] = 0;
+	vals[nv++] = INT64_MAX;
+	vals[nv++] = INT64_MIN;
+	vals[nv++] = INT64_MIN + 1;
+	for (i = 0; i < 19; i++, p *= 10) {
+		vals[nv++] = p - 1;
+		vals[nv++] = p;
+		vals[nv++] = -p;
+		vals[nv++] = -p + 1;
+	}
+	while (nv < ARRAY_SIZE(vals)) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		vals[nv++] = (int64_t)(x >> (x % 60));
+	}
+	for (i = 0; i < nv; i++) {
+		size_t len = fmt_i64(got, vals[i]);
+
+		snprintf(want, sizeof(want), "%lld", (long long)vals[i]);
+		assert_string_equal(got, want);
+		assert_int_equal(len, strlen(want));
+	}
+	for (i = 0; i < 1000; i++) {
+		fmt_i64(got, (int64_t)i);
+		snprintf(want, sizeof(want), "%zu", i);
+		assert_string_equal(got, want);
+	}
+}
+
 static void test_http_server_addresses(void **state)
 {
 	static const char *const bad[] = {
@@ -1060,6 +1098,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_http_large_reply_written_in_pieces, http_setup,
 						http_teardown),
 		cmocka_unit_test(test_http_server_addresses),
+		cmocka_unit_test(test_fmt_i64_like_printf),
 	};
 
 	log_set_level(LOG_ERR);

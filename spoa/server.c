@@ -17,6 +17,11 @@
  * is pending: it is allocated at SPOA_RX_MIN when bytes arrive, doubles while a
  * frame does not fit (so its size follows the bytes the peer really sent, up
  * to the frame size) and is released once every byte in it was processed.
+ * Released buffers of SPOA_RX_MIN bytes (receive, and send buffers of that
+ * size) wait in a small server-wide cache, SPOA_SPARE_MAX at most, for the
+ * next connection that needs one: a busy connection empties its buffers after
+ * every burst, and going through the allocator each time cost more than the
+ * frames' decoding.
  *
  * Nobody can hold the server hostage: srv->conns is kept in order of last
  * input (oldest first), a connection in READY with nothing in flight is closed
@@ -72,6 +77,7 @@
 #define SPOA_ACK_DFLT       1024    /* largest ACK a request can build, by default */
 #define SPOA_LINGER_MS      1000    /* how long a closing connection may flush */
 #define SPOA_RX_MIN         4096    /* first receive buffer; doubles up to the frame */
+#define SPOA_SPARE_MAX      32      /* released SPOA_RX_MIN buffers kept for reuse */
 #define SPOA_LOG_STR        128     /* peer strings in logs: escaped and cut */
 
 enum conn_state {
@@ -131,6 +137,7 @@ struct spoa_req {
 	size_t frame_start;             /* offset of the ACK in buf */
 	size_t actions_start;           /* offset of the first action: no action yet if w.len */
 	struct spop_wbuf w;             /* ACK under construction */
+	size_t cap;                     /* bytes of buf */
 	uint8_t buf[];                  /* the ACK frame: w.size bytes */
 };
 
@@ -148,6 +155,11 @@ struct spoa_server {
 	uint64_t next_id;
 	int spare_fd;                   /* kept open to survive EMFILE, -1 if none */
 	bool zombie;                    /* freed by the caller, waiting for its requests */
+	void *spare[SPOA_SPARE_MAX];    /* owned: released buffers of SPOA_RX_MIN bytes */
+	size_t nspare;
+	struct spoa_req *req_pool;      /* freed requests of req_pool_cap bytes, linked by
+					 * udata, for reuse */
+	size_t nreq_pool, req_pool_cap;
 	bool warned_frame_size;         /* logged once: HAProxy's frame below our ACKs */
 };
 
@@ -208,9 +220,28 @@ static void conn_set_state(struct spoa_conn *c, enum conn_state st)
 }
 
 /* Drops the receive buffer of <c> (nothing pending in it). */
+/* A buffer of SPOA_RX_MIN bytes, from the cache if it has one. */
+static void *buf_get(struct spoa_server *srv)
+{
+	void *p = srv->nspare ? srv->spare[--srv->nspare] : malloc(SPOA_RX_MIN);
+
+	if (!p)
+		abort();
+	return p;
+}
+
+/* Releases the buffer <p> of <cap> bytes (NULL: none), into the cache if it fits. */
+static void buf_put(struct spoa_server *srv, void *p, size_t cap)
+{
+	if (p && cap == SPOA_RX_MIN && srv->nspare < SPOA_SPARE_MAX)
+		srv->spare[srv->nspare++] = p;
+	else
+		free(p);
+}
+
 static void conn_rx_release(struct spoa_conn *c)
 {
-	free(c->rx);
+	buf_put(c->srv, c->rx, c->rx_cap);
 	c->rx = NULL;
 	c->rx_len = c->rx_cap = 0;
 }
@@ -258,8 +289,8 @@ static void conn_free(struct spoa_conn *c)
 	list_del(&c->node);
 	conn_set_state(c, CONN_ST_DEAD);
 	srv->stats.conns_active--;
-	free(c->rx);
-	free(c->tx);
+	buf_put(srv, c->rx, c->rx_cap);
+	buf_put(srv, c->tx, c->tx_cap);
 	free(c);
 }
 
@@ -351,7 +382,7 @@ static int conn_flush(struct spoa_conn *c)
 		c->tx_off = c->tx_len = 0;
 		/* nothing more to come for now: an idle connection holds no buffer */
 		if (!c->inflight) {
-			free(c->tx);
+			buf_put(c->srv, c->tx, c->tx_cap);
 			c->tx = NULL;
 			c->tx_cap = 0;
 		}
@@ -400,7 +431,7 @@ static int conn_send(struct spoa_conn *c, const uint8_t *data, size_t len)
 			cap *= 2;
 		if (cap > limit)
 			cap = limit;
-		p = realloc(c->tx, cap);
+		p = !c->tx && cap == SPOA_RX_MIN ? buf_get(c->srv) : realloc(c->tx, cap);
 		if (!p)
 			abort();
 		c->tx = p;
@@ -507,6 +538,58 @@ static void conn_write_cb(struct ev_loop *loop, ev_io *w, int revents)
 
 /* ---------------------------------------------------------------- requests */
 
+/*
+ * Requests are allocated per NOTIFY with room for a whole ACK (kilobytes), and
+ * freed at its answer: freed ones of the usual size are kept for reuse, up to
+ * REQ_POOL_MAX, instead of going through the allocator (and calloc()'s
+ * clearing of the buffer) every time.
+ */
+#define REQ_POOL_MAX 256
+
+static void req_pool_drain(struct spoa_server *srv)
+{
+	while (srv->req_pool) {
+		struct spoa_req *r = srv->req_pool;
+
+		srv->req_pool = r->udata;
+		free(r);
+	}
+	srv->nreq_pool = 0;
+}
+
+static struct spoa_req *req_alloc(struct spoa_server *srv, size_t cap)
+{
+	struct spoa_req *r = srv->req_pool;
+
+	if (r && srv->req_pool_cap == cap) {
+		srv->req_pool = r->udata;
+		srv->nreq_pool--;
+	} else {
+		r = malloc(sizeof(*r) + cap);
+		if (!r)
+			abort();
+	}
+	memset(r, 0, sizeof(*r)); /* not the buffer: the ACK is written before it is sent */
+	r->cap = cap;
+	return r;
+}
+
+static void req_release(struct spoa_server *srv, struct spoa_req *r)
+{
+	if (srv->zombie || srv->nreq_pool >= REQ_POOL_MAX) {
+		free(r);
+		return;
+	}
+	if (r->cap != srv->req_pool_cap) {
+		/* the ACK size changed (a reload): the pool follows */
+		req_pool_drain(srv);
+		srv->req_pool_cap = r->cap;
+	}
+	r->udata = srv->req_pool;
+	srv->req_pool = r;
+	srv->nreq_pool++;
+}
+
 static struct spoa_req *req_new(struct spoa_conn *c, const struct spop_frame *f)
 {
 	size_t size = c->srv->opts.ack_max;
@@ -515,7 +598,7 @@ static struct spoa_req *req_new(struct spoa_conn *c, const struct spop_frame *f)
 	/* an ACK may not exceed the negotiated frame size */
 	if (size > (size_t)c->frame_size + SPOP_LEN_SIZE)
 		size = (size_t)c->frame_size + SPOP_LEN_SIZE;
-	r = xalloc(sizeof(*r) + size);
+	r = req_alloc(c->srv, size);
 	r->conn = c;
 	r->srv = c->srv;
 	r->arrival = c->rx_stamp;
@@ -612,7 +695,7 @@ void spoa_req_done(struct spoa_req *req)
 	srv->stats.inflight--;
 	if (!c) {
 		srv->stats.orphans++;
-		free(req);
+		req_release(srv, req);
 		if (srv->zombie && srv->stats.inflight == 0)
 			free(srv);
 		return;
@@ -631,7 +714,7 @@ void spoa_req_done(struct spoa_req *req)
 		if (conn_send(c, req->buf + req->frame_start, (size_t)n) == 0 && was_full)
 			conn_kick(c); /* frames may wait in rx for this free slot */
 	}
-	free(req);
+	req_release(srv, req);
 }
 
 /* ---------------------------------------------------------------- input */
@@ -851,7 +934,7 @@ static size_t conn_rx_room(struct spoa_conn *c)
 	cap = c->rx_cap ? c->rx_cap * 2 : SPOA_RX_MIN;
 	if (cap > max)
 		cap = max;
-	p = realloc(c->rx, cap);
+	p = !c->rx && cap == SPOA_RX_MIN ? buf_get(c->srv) : realloc(c->rx, cap);
 	if (!p)
 		abort();
 	c->rx = p;
@@ -1363,6 +1446,9 @@ void spoa_server_free(struct spoa_server *srv)
 	if (srv->spare_fd >= 0)
 		close(srv->spare_fd);
 	srv->spare_fd = -1;
+	req_pool_drain(srv);
+	while (srv->nspare)
+		free(srv->spare[--srv->nspare]);
 	/* orphaned requests still point at us: the last one to complete frees us */
 	if (srv->stats.inflight) {
 		srv->zombie = true;

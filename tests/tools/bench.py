@@ -19,7 +19,8 @@ Rows:
      counts, in every response, X-RateLimit-Degraded, X-RateLimit-Agent-Error and
      non-200 statuses.
   N  HAProxy's example agent (spoa-example), the reference null agent, driven over SPOP
-     by spop-load paced at --rate (4 connections x 32 in flight): only if installed.
+     by spop-load paced at --rate (4 connections x 32 in flight; open loop: a 1 ms clock
+     sends what is due, one NOTIFY per connection in turn): only if installed.
   D  the agent with store = "allow", the same load.
   E  the agent deciding against Redis, the same load. Before it, the argv of one of its
      EVALSHA calls is captured with MONITOR and checked against the argv P sends.
@@ -28,6 +29,10 @@ Rows:
      computes them; 1000 keys): the script's ceiling on this Redis.
   Q  the same for the seed's naive token bucket (HMGET tokens/ts, refill, HSET, EXPIRE;
      SEED_LUA below), the reference the scripts are compared against.
+  F  the same for the floor of a one-decision script (FLOOR_LUA: TIME, GET, SET PX and
+     nothing else): what P cannot go below, so F / Q bounds P / Q.
+  M  the same for our script's multi form, 32 decisions a call (each one limit, its own
+     key), as the agent sends them under load: Redis CPU per decision.
   S  sustained: spop-load paced (-r) at stepped rates against a fresh exact agent each
      step, with the default command timeout; the highest rate answered with 0 degraded
      answers (and nothing unanswered).
@@ -65,6 +70,7 @@ LIMIT = "bench_second"
 KEY_PREFIX = "bench"
 ALG_GCRA = 1
 DEFAULT_COMMAND_TIMEOUT_MS = 5      # src/config.c: what the agents here run with
+MULTI_D = 32                        # decisions a call in row M (the agent's batch_max)
 BENCH_KEYS = 1000                   # distinct API keys / Redis keys in the SPOP and -P runs
 
 # The seed's script: the naive token bucket the issue compares our scripts against.
@@ -85,6 +91,16 @@ end
 redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', now)
 redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 1)
 return {ok, math.floor(tokens)}
+"""
+
+# The least any one-decision script of a TIME-based limit does: read the clock, read the
+# key, write it back with a TTL. Row F: the floor of a call of the single form, so P / F
+# says how much our script adds to it, and F / Q the best P / Q any such script can reach.
+FLOOR_LUA = r"""
+local t = redis.call('TIME')
+local v = redis.call('GET', KEYS[1])
+redis.call('SET', KEYS[1], t[1], 'PX', 1000)
+return {1, 1, tonumber(t[1])}
 """
 
 # Counts the responses that carry the headers that matter, in every wrk run (the same
@@ -562,15 +578,19 @@ def run_exact_agent(h, args, agent_bin, rport, red, sha, params):
         h.stop(ag)
 
 
-def redis_bench(h, args, setup, label, rport, red, cmd):
-    """redis-benchmark -P 32 -c 8 of <cmd> (with __rand_int__ over BENCH_KEYS keys)."""
+def redis_bench(h, args, setup, label, rport, red, cmd, decisions=1):
+    """redis-benchmark -P 32 -c 8 of <cmd> (with __rand_int__ over BENCH_KEYS keys); CPU
+    per decision, <decisions> a call."""
     bench = rh.which("redis-benchmark", "REDIS_BENCHMARK_BIN")
     meter = CpuMeter({"redis": red})
     meter.start()
     t0 = time.monotonic()
+    # as many decisions as the single form's rows, within a factor of two
+    calls = args.ceiling_calls if decisions == 1 else \
+        max(1000, 2 * args.ceiling_calls // decisions)
     rc, out = h.run("redis-benchmark-%s" % setup,
                     [bench, "-p", str(rport), "-P", "32", "-c", "8", "-n",
-                     str(args.ceiling_calls), "-r", str(BENCH_KEYS), "-q"] + cmd, timeout=120)
+                     str(calls), "-r", str(BENCH_KEYS), "-q"] + cmd, timeout=120)
     secs = time.monotonic() - t0
     cpu = meter.stop()
     m = re.search(r"([0-9.]+) requests per second", out.replace("\r", "\n"))
@@ -580,11 +600,13 @@ def redis_bench(h, args, setup, label, rport, red, cmd):
     errors = len(re.findall(r"ERR|NOSCRIPT|WRONGTYPE", out))
     if errors:
         raise rh.SetupError("redis-benchmark got error replies:\n%s" % rh.indent(out[-2000:]))
-    row = {"setup": setup, "label": label, "rate": float(m.group(1)), "n": args.ceiling_calls,
+    n = calls * decisions
+    row = {"setup": setup, "label": label, "rate": float(m.group(1)) * decisions, "n": n,
            "p50": None, "p99": None, "degraded": 0, "errors": 0,
-           "cpu": us_per(cpu, args.ceiling_calls), "secs": secs}
-    print("    %-10s %8.0f calls/s  Redis CPU %.2f us/call (%.1f s)" % (
-        label, row["rate"], row["cpu"]["redis"], secs))
+           "cpu": us_per(cpu, n), "secs": secs}
+    print("    %-12s %8.0f %s/s  Redis CPU %.2f us/%s (%.1f s)" % (
+        label, row["rate"], "decisions" if decisions > 1 else "calls", row["cpu"]["redis"],
+        "decision" if decisions > 1 else "call", secs))
     return row
 
 
@@ -786,8 +808,21 @@ def run(h, args, agent_bin, script):
     cmd_q = ["EVALSHA", seed_sha, "1", "seed:{k:%s}:%s" % (pad, LIMIT), str(BIG), str(BIG), "1"]
     print("    P: %s" % " ".join(cmd_p))
     print("    Q: %s  (seed token bucket: HMGET, HSET, EXPIRE)" % " ".join(cmd_q))
+    floor_sha = rh.redis_cmd(rport, "SCRIPT", "LOAD", FLOOR_LUA)
+    cmd_f = ["EVALSHA", floor_sha, "1", "floor:{k:%s}:%s" % (pad, LIMIT)]
+    # the multi form as the agent sends it under load: MULTI_D decisions a call, each of
+    # one limit with its own key (lua/decide.lua)
+    cmd_m = ["EVALSHA", sha, str(MULTI_D)] + \
+        ["%s:{k:%s}:%s" % (KEY_PREFIX, pad, LIMIT)] * MULTI_D + ["M", str(MULTI_D)] + \
+        (["1", "0"] + [str(x) for x in params]) * MULTI_D
+    print("    F: %s  (the floor: TIME, GET, SET PX)" % " ".join(cmd_f))
+    print("    M: EVALSHA %s %d <%d keys> M %d {1 0 %s} x %d  (the multi form)" % (
+        sha, MULTI_D, MULTI_D, MULTI_D, " ".join(str(x) for x in params), MULTI_D))
     rows["P"] = redis_bench(h, args, "P", "our script", rport, red, cmd_p)
     rows["Q"] = redis_bench(h, args, "Q", "seed script", rport, red, cmd_q)
+    rows["F"] = redis_bench(h, args, "F", "floor", rport, red, cmd_f)
+    rows["M"] = redis_bench(h, args, "M", "multi form", rport, red, cmd_m,
+                            decisions=MULTI_D)
     print()
     rows["S"] = sustained(h, args, agent_bin, rport, red, rows["P"]["rate"])
     h.stop(red)
@@ -802,13 +837,15 @@ def run(h, args, agent_bin, script):
 
 def report(args, http, rows):
     order = [(s, r) for s in "ABC" for r in http[s]] + \
-        [(k, rows[k]) for k in "NDEPQS" if rows.get(k)]
+        [(k, rows[k]) for k in "NDEPQFMS" if rows.get(k)]
     names = {"A": "no SPOE", "B": "null agent", "C": "exact", "N": "spoa-example",
              "D": 'agent "allow"', "E": "agent exact", "P": "our script -P32",
-             "Q": "seed script -P32", "S": "sustained exact"}
+             "Q": "seed script -P32", "F": "floor script -P32",
+             "M": "multi form D=%d -P32" % MULTI_D, "S": "sustained exact"}
     how = {"A": "wrk", "B": "wrk", "C": "wrk", "N": "spop-load -r %d" % args.rate,
            "D": "spop-load -r %d" % args.rate, "E": "spop-load -r %d" % args.rate,
-           "P": "redis-benchmark", "Q": "redis-benchmark", "S": "spop-load -r, 0 degraded"}
+           "P": "redis-benchmark", "Q": "redis-benchmark", "F": "redis-benchmark",
+           "M": "redis-benchmark", "S": "spop-load -r, 0 degraded"}
     print("results (CPU from /proc: us per decision / request / call of the row's run;"
           " * = not a throughput figure)")
     print("  %-42s %9s %7s %7s %8s %6s %8s %8s %8s" % (
@@ -881,6 +918,19 @@ def report(args, http, rows):
          d50 <= 0.15 and not note, "<= 0.15", note)
     line("light load wrk -c1: exact p99 - no SPOE p99 (C - A)", "%+.3f ms" % d99,
          d99 <= 0.5 and not note, "<= 0.5", note)
+    F, M = rows["F"], rows["M"]
+    print()
+    print("what bounds the Redis ratios (no targets: the same Redis, the same run)")
+
+    def info(what, value):
+        print("  %-68s %9s" % (what, value))
+
+    info("our script per call / the floor's: TIME, GET, SET PX (P / F)",
+         "%.2f" % (P["cpu"]["redis"] / F["cpu"]["redis"]))
+    info("the floor / seed's: the lowest P / Q a one-decision script has (F / Q)",
+         "%.2f" % (F["cpu"]["redis"] / seed))
+    info("multi form per decision, %d a call / seed's per call (M / Q)" % MULTI_D,
+         "%.2f" % (M["cpu"]["redis"] / seed))
 
 
 if __name__ == "__main__":

@@ -34,9 +34,9 @@ Redis script calls (EVAL + EVALSHA from INFO commandstats, delta over the run) p
 (NOTIFYs answered), and degraded answers.
 
 With --by-kind a MONITOR connection on Redis sorts the script calls of each run by kind:
-heartbeats (EVAL of the heartbeat script), single decisions, lease grants and batched
-decisions (local quotas), reports of pre-checked usage, leases given back, and calls of
-several decisions (the store's batching). MONITOR costs Redis some time: the numbers of a
+heartbeats (EVAL of the heartbeat script), single decisions, grants (a lease, or requests
+of one key coalesced into one call), reports of pre-checked usage, leases given back, and
+calls of several decisions (the store's batching). MONITOR costs Redis some time: the numbers of a
 run with it are close to, not the same as, a run without.
 
 Exit status: 0 whatever the numbers; 2 when something could not be set up (a process did

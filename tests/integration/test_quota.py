@@ -217,7 +217,10 @@ def test_busy_gateway_leases_by_its_own_traffic(agent, redis, horizon):
     of 2,000/s, burst 1,000, budget 5% = 100 requests), the other a trickle. The busy one's
     leases follow its own traffic, not the even split (cap / G = 50 each, which cost a call
     per ~30 of its decisions): it makes few Redis calls, and both together admit no more
-    than the bucket plus the budget, nor much less. horizon = 0 keeps the even split."""
+    than the bucket plus the budget, nor much less. The idle one holds little: what its
+    trickle spends in a lease lifetime, well below its allowance. horizon = 0 keeps the even
+    split, and with it the strict bound: what both hold together never exceeds the budget.
+    What each holds is sampled from its gauge while the load runs."""
     quota = dict(precheck=False) if horizon is None else dict(precheck=False, horizon=horizon)
     cfg = quota_cfg({"rate": 2000, "period": "1s", "burst": 1000}, budget=0.05, **quota)
     busy, idle = (agent(redis=redis, metrics=True, name=n, **cfg) for n in ("busy", "idle"))
@@ -233,15 +236,24 @@ def test_busy_gateway_leases_by_its_own_traffic(agent, redis, horizon):
             while not stop.wait(0.1):
                 i += 1
                 trickle.append(c.request(2 * i + 1, 1, [sc.rl_message(key=key)]))
+    held = []                           # (busy, idle) leased units held, sampled
+
+    def sample_held():
+        while not stop.wait(0.02):
+            held.append(tuple(scrape(a).get("spoa_ratelimit_lease_outstanding")
+                              for a in (busy, idle)))
     t = threading.Thread(target=idle_traffic, daemon=True)
+    ts = threading.Thread(target=sample_held, daemon=True)
     sent0 = scrape(busy).get("spoa_ratelimit_redis_commands_total")
     t.start()
+    ts.start()
     host, port = busy.addr
     out = subprocess.run([str(SPOP_LOAD), "-a", "%s:%d" % (host, port), "-r", "3000", "-d", "3",
                           "-c", "2", "-p", "32", "-k", "1", "-K", "shared-hot"],
                          capture_output=True, text=True, timeout=60)
     stop.set()
     t.join(5)
+    ts.join(5)
     assert out.returncode == 0, out.stderr
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("decisions=")][-1]
     load = {k: float(v) for k, v in re.findall(r"(\w+)=([0-9.]+)", line)}
@@ -250,12 +262,22 @@ def test_busy_gateway_leases_by_its_own_traffic(agent, redis, horizon):
     assert load["degraded"] == 0 and load["decisions"] > 1000, load
     per_decision = calls / load["decisions"]
     size = quota_metric(p, "leased") / p.get("spoa_ratelimit_lease_grants_total")
+    busy_max = max(b for b, _ in held)
+    idle_max = max(i for _, i in held)
+    both_max = max(b + i for b, i in held)
+    assert len(held) >= 20, "sampled while the load ran: %d" % len(held)
     if horizon == 0:
         assert size <= 50, "leases of cap / G at most: %.1f" % size
+        assert both_max <= 100, "both hold at most the budget: %s" % both_max
     else:
         assert size > 100, "leases by the traffic: %.1f" % size
+        assert busy_max > 50, "the busy one holds beyond its allowance: %s" % busy_max
         assert per_decision <= 0.015, "busy gateway: %.4f Redis calls per decision (%d, %s)" % (
             per_decision, calls, load)
+    # ~10 requests/s, leases of 1 s: the idle one never holds more than its trickle spends
+    pi = scrape(idle)
+    assert pi.get("spoa_ratelimit_lease_grants_total") > 0, "the idle one leases too"
+    assert idle_max <= 25, "the idle one holds little: %s" % idle_max
     assert quota_metric(p, "lease_spent") > 0
     # within the limit: the bucket and its refill over the run, plus the budget
     allowed = load["allowed"] + counts(trickle)[0]

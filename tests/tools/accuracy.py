@@ -33,15 +33,24 @@ answer lets the request through), the expected admitted count, admitted / expect
 Redis script calls (EVAL + EVALSHA from INFO commandstats, delta over the run) per decision
 (NOTIFYs answered), and degraded answers.
 
+With --by-kind a MONITOR connection on Redis sorts the script calls of each run by kind:
+heartbeats (EVAL of the heartbeat script), single decisions, grants (a lease, or requests
+of one key coalesced into one call), reports of pre-checked usage, leases given back, and
+calls of several decisions (the store's batching). MONITOR costs Redis some time: the numbers of a
+run with it are close to, not the same as, a run without.
+
 Exit status: 0 whatever the numbers; 2 when something could not be set up (a process did
 not start, a load generator failed, the run exceeded its time bound).
 """
 
 import argparse
+import collections
 import os
 import re
 import signal
+import socket
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -216,10 +225,76 @@ def redis_script_calls(port):
         r"^cmdstat_(?:evalsha|eval|evalsha_ro|eval_ro):calls=(\d+)", info, re.M))
 
 
+# Script calls by kind (--by-kind): the decision script's arguments say what a call is
+# (lua/decide.lua: 5 per limit, then want, mode, lease... for a batch; "M" for several
+# decisions); the heartbeat script is the only EVAL.
+CALL_KINDS = ("heartbeat", "decision", "grant", "report", "return", "multi")
+
+
+def call_kind(args):
+    """The kind of one EVAL/EVALSHA (its arguments after the command name), or None."""
+    if len(args) < 2 or not args[1].isdigit():
+        return None
+    nkeys = int(args[1])
+    argv = args[2 + nkeys:]
+    if argv[:1] == ["M"]:
+        return "multi"
+    if argv and not re.fullmatch(r"[1-4]", argv[0]):
+        return "heartbeat"
+    batch = argv[5 * nkeys:]
+    if len(batch) >= 2:
+        return "report" if batch[1] == "1" else "grant"
+    costs = argv[4:5 * nkeys:5]
+    if costs and all(c.lstrip("-").isdigit() and int(c) < 0 for c in costs):
+        return "return"
+    return "decision"
+
+
+class CallMonitor:
+    """A MONITOR connection on Redis counting script calls by kind (CALL_KINDS)."""
+
+    ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+    def __init__(self, port):
+        self.counts = collections.Counter()
+        self.lock = threading.Lock()
+        self.sock = socket.create_connection((rh.LOCALHOST, port), timeout=5)
+        self.sock.sendall(b"MONITOR\r\n")
+        self.f = self.sock.makefile("rb")
+        if self.f.readline().strip() != b"+OK":
+            raise rh.SetupError("MONITOR refused")
+        self.sock.settimeout(None)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        try:
+            for line in self.f:
+                args = self.ARG.findall(line.decode("latin-1"))
+                if not args or args[0].upper() not in ("EVAL", "EVALSHA"):
+                    continue
+                kind = call_kind(args[1:])
+                if kind:
+                    with self.lock:
+                        self.counts[kind] += 1
+        except (OSError, ValueError):
+            pass                        # closed: the run is over
+
+    def snapshot(self):
+        with self.lock:
+            return collections.Counter(self.counts)
+
+    def close(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
 # ---------------------------------------------------------------------------------------
 # One run: one mode, one scenario
 
-def run_one(h, args, mode, scen, redis_port):
+def run_one(h, args, mode, scen, redis_port, monitor=None):
     ngw = args.gateways
     duration = scen["duration"] * args.scale
     tag = "%s-%s" % (mode["key"], scen["key"])
@@ -237,6 +312,7 @@ def run_one(h, args, mode, scen, redis_port):
                                                     "%s-gw%02d" % (tag, gw.idx), needs_redis)
     day0 = time.gmtime().tm_yday
     calls0 = redis_script_calls(redis_port)
+    kinds0 = monitor.snapshot() if monitor else None
 
     t0 = time.monotonic()
     for gw in gws:                      # all end together, however long spawning took
@@ -267,6 +343,14 @@ def run_one(h, args, mode, scen, redis_port):
 
     calls1 = redis_script_calls(redis_port)
     day1 = time.gmtime().tm_yday
+    kinds = None
+    if monitor:
+        # MONITOR lags the commands a little: wait until it has seen as many as INFO counted
+        deadline = time.monotonic() + 2
+        while (sum((monitor.snapshot() - kinds0).values()) < calls1 - calls0 and
+               time.monotonic() < deadline):
+            time.sleep(0.01)
+        kinds = monitor.snapshot() - kinds0
     for gw in gws:                      # SIGTERM every agent first, then reap each
         if gw.agent.alive():
             gw.agent.p.send_signal(signal.SIGTERM)
@@ -288,6 +372,7 @@ def run_one(h, args, mode, scen, redis_port):
     # what one exact limiter admits: the limit, or everything when less was offered
     r["expected"] = min(r["offered"], scen["expected"](r["span"]))
     r["calls"] = calls1 - calls0
+    r["kinds"] = kinds
     r["crossed_day"] = scen["key"] == "daily" and day0 != day1
     roles = {}
     for gw in gws:
@@ -344,6 +429,8 @@ def main():
                          " fail-open; degraded answers are counted anyway)")
     ap.add_argument("--time-limit", type=int, default=420, help="watchdog, seconds (420)")
     ap.add_argument("--verbose", action="store_true", help="traffic per gateway role")
+    ap.add_argument("--by-kind", action="store_true",
+                    help="script calls by kind (a MONITOR connection on Redis)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = ap.parse_args()
     rh.setup_stdout()
@@ -371,6 +458,7 @@ def run(h, args, modes, scens):
     t_start = time.monotonic()
     ngw = args.gateways
     red, rport = rh.start_redis(h)
+    monitor = CallMonitor(rport) if args.by_kind else None
     rver = re.search(r"redis_version:(\S+)", rh.redis_cmd(rport, "INFO", "server"))
     print("spoa-ratelimit accuracy: %d gateways (one agent each) on one Redis %s, %d cores" % (
         ngw, rver.group(1) if rver else "?", os.cpu_count() or 0))
@@ -404,7 +492,7 @@ def run(h, args, modes, scens):
             if mode["cfg"] is None:
                 continue
             t = time.monotonic()
-            r = run_one(h, args, mode, scen, rport)
+            r = run_one(h, args, mode, scen, rport, monitor)
             results[(mode["key"], scen["key"])] = r
             print("    %-24s offered %5d  admitted %5d  expected %6.0f  (D %.2f s; took %.0f s)" % (
                 mode["label"], r["offered"], r["admitted"], r["expected"], r["span"],
@@ -414,6 +502,11 @@ def run(h, args, modes, scens):
                     if role in r["roles"]:
                         n, off, adm = r["roles"][role]
                         print("        %-7s x%-2d offered %5d admitted %5d" % (role, n, off, adm))
+            if r["kinds"] is not None and r["decisions"]:
+                print("        script calls per decision by kind: %s (total %s)" % (
+                    ", ".join("%s %.4f" % (k, r["kinds"][k] / r["decisions"])
+                              for k in CALL_KINDS if r["kinds"][k]) or "none",
+                    per_decision(r["calls"], r["decisions"])))
     print()
 
     # ---- the table: mode x scenario
@@ -451,6 +544,8 @@ def run(h, args, modes, scens):
         print(("  %-26s" % mode["label"] + "".join(" %-26s" % c for c in cells)).rstrip())
     for n in notes:
         print("note: " + n)
+    if monitor:
+        monitor.close()
     h.stop(red)
     print()
     print("done in %.0f s" % (time.monotonic() - t_start))

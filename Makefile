@@ -23,9 +23,14 @@ PYTHON  ?= /usr/bin/python3
 ifneq ($(SANITIZE),)
 BUILD   ?= build-asan
 SANFLAGS = -fsanitize=$(SANITIZE) -fno-sanitize-recover=all -fno-omit-frame-pointer
+LTO      =
 else
 BUILD   ?= build
 SANFLAGS =
+# link-time optimisation: the SPOP library's small encoders and decoders, the
+# utilities and the store's helpers are inlined across files (about a tenth of
+# the agent's instructions per decision, callgrind)
+LTO     ?= -flto=auto
 endif
 
 WARN    = -Wall -Wextra -Wshadow -Wformat=2 -Wstrict-prototypes -Wmissing-prototypes \
@@ -41,9 +46,10 @@ endif
 
 PKG_CFLAGS := $(shell pkg-config --cflags hiredis libconfig 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs hiredis libconfig 2>/dev/null || echo -lhiredis -lconfig)
-CFLAGS  += -std=gnu11 -D_GNU_SOURCE -DVERSION='"$(VERSION)"' $(OPT) $(WARN) $(SANFLAGS) \
+CFLAGS  += -std=gnu11 -D_GNU_SOURCE -DVERSION='"$(VERSION)"' $(OPT) $(LTO) $(WARN) $(SANFLAGS) \
            -MMD -MP -Ispoa -Isrc $(PKG_CFLAGS)
-LDFLAGS += $(SANFLAGS)
+LDFLAGS += $(SANFLAGS) $(LTO)
+AR_LTO   = $(if $(LTO),gcc-ar,ar)
 LIBS     = $(PKG_LIBS) -lev -lm
 
 ifneq ($(V),1)
@@ -103,7 +109,7 @@ $(BUILD)/gen/scripts.o: $(BUILD)/gen/scripts.c
 
 $(LIBSPOA): $(SPOA_OBJ)
 	@echo "  AR      $@"
-	$(Q)rm -f $@ && ar rcs $@ $^
+	$(Q)rm -f $@ && $(AR_LTO) rcs $@ $^
 
 $(BIN): $(AGENT_OBJ) $(LIBSPOA)
 	@echo "  LD      $@"

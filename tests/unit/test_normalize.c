@@ -249,7 +249,7 @@ static struct ruleset *load_rules(void)
 {
 	char path[] = "/tmp/test_normalize-XXXXXX";
 	struct cfg_errors errs = {0};
-	struct agent_config *cfg;
+	struct agent_config *cfg = NULL;
 	int fd = mkstemp(path);
 
 	assert_true(fd >= 0);

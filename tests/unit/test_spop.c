@@ -1435,7 +1435,7 @@ static void test_spop_hello_versions(void **state)
 static void test_spop_hello_fields(void **state)
 {
 	struct spop_hello h;
-	uint32_t out;
+	uint32_t out = 0;
 
 	(void)state;
 	/* max-frame-size of any integer type; unknown keys of every type skipped */
@@ -2771,7 +2771,7 @@ static void test_spop_concatenated_stream(void **state)
 
 	off = 0;
 	while (off < total) {
-		uint32_t len;
+		uint32_t len = 0;
 		struct spop_frame f;
 		struct blob w = hex(captured[nframes].hex);
 

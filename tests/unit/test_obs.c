@@ -994,11 +994,14 @@ static void test_fmt_i64_like_printf(void **state)
 	vals[nv++] = INT64_MAX;
 	vals[nv++] = INT64_MIN;
 	vals[nv++] = INT64_MIN + 1;
-	for (i = 0; i < 19; i++, p *= 10) {
+	for (i = 0; i < 19; i++) {
+		/* p = 10^i: every digit count, and its neighbours */
 		vals[nv++] = p - 1;
 		vals[nv++] = p;
 		vals[nv++] = -p;
 		vals[nv++] = -p + 1;
+		if (i < 18)
+			p *= 10;
 	}
 	while (nv < ARRAY_SIZE(vals)) {
 		x ^= x << 13, x ^= x >> 7, x ^= x << 17;

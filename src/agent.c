@@ -261,6 +261,7 @@ struct req_args {
 	/* the post-charge message's */
 	bool has_endpoint;              /* `endpoint` sent (NULL: the request matched none) */
 	struct spop_str endpoint;       /* the endpoint the request's ACK named */
+	int64_t charged;                /* the cost its ACK named (`charged`), -1 when not sent */
 	struct spop_data charge, bytes, time; /* NULL type when absent */
 };
 
@@ -539,8 +540,13 @@ static void respond(struct decision *d)
 		set_int(req, "degraded", 1);
 	if (!allowed && d->closed)
 		set_int(req, "status", d->rs->cfg->deny_status);
-	if (d->ep)
+	if (d->ep) {
 		set_str(req, "endpoint", d->ep->name);
+		/* the endpoint's cost, sent back with a post-charge (rl-res `charged`): the
+		 * difference is taken from what was charged even if a reload changed it */
+		if (allowed && d->cost < 0)
+			set_int(req, "charged", d->ep->cost);
+	}
 	if (allowed && (d->ep ? d->ep->post : &d->rs->cfg->post)->from != POST_FROM_CHARGE)
 		set_int(req, "post", 1); /* HAProxy sends this response's size or time */
 	/* the ruleset knows its longest policy: it is sent whole, never cut */
@@ -1311,6 +1317,7 @@ static void read_args(struct spop_msg *m, struct req_args *ra)
 
 	memset(ra, 0, sizeof(*ra));
 	ra->cost = -1;
+	ra->charged = -1;
 	while (spop_arg_next(m, &name, &v) > 0) {
 		bool str = v.type == SPOP_T_STR || v.type == SPOP_T_BIN;
 
@@ -1338,6 +1345,10 @@ static void read_args(struct spop_msg *m, struct req_args *ra)
 				ra->endpoint = v.v.s;
 		} else if (spop_str_eq(&name, "charge")) {
 			ra->charge = v;
+		} else if (spop_str_eq(&name, "charged")) {
+			/* what we said in the request's ACK; anything else: as if not sent */
+			if (spop_data_int(&v, &i) && i >= 0 && i <= COST_MAX)
+				ra->charged = i;
 		} else if (spop_str_eq(&name, "bytes")) {
 			ra->bytes = v;
 		} else if (spop_str_eq(&name, "time")) {
@@ -1963,6 +1974,9 @@ static void post_begin(struct agent *a, struct spoa_req *req, struct spop_msg *m
 	d = decision_start(a, NULL, &ra, ep);
 	d->post = true;
 	d->post_cost = tokens;
+	/* the endpoint's cost when the request was charged, not after a reload since */
+	if (d->cost < 0 && ra.charged >= 0)
+		d->cost = ra.charged;
 	decision_begin(d);
 }
 

@@ -101,7 +101,8 @@ static size_t ack_size(struct ruleset *rs)
 	     setvar_str_size("ratelimit", name + 2 + 3 + 20 + 3 + 20);
 	n += setvar_int_size("allow") + setvar_int_size("degraded") + setvar_int_size("status") +
 	     setvar_int_size("retry_after") + setvar_int_size("limit") +
-	     setvar_int_size("remaining") + setvar_int_size("reset") + setvar_int_size("post");
+	     setvar_int_size("remaining") + setvar_int_size("reset") + setvar_int_size("post") +
+	     setvar_int_size("charged");
 	return n + ACK_SLACK;
 }
 

@@ -253,6 +253,39 @@ def test_agent_gone_before_the_response_fails_silently(gw, redis):
     assert window_count(redis, "silent") == 1
 
 
+def reloads(a):
+    return metrics(a).get("spoa_ratelimit_reloads_total", result="ok") or 0
+
+
+def endpoints_with_search_cost(cost):
+    return LcList([dict(e, cost=cost) if e["name"] == "search" else e for e in CFG["endpoints"]])
+
+
+def test_a_reload_between_request_and_response_keeps_what_was_charged(gw, redis):
+    """/search costs 5 when the request is charged; a reload makes it cost 1 before the
+    response says 3: the difference is 3 - 5 (a refund of 2), not 3 - 1."""
+    a, g = gw()
+    out = {}
+
+    def slow():
+        out["r"] = g.request("/search?cost=3&sleep=1.5", api_key="reloaded")
+
+    t = threading.Thread(target=slow)
+    t.start()
+    wait_until(lambda: window_count(redis, "reloaded") == 5, 5, what="pre-charged 5")
+    a.reload(endpoints=endpoints_with_search_cost(1))
+    wait_until(lambda: reloads(a) == 1, 5, what="the reload")
+    t.join(10)
+    r = out["r"]
+    assert r.status == 200, r
+    check_clean(r)
+    wait_until(lambda: posts(a, "refunded") == 1, 5, what="the post-charge")
+    assert window_count(redis, "reloaded") == 3
+    # the new cost is in force for new requests
+    assert g.request("/search", api_key="after").status == 200
+    assert window_count(redis, "after") == 1
+
+
 # ---------------------------------------------------------------------------------------
 # SPOP level
 
@@ -293,6 +326,31 @@ def test_spop_post_charge_is_acked_empty_at_once(agent, redis):
                    what="null and negative counted")
         v = q.ask(sc.rl_message(key="spop"))
         assert v["allow"] == 0 and v["retry_after"] > 60, v
+
+
+def test_spop_charged_names_the_endpoint_cost_and_survives_a_reload(agent, redis):
+    a = agent(redis=redis, metrics=True, **CFG)
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        q = Asker(c)
+        v = q.ask(sc.rl_message(key="spop", path="/search"))
+        assert v["allow"] == 1 and v["endpoint"] == "search" and v["charged"] == 5, v
+        # HAProxy's own cost: nothing to name; no endpoint: nothing either
+        v = q.ask(sc.rl_message(key="spop2", path="/search", cost=2))
+        assert v["allow"] == 1 and "charged" not in v, v
+        assert "charged" not in q.ask(sc.rl_message(key="spop3", path="/x"))
+        a.reload(endpoints=endpoints_with_search_cost(1))
+        wait_until(lambda: reloads(a) == 1, 5, what="the reload")
+        assert q.ask(sc.rl_message(key="probe", path="/search"))["charged"] == 1
+        # charged 5 at request time, 3 by the response: a refund of 2
+        assert q.ask(res_message("spop", charge=3, endpoint="search", charged=5)) == ACKED
+        wait_until(lambda: window_count(redis, "spop") == 3, 5, what="count 3")
+        # without `charged` (an older SPOE file) the endpoint's cost now is taken
+        assert q.ask(res_message("spop", charge=4, endpoint="search")) == ACKED
+        wait_until(lambda: window_count(redis, "spop") == 6, 5, what="count 6")
+        # garbage in `charged` is as if not sent
+        assert q.ask(res_message("spop", charge=4, endpoint="search", charged="x")) == ACKED
+        wait_until(lambda: window_count(redis, "spop") == 9, 5, what="count 9")
 
 
 def test_spop_memory_store_takes_debt(agent):

@@ -41,6 +41,7 @@ static redisReply *reply_new(const redisReadTask *task, int type)
 	if (r) {
 		reply_free = (redisReply *)(void *)r->element;
 		reply_nfree--;
+		pool_unpoison(r, sizeof(*r));
 	} else {
 		r = malloc(sizeof(*r));
 		if (!r)
@@ -141,6 +142,7 @@ static void free_object(void *obj)
 		r->element = (redisReply **)(void *)reply_free;
 		reply_free = r;
 		reply_nfree++;
+		pool_poison(r, sizeof(*r), &r->element);
 	} else {
 		free(r);
 	}
@@ -167,6 +169,7 @@ void reply_cache_free(void)
 		redisReply *r = reply_free;
 
 		reply_free = (redisReply *)(void *)r->element;
+		pool_unpoison(r, sizeof(*r));
 		free(r);
 	}
 	reply_nfree = 0;

@@ -71,6 +71,7 @@
 #include <arpa/inet.h>
 
 #include <ev.h>
+#include <sanitizer/asan_interface.h>   /* no-op macros outside ASan builds */
 
 #include "list.h"
 
@@ -219,7 +220,27 @@ static void conn_set_state(struct spoa_conn *c, enum conn_state st)
 	c->state = st;
 }
 
-/* Drops the receive buffer of <c> (nothing pending in it). */
+/*
+ * Buffers and requests kept for reuse are poisoned in ASan builds while they
+ * wait, so that a use after release is still reported as one. A request's
+ * link (udata) stays readable: LeakSanitizer ignores pointers found in
+ * poisoned memory, and would report the rest of the list.
+ */
+static void pool_poison(void *p, size_t size, const void *link)
+{
+	size_t off = link ? (size_t)((const char *)link - (const char *)p) : size;
+
+	ASAN_POISON_MEMORY_REGION(p, off);
+	if (link)
+		ASAN_POISON_MEMORY_REGION((char *)p + off + sizeof(void *),
+					  size - off - sizeof(void *));
+}
+
+static void pool_unpoison(void *p, size_t size)
+{
+	ASAN_UNPOISON_MEMORY_REGION(p, size);
+}
+
 /* A buffer of SPOA_RX_MIN bytes, from the cache if it has one. */
 static void *buf_get(struct spoa_server *srv)
 {
@@ -227,18 +248,22 @@ static void *buf_get(struct spoa_server *srv)
 
 	if (!p)
 		abort();
+	pool_unpoison(p, SPOA_RX_MIN);
 	return p;
 }
 
 /* Releases the buffer <p> of <cap> bytes (NULL: none), into the cache if it fits. */
 static void buf_put(struct spoa_server *srv, void *p, size_t cap)
 {
-	if (p && cap == SPOA_RX_MIN && srv->nspare < SPOA_SPARE_MAX)
+	if (p && cap == SPOA_RX_MIN && srv->nspare < SPOA_SPARE_MAX) {
 		srv->spare[srv->nspare++] = p;
-	else
+		pool_poison(p, SPOA_RX_MIN, NULL);
+	} else {
 		free(p);
+	}
 }
 
+/* Drops the receive buffer of <c> (nothing pending in it). */
 static void conn_rx_release(struct spoa_conn *c)
 {
 	buf_put(c->srv, c->rx, c->rx_cap);
@@ -552,6 +577,7 @@ static void req_pool_drain(struct spoa_server *srv)
 		struct spoa_req *r = srv->req_pool;
 
 		srv->req_pool = r->udata;
+		pool_unpoison(r, sizeof(*r) + srv->req_pool_cap);
 		free(r);
 	}
 	srv->nreq_pool = 0;
@@ -564,6 +590,7 @@ static struct spoa_req *req_alloc(struct spoa_server *srv, size_t cap)
 	if (r && srv->req_pool_cap == cap) {
 		srv->req_pool = r->udata;
 		srv->nreq_pool--;
+		pool_unpoison(r, sizeof(*r) + cap);
 	} else {
 		r = malloc(sizeof(*r) + cap);
 		if (!r)
@@ -588,6 +615,7 @@ static void req_release(struct spoa_server *srv, struct spoa_req *r)
 	r->udata = srv->req_pool;
 	srv->req_pool = r;
 	srv->nreq_pool++;
+	pool_poison(r, sizeof(*r) + r->cap, &r->udata);
 }
 
 static struct spoa_req *req_new(struct spoa_conn *c, const struct spop_frame *f)
@@ -1447,8 +1475,12 @@ void spoa_server_free(struct spoa_server *srv)
 		close(srv->spare_fd);
 	srv->spare_fd = -1;
 	req_pool_drain(srv);
-	while (srv->nspare)
-		free(srv->spare[--srv->nspare]);
+	while (srv->nspare) {
+		void *p = srv->spare[--srv->nspare];
+
+		pool_unpoison(p, SPOA_RX_MIN);
+		free(p);
+	}
 	/* orphaned requests still point at us: the last one to complete frees us */
 	if (srv->stats.inflight) {
 		srv->zombie = true;

@@ -452,6 +452,7 @@ static struct store_cmd *cmd_new(struct store *s, enum cmd_kind kind, size_t qsi
 		c = s->cmd_pool;
 		s->cmd_pool = c->next_free;
 		s->ncmd_pool--;
+		pool_unpoison(c, CMD_POOL_SIZE);
 	} else {
 		c = xmalloc(size <= CMD_POOL_SIZE ? CMD_POOL_SIZE : size);
 	}
@@ -474,9 +475,12 @@ void cmd_free(struct store_cmd *c)
 	free(c->hkey);
 	free(c->hfield);
 	if (c->pooled && !c->s->freeing && c->s->ncmd_pool < CMD_POOL_MAX) {
-		c->next_free = c->s->cmd_pool;
-		c->s->cmd_pool = c;
-		c->s->ncmd_pool++;
+		struct store *s = c->s;
+
+		c->next_free = s->cmd_pool;
+		s->cmd_pool = c;
+		s->ncmd_pool++;
+		pool_poison(c, CMD_POOL_SIZE, &c->next_free);
 		return;
 	}
 	free(c);
@@ -1524,6 +1528,7 @@ void store_free(struct store *s)
 		struct store_cmd *c = s->cmd_pool;
 
 		s->cmd_pool = c->next_free;
+		pool_unpoison(c, CMD_POOL_SIZE);
 		free(c);
 	}
 	free(s->slots);

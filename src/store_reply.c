@@ -12,7 +12,15 @@
  *
  * Single-threaded: a process (each worker is one) has one list. It keeps at
  * most REPLY_FREE_MAX objects; the rest go back to the allocator.
+ *
+ * A reply is the server's word, not ours: an allocation that fails (an array
+ * header claiming two billion elements) returns NULL, which the reader turns
+ * into an error of the connection, as hiredis' own functions do; the agent
+ * does not abort. Large element vectors come from calloc(), whose fresh pages
+ * are not written: a header alone (its elements never sent) costs address
+ * space, not resident memory.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,11 +28,12 @@
 #include "util.h"
 
 #define REPLY_FREE_MAX 4096     /* objects kept: 48 bytes each */
+#define REPLY_VEC_SMALL 64      /* element vectors up to this many: malloc() and clear */
 
 static redisReply *reply_free;  /* linked through ->element */
 static unsigned reply_nfree;
 
-/* A new object of <type> for <task>, linked into its parent array. */
+/* A new object of <type> for <task>, linked into its parent array; NULL if out of memory. */
 static redisReply *reply_new(const redisReadTask *task, int type)
 {
 	redisReply *r = reply_free;
@@ -32,8 +41,11 @@ static redisReply *reply_new(const redisReadTask *task, int type)
 	if (r) {
 		reply_free = (redisReply *)(void *)r->element;
 		reply_nfree--;
+		pool_unpoison(r, sizeof(*r));
 	} else {
-		r = xmalloc(sizeof(*r));
+		r = malloc(sizeof(*r));
+		if (!r)
+			return NULL;
 	}
 	r->type = type;
 	r->integer = 0;
@@ -53,23 +65,47 @@ static redisReply *reply_new(const redisReadTask *task, int type)
 
 static void *create_string(const redisReadTask *task, char *str, size_t len)
 {
-	redisReply *r = reply_new(task, task->type);
+	char *copy = len < SIZE_MAX ? malloc(len + 1) : NULL;
+	redisReply *r;
 
-	r->str = xmalloc(len + 1);
-	memcpy(r->str, str, len);
-	r->str[len] = '\0';
+	if (!copy)
+		return NULL;
+	r = reply_new(task, task->type);
+	if (!r) {
+		free(copy);
+		return NULL;
+	}
+	memcpy(copy, str, len);
+	copy[len] = '\0';
+	r->str = copy;
 	r->len = len;
 	return r;
 }
 
 static void *create_array(const redisReadTask *task, int elements)
 {
-	redisReply *r = reply_new(task, REDIS_REPLY_ARRAY);
+	redisReply **vec = NULL;
+	redisReply *r;
 
 	if (elements > 0) {
 		/* zeroed: an array cut short by a protocol error is freed half built */
-		r->element = xmalloc((size_t)elements * sizeof(*r->element));
-		memset(r->element, 0, (size_t)elements * sizeof(*r->element));
+		if (elements <= REPLY_VEC_SMALL) {
+			vec = malloc((size_t)elements * sizeof(*vec));
+			if (vec)
+				memset(vec, 0, (size_t)elements * sizeof(*vec));
+		} else {
+			vec = calloc((size_t)elements, sizeof(*vec));
+		}
+		if (!vec)
+			return NULL;
+	}
+	r = reply_new(task, REDIS_REPLY_ARRAY);
+	if (!r) {
+		free(vec);
+		return NULL;
+	}
+	if (vec) {
+		r->element = vec;
 		r->elements = (size_t)elements;
 	}
 	return r;
@@ -79,7 +115,8 @@ static void *create_integer(const redisReadTask *task, long long value)
 {
 	redisReply *r = reply_new(task, REDIS_REPLY_INTEGER);
 
-	r->integer = value;
+	if (r)
+		r->integer = value;
 	return r;
 }
 
@@ -105,6 +142,7 @@ static void free_object(void *obj)
 		r->element = (redisReply **)(void *)reply_free;
 		reply_free = r;
 		reply_nfree++;
+		pool_poison(r, sizeof(*r), &r->element);
 	} else {
 		free(r);
 	}
@@ -131,6 +169,7 @@ void reply_cache_free(void)
 		redisReply *r = reply_free;
 
 		reply_free = (redisReply *)(void *)r->element;
+		pool_unpoison(r, sizeof(*r));
 		free(r);
 	}
 	reply_nfree = 0;

@@ -256,6 +256,66 @@ def test_out_of_range_integers_in_script_reply_are_errors(agent):
         fr.close()
 
 
+def test_an_array_header_alone_costs_the_agent_no_resident_memory(agent):
+    """The script's reply is only an array header claiming 16 million elements, none of
+    which follow: the agent answers the decision degraded at its command timeout, drops the
+    stalled connection and goes on answering. Its resident memory never grows
+    by the 128 MB of such an array's element vector: the vector is reserved, not written,
+    as with hiredis' own reply functions (the store's reply functions used to clear it page
+    by page: a 12-byte header cost 128 MB, and one claiming 2^31 elements, 16 GB)."""
+    import threading
+    import time
+    calls = []
+
+    def script(nkeys, argv):
+        calls.append(nkeys)
+        return b"*16000000\r\n" if len(calls) == 1 else script_reply(nkeys)
+
+    def rss_kb(pid):
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise AssertionError("no VmRSS")
+
+    fr = FakeRedis(script=script)
+    try:
+        a = agent(redis=fr, metrics=True, wait_redis=False,
+                  redis_cfg={"command_timeout_ms": 200})
+        wait_until(lambda: "single Redis" in a.proc.log_text(), 10, 0.05, "store ready")
+        assert a.worker_pids() == []        # the store lives in this process
+        pid = a.proc.pid
+        base = rss_kb(pid)
+        peak, stop = [base], threading.Event()
+
+        def sampler():                      # the vector lives until the stall drops it
+            while not stop.is_set():
+                try:
+                    peak[0] = max(peak[0], rss_kb(pid))
+                except (OSError, AssertionError):
+                    return
+                time.sleep(0.002)
+
+        t = threading.Thread(target=sampler, daemon=True)
+        t.start()
+        try:
+            with sc.SpopClient(a.addr, timeout=10) as c:
+                c.hello()
+                v = c.request(1, 1, [sc.rl_message(key="hdr")])
+                assert v.get("degraded") == 1, v
+                # the stalled connection, its half-built reply with it, is dropped (1 s)
+                wait_until(lambda: "stalled" in a.proc.log_text(), 10, 0.05, "stall")
+                v = c.request(3, 1, [sc.rl_message(key="hdr")])
+                assert "allow" in v, v
+        finally:
+            stop.set()
+            t.join(5)
+        assert peak[0] - base < 32 * 1024, (base, peak[0])
+        assert a.alive()
+    finally:
+        fr.close()
+
+
 # ---------------------------------------------------------------------------------------
 # Reload
 

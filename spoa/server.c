@@ -21,7 +21,8 @@
  * size) wait in a small server-wide cache, SPOA_SPARE_MAX at most, for the
  * next connection that needs one: a busy connection empties its buffers after
  * every burst, and going through the allocator each time cost more than the
- * frames' decoding.
+ * frames' decoding. Completed requests are kept the same way, REQ_POOL_MAX of
+ * one ACK size at most (a few MB after a burst, held until the server is freed).
  *
  * Nobody can hold the server hostage: srv->conns is kept in order of last
  * input (oldest first), a connection in READY with nothing in flight is closed

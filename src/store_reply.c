@@ -13,12 +13,12 @@
  * Single-threaded: a process (each worker is one) has one list. It keeps at
  * most REPLY_FREE_MAX objects; the rest go back to the allocator.
  *
- * A reply is the server's word, not ours: an allocation that fails (an array
- * header claiming two billion elements) returns NULL, which the reader turns
- * into an error of the connection, as hiredis' own functions do; the agent
- * does not abort. Large element vectors come from calloc(), whose fresh pages
- * are not written: a header alone (its elements never sent) costs address
- * space, not resident memory.
+ * A reply is the server's word, not ours: an array header claiming more than
+ * REPLY_ARRAY_MAX elements, or an allocation that fails, returns NULL, which
+ * the reader turns into an error of the connection, as hiredis' own functions
+ * do for the latter; the agent does not abort. Large element vectors come from
+ * calloc(), whose fresh pages are not written: a header alone (its elements
+ * never sent) costs address space, not resident memory.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -29,6 +29,10 @@
 
 #define REPLY_FREE_MAX 4096     /* objects kept: 48 bytes each */
 #define REPLY_VEC_SMALL 64      /* element vectors up to this many: malloc() and clear */
+/* the most elements an array may claim: twice overrides.max_entries' ceiling and then
+ * some (an HGETALL of the overrides hash is the largest reply we ask for); more is a
+ * protocol error of the connection, not 16 GB of address space for a header */
+#define REPLY_ARRAY_MAX (1 << 22)
 
 static redisReply *reply_free;  /* linked through ->element */
 static unsigned reply_nfree;
@@ -87,6 +91,8 @@ static void *create_array(const redisReadTask *task, int elements)
 	redisReply **vec = NULL;
 	redisReply *r;
 
+	if (elements > REPLY_ARRAY_MAX)
+		return NULL;
 	if (elements > 0) {
 		/* zeroed: an array cut short by a protocol error is freed half built */
 		if (elements <= REPLY_VEC_SMALL) {

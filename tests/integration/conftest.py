@@ -83,6 +83,15 @@ def wait_port(host, port, timeout=10.0, proc=None):
         time.sleep(0.05)
 
 
+def vm_rss_kb(pid):
+    """The resident memory of process <pid> in kB (/proc/<pid>/status)."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
 def wait_until(pred, timeout, interval=0.1, what="condition"):
     """Poll <pred> until it returns a true value (returned) or the deadline passes."""
     deadline = time.monotonic() + timeout

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 import spop_client as sc
-from conftest import SPOA_BIN, Redis, wait_until
+from conftest import SPOA_BIN, Redis, vm_rss_kb, wait_until
 from fake_redis import ERR_NO_CLUSTER, FakeRedis, resp_array, resp_int, script_reply
 
 SPOP_LOAD = SPOA_BIN.parent / "spop-load"
@@ -256,6 +256,27 @@ def test_out_of_range_integers_in_script_reply_are_errors(agent):
         fr.close()
 
 
+def agent_first_reply(agent, first, command_timeout_ms):
+    """An agent (metrics on, <command_timeout_ms>) on a fake Redis whose first script reply
+    is the raw bytes <first>, the others ordinary ones, once its store is ready. Returns
+    (agent, the fake Redis to close, the script calls so far)."""
+    calls = []
+
+    def script(nkeys, argv):
+        calls.append(nkeys)
+        return first if len(calls) == 1 else script_reply(nkeys)
+
+    fr = FakeRedis(script=script)
+    try:
+        a = agent(redis=fr, metrics=True, wait_redis=False,
+                  redis_cfg={"command_timeout_ms": command_timeout_ms})
+        wait_until(lambda: "single Redis" in a.proc.log_text(), 10, 0.05, "store ready")
+    except BaseException:
+        fr.close()
+        raise
+    return a, fr, calls
+
+
 def test_an_array_header_alone_costs_the_agent_no_resident_memory(agent):
     """The script's reply is only an array header claiming 4 million elements (just under
     the cap of the next test), none of which follow: the agent answers the decision degraded
@@ -266,33 +287,17 @@ def test_an_array_header_alone_costs_the_agent_no_resident_memory(agent):
     by page: a 12-byte header cost 128 MB, and one claiming 2^31 elements, 16 GB)."""
     import threading
     import time
-    calls = []
-
-    def script(nkeys, argv):
-        calls.append(nkeys)
-        return b"*4000000\r\n" if len(calls) == 1 else script_reply(nkeys)
-
-    def rss_kb(pid):
-        with open("/proc/%d/status" % pid) as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-        raise AssertionError("no VmRSS")
-
-    fr = FakeRedis(script=script)
+    a, fr, calls = agent_first_reply(agent, b"*4000000\r\n", 200)
     try:
-        a = agent(redis=fr, metrics=True, wait_redis=False,
-                  redis_cfg={"command_timeout_ms": 200})
-        wait_until(lambda: "single Redis" in a.proc.log_text(), 10, 0.05, "store ready")
         assert a.worker_pids() == []        # the store lives in this process
         pid = a.proc.pid
-        base = rss_kb(pid)
+        base = vm_rss_kb(pid)
         peak, stop = [base], threading.Event()
 
         def sampler():                      # the vector lives until the stall drops it
             while not stop.is_set():
                 try:
-                    peak[0] = max(peak[0], rss_kb(pid))
+                    peak[0] = max(peak[0], vm_rss_kb(pid))
                 except (OSError, AssertionError):
                     return
                 time.sleep(0.002)
@@ -322,17 +327,8 @@ def test_an_array_header_past_the_cap_is_an_error_of_the_connection(agent):
     it is read: the connection is dropped at once (no waiting for a stall), the decision
     answered by the failure ladder, and the next one, on a new connection, by Redis."""
     import time
-    calls = []
-
-    def script(nkeys, argv):
-        calls.append(nkeys)
-        return b"*2147483647\r\n" if len(calls) == 1 else script_reply(nkeys)
-
-    fr = FakeRedis(script=script)
+    a, fr, calls = agent_first_reply(agent, b"*2147483647\r\n", 5000)
     try:
-        a = agent(redis=fr, metrics=True, wait_redis=False,
-                  redis_cfg={"command_timeout_ms": 5000})
-        wait_until(lambda: "single Redis" in a.proc.log_text(), 10, 0.05, "store ready")
         with sc.SpopClient(a.addr, timeout=10) as c:
             c.hello()
             t0 = time.monotonic()

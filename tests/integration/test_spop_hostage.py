@@ -19,7 +19,7 @@ import time
 import pytest
 
 import spop_client as sc
-from conftest import Agent, agent_config, free_port, wait_until
+from conftest import Agent, agent_config, free_port, vm_rss_kb, wait_until
 from test_ops import scrape
 
 
@@ -63,14 +63,6 @@ def request(s, sid, msgs):
     f = recv_frame(s)
     assert f is not None and f.type == sc.T_ACK and f.sid == sid, f
     return sc.ack_vars(f.payload)
-
-
-def vm_rss_kb(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 # ---------------------------------------------------------------------------------------

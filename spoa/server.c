@@ -72,9 +72,9 @@
 #include <arpa/inet.h>
 
 #include <ev.h>
-#include <sanitizer/asan_interface.h>   /* no-op macros outside ASan builds */
 
 #include "list.h"
+#include "pool.h"
 
 #define SPOA_ACK_DFLT       1024    /* largest ACK a request can build, by default */
 #define SPOA_LINGER_MS      1000    /* how long a closing connection may flush */
@@ -219,27 +219,6 @@ static void conn_set_state(struct spoa_conn *c, enum conn_state st)
 	else if (!state_open(c->state) && state_open(st))
 		c->srv->nopen++;
 	c->state = st;
-}
-
-/*
- * Buffers and requests kept for reuse are poisoned in ASan builds while they
- * wait, so that a use after release is still reported as one. A request's
- * link (udata) stays readable: LeakSanitizer ignores pointers found in
- * poisoned memory, and would report the rest of the list.
- */
-static void pool_poison(void *p, size_t size, const void *link)
-{
-	size_t off = link ? (size_t)((const char *)link - (const char *)p) : size;
-
-	ASAN_POISON_MEMORY_REGION(p, off);
-	if (link)
-		ASAN_POISON_MEMORY_REGION((char *)p + off + sizeof(void *),
-					  size - off - sizeof(void *));
-}
-
-static void pool_unpoison(void *p, size_t size)
-{
-	ASAN_UNPOISON_MEMORY_REGION(p, size);
 }
 
 /* A buffer of SPOA_RX_MIN bytes, from the cache if it has one. */

@@ -3,11 +3,8 @@
 #ifndef AGENT_COMPILER_H
 #define AGENT_COMPILER_H
 
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-#include <sanitizer/asan_interface.h>   /* no-op macros outside ASan builds */
 
 #define MUSTCHECK      __attribute__((warn_unused_result))
 #define PRINTF(a, b)   __attribute__((format(printf, a, b)))
@@ -24,25 +21,5 @@
 			abort();                                                            \
 		}                                                                           \
 	} while (0)
-
-/*
- * Objects kept on a free list for reuse are poisoned in ASan builds while they
- * wait, so that a use after release is still reported as one. The list's link,
- * the pointer at <link> inside <p>, stays readable: LeakSanitizer ignores
- * pointers found in poisoned memory, and would report the rest of the list.
- */
-static inline void pool_poison(void *p, size_t size, const void *link)
-{
-	size_t off = (size_t)((const char *)link - (const char *)p);
-
-	ASAN_POISON_MEMORY_REGION(p, off);
-	ASAN_POISON_MEMORY_REGION((char *)p + off + sizeof(void *), size - off - sizeof(void *));
-}
-
-/* Makes the <size> bytes at <p>, taken off a free list, usable again. */
-static inline void pool_unpoison(void *p, size_t size)
-{
-	ASAN_UNPOISON_MEMORY_REGION(p, size);
-}
 
 #endif /* AGENT_COMPILER_H */

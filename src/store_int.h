@@ -19,6 +19,7 @@
 #include <hiredis/hiredis.h>
 
 #include "list.h"
+#include "pool.h"
 #include "store.h"
 
 #define BACKOFF_MIN_MS    50

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import spop_client as sc
 import pytest
 
-from conftest import SPOA_BIN, Stack, to_libconfig, wait_until
+from conftest import SPOA_BIN, LcList, Stack, to_libconfig, wait_until
 from test_cluster import redis_cluster  # noqa: F401 (the fixture)
 from test_ops import pipeline, scrape
 
@@ -185,7 +185,7 @@ def test_candidate_in_the_multi_form(agent, redis):
                        "a5": {"rate": 5, "period": "1h"}},
             "tiers": {"t": {"limits": ["c50"]}}, "default_tier": "t",
             "anonymous": {"limits": ["a5"]},
-            "endpoints": __import__("rlharness").LcList(
+            "endpoints": LcList(
                 [{"name": "all", "path_prefix": "/x", "global_limits": ["g80"]}])}
     a = agent(redis=redis, metrics=True,
               limits={"b500": {"rate": 500, "period": "1h"}, "anon5": {"rate": 5, "period": "1h"}},
@@ -300,7 +300,7 @@ def test_candidate_global_denial_takes_back_the_principal_charge(agent, redis):
                        "a5": {"rate": 5, "period": "1h"}},
             "tiers": {"t": {"limits": ["c3600"]}}, "default_tier": "t",
             "anonymous": {"limits": ["a5"]},
-            "endpoints": __import__("rlharness").LcList(
+            "endpoints": LcList(
                 [{"name": "heavy", "path_prefix": "/x", "global_limits": ["g2"]}])}
     a = agent(redis=redis, metrics=True,
               limits={"b500": {"rate": 500, "period": "1h"}, "anon5": {"rate": 5, "period": "1h"}},
@@ -335,13 +335,13 @@ def test_candidate_global_limits_of_another_endpoint_in_a_cluster(agent, redis_c
                        "a": {"rate": 100, "period": "1h"}},
             "tiers": {"t": {"limits": ["c"]}}, "default_tier": "t",
             "anonymous": {"limits": ["a"]},
-            "endpoints": __import__("rlharness").LcList(
+            "endpoints": LcList(
                 [{"name": "eb", "path_prefix": "/x", "global_limits": ["gb"]}])}
     a = agent(redis=cl.masters()[0], metrics=True,
               limits={"b": {"rate": 100, "period": "1h"}, "ga": {"rate": 100, "period": "1h"},
                       "an": {"rate": 100, "period": "1h"}},
               tiers={"t": {"limits": ["b"]}}, default_tier="t", anonymous={"limits": ["an"]},
-              endpoints=__import__("rlharness").LcList(
+              endpoints=LcList(
                   [{"name": "ea", "path_prefix": "/x", "global_limits": ["ga"]}]),
               candidate=cand)
     allow0 = scrape(a).get("spoa_ratelimit_candidate_decisions_total", result="would_allow")

@@ -189,10 +189,16 @@ static bool paced_ok(void)
 	return !g.rate || g.sent < g.due;
 }
 
+/* True when <c> may send one more NOTIFY now. */
+static bool may_send(const struct lconn *c)
+{
+	return !g.stopping && c->fd >= 0 && c->ready && c->inflight < (unsigned)g.pipeline &&
+	       (!g.max_requests || g.sent < g.max_requests) && paced_ok();
+}
+
 static void fill(struct ev_loop *loop, struct lconn *c)
 {
-	while (!g.stopping && c->ready && c->inflight < (unsigned)g.pipeline &&
-	       (!g.max_requests || g.sent < g.max_requests) && paced_ok())
+	while (may_send(c))
 		send_notify(loop, c);
 }
 
@@ -364,14 +370,11 @@ static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	/* what is due now leaves now, one NOTIFY per connection in turn (a backlog a full
 	 * pipeline holds back leaves as its ACKs come in, see read_cb) */
 	g.due = (uint64_t)(g.rate * (now - g.start)) + 1;
-	for (bool sent = true; sent && paced_ok();) {
+	for (bool sent = true; sent;) {
 		sent = false;
-		for (i = 0; i < g.conns && paced_ok(); i++) {
-			struct lconn *c = &conns[i];
-
-			if (c->fd >= 0 && c->ready && c->inflight < (unsigned)g.pipeline &&
-			    (!g.max_requests || g.sent < g.max_requests)) {
-				send_notify(loop, c);
+		for (i = 0; i < g.conns; i++) {
+			if (may_send(&conns[i])) {
+				send_notify(loop, &conns[i]);
 				sent = true;
 			}
 		}

@@ -73,6 +73,9 @@ UNIT_BINS = $(BUILD)/test_spop $(BUILD)/test_limiter $(BUILD)/test_memstore $(BU
 MODEL     = $(BUILD)/limit_model
 REPLAY    = $(BUILD)/fuzz_replay
 
+# a recipe that fails leaves no half-written target behind
+.DELETE_ON_ERROR:
+
 .PHONY: all deps unit replay itest test demo bench bench-script accuracy attack fuzz fuzz-smoke \
         check-config install uninstall clean help deb deb-deps test-deb version check-version
 
@@ -93,15 +96,21 @@ $(BUILD)/gen/ratelimit.lua: $(LUA)
 	@echo "  GEN     $@"
 	$(Q)cat $(LUA) > $@.tmp && mv $@.tmp $@
 
+# Any failing step fails the recipe (set -e): a missing xxd stops the build with
+# a message instead of leaving a broken scripts.c behind, and the .tmp file is
+# only renamed once complete, so the next `make` generates it again.
 $(BUILD)/gen/scripts.c: $(BUILD)/gen/ratelimit.lua lua/heartbeat.lua
 	@echo "  GEN     $@"
-	$(Q){ echo '/* generated from lua/ by the Makefile: do not edit */'; \
+	$(Q)set -e; command -v xxd >/dev/null || \
+	  { echo "xxd not found: it embeds lua/ in the agent (apt-get install xxd, or make deps)" >&2; \
+	    exit 1; }; \
+	{ echo '/* generated from lua/ by the Makefile: do not edit */'; \
 	  echo '#include "scripts.h"'; \
 	  echo 'const char script_ratelimit[] = {'; xxd -i < $<; echo ', 0x00 };'; \
 	  echo 'const size_t script_ratelimit_len = sizeof(script_ratelimit) - 1;'; \
 	  echo 'const char script_heartbeat[] = {'; xxd -i < lua/heartbeat.lua; echo ', 0x00 };'; \
-	  echo 'const size_t script_heartbeat_len = sizeof(script_heartbeat) - 1;'; } > $@.tmp && \
-	  mv $@.tmp $@
+	  echo 'const size_t script_heartbeat_len = sizeof(script_heartbeat) - 1;'; } > $@.tmp; \
+	mv $@.tmp $@
 
 $(BUILD)/gen/scripts.o: $(BUILD)/gen/scripts.c
 	@echo "  CC      $<"
@@ -188,7 +197,10 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory replay
 	$(Q)$(MAKE) --no-print-directory itest
 
-# ---- fuzzing (clang-14 + libFuzzer) ---------------------------------------
+# ---- fuzzing (clang + libFuzzer) ------------------------------------------
+# `clang` is the release's default (14 on Debian 12, 19 on Debian 13); libFuzzer
+# comes with libclang-rt-dev on both.
+CLANG ?= clang
 
 FUZZ_BUILD = build-fuzz
 fuzz: $(FUZZ_BUILD)/fuzz_spop_frame $(FUZZ_BUILD)/fuzz_config
@@ -197,12 +209,12 @@ FUZZ_CONFIG_SRC = tests/fuzz/fuzz_config.c src/config.c src/rules.c src/util.c s
                   src/limiter.c src/normalize.c spoa/spop.c
 $(FUZZ_BUILD)/fuzz_config: $(FUZZ_CONFIG_SRC) src/config.h src/rules.h
 	@mkdir -p $(FUZZ_BUILD)
-	clang-14 -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \
+	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \
 	  $(PKG_CFLAGS) -o $@ $(FUZZ_CONFIG_SRC) -lconfig -lm
 
 $(FUZZ_BUILD)/fuzz_spop_frame: tests/fuzz/fuzz_spop_frame.c spoa/spop.c spoa/spop.h
 	@mkdir -p $(FUZZ_BUILD)
-	clang-14 -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -Ispoa -o $@ \
+	$(CLANG) -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -Ispoa -o $@ \
 	  tests/fuzz/fuzz_spop_frame.c spoa/spop.c
 
 fuzz-smoke: fuzz
@@ -244,11 +256,11 @@ check-config: $(BIN)
 	RL_SPOE_CONF=$(abspath haproxy/spoe-ratelimit.conf) RL_TIER_MAP=$(abspath haproxy/tiers.map) \
 	  haproxy -c -f haproxy/haproxy.cfg
 
-# ---- dependencies: Debian 12 packages ---------------------------------------
+# ---- dependencies: Debian 12 and 13 (package names that exist on both) ------
 
 DEB_PKGS = gcc make pkg-config xxd libev-dev libhiredis-dev libconfig-dev libcmocka-dev \
-           redis-server redis-tools haproxy python3 python3-pytest wrk clang-14 \
-           libclang-rt-14-dev socat
+           redis-server redis-tools haproxy python3 python3-pytest wrk clang \
+           libclang-rt-dev socat
 
 # apt-get installs those of the packages $(1) that are missing (sudo unless root).
 define apt_install

@@ -17,8 +17,10 @@
  * REPLY_ARRAY_MAX elements, or an allocation that fails, returns NULL, which
  * the reader turns into an error of the connection, as hiredis' own functions
  * do for the latter; the agent does not abort. Large element vectors come from
- * calloc(), whose fresh pages are not written: a header alone (its elements
- * never sent) costs address space, not resident memory.
+ * calloc(), whose fresh pages are neither written nor, when the array is
+ * freed half built, read: a header alone (its elements never sent) costs
+ * address space, not resident memory. One source serves hiredis 0.14 (Debian
+ * 12) and 1.x (Debian 13): only createArray's count type differs.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -86,12 +88,19 @@ static void *create_string(const redisReadTask *task, char *str, size_t len)
 	return r;
 }
 
-static void *create_array(const redisReadTask *task, int elements)
+/* hiredis 1.x counts an array's elements in a size_t, 0.14 in an int */
+#if defined(HIREDIS_MAJOR) && HIREDIS_MAJOR >= 1
+typedef size_t reply_count_t;
+#else
+typedef int reply_count_t;
+#endif
+
+static void *create_array(const redisReadTask *task, reply_count_t elements)
 {
 	redisReply **vec = NULL;
 	redisReply *r;
 
-	if (elements > REPLY_ARRAY_MAX)
+	if (elements > (reply_count_t)REPLY_ARRAY_MAX)
 		return NULL;
 	if (elements > 0) {
 		/* zeroed: an array cut short by a protocol error is freed half built */
@@ -139,7 +148,11 @@ static void free_object(void *obj)
 	if (!r)
 		return;
 	if (r->type == REDIS_REPLY_ARRAY && r->element) {
-		for (i = 0; i < r->elements; i++)
+		/* the reader builds elements in order and none is NULL: the built ones are
+		 * a prefix. An array cut short is freed without reading the slots past it,
+		 * so a header alone never touches (or, on some kernels, makes resident)
+		 * the vector calloc() reserved for it. */
+		for (i = 0; i < r->elements && r->element[i]; i++)
 			free_object(r->element[i]);
 		free(r->element);
 	}

@@ -7,12 +7,18 @@ after a deadline; when a test fails, the logs of every process it started are pr
 Environment:
   SPOA_BIN      agent binary (default: <repo>/build/spoa-ratelimit)
   HAPROXY_BIN   haproxy binary (default: haproxy on PATH)
-  REDIS_BIN     redis-server binary (default: redis-server on PATH)
+  REDIS_BIN     redis-server binary (default: redis-server on PATH; valkey-server works)
+  REDIS_CLI     redis-cli binary for the cluster tests (default: redis-cli on PATH, else
+                valkey-cli)
+
+Markers, set at collection (tests/matrix/ selects with them): `haproxy` on every test that
+runs a real HAProxy (the haproxy/stack/upstream fixtures, test_haproxy_config.py).
 """
 
 import http.client
 import http.server
 import os
+import re
 import shutil
 import signal
 import socket
@@ -35,6 +41,53 @@ HAPROXY_DIR = REPO / "haproxy"
 SPOA_BIN = Path(os.environ.get("SPOA_BIN") or REPO / "build" / "spoa-ratelimit")
 HAPROXY_BIN = os.environ.get("HAPROXY_BIN") or shutil.which("haproxy") or "/usr/sbin/haproxy"
 REDIS_BIN = os.environ.get("REDIS_BIN") or shutil.which("redis-server") or "/usr/bin/redis-server"
+REDIS_CLI = (os.environ.get("REDIS_CLI") or shutil.which("redis-cli") or shutil.which("valkey-cli")
+             or "/usr/bin/redis-cli")
+
+
+def _version_of(argv, pattern):
+    """(major, minor) from the first match of <pattern> in <argv>'s output; (0, 0) if the
+    binary is missing or says nothing that matches."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return (0, 0)
+    m = re.search(pattern, out.stdout + out.stderr)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+HAPROXY_VERSION = _version_of([HAPROXY_BIN, "-v"], r"version (\d+)\.(\d+)")
+REDIS_VERSION = _version_of([REDIS_BIN, "--version"], r"v=(\d+)\.(\d+)")
+
+
+def agent_errors(*codes):
+    """The txn.rl.err values this HAProxy sets (`option set-on-error`) for the events that
+    HAProxy 2.6 reports as <codes>: 1 (timeout, agent unreachable), 2 (no agent server
+    UP), 256 + N (SPOP error N). HAProxy 3.x reports all three as 257 (checked on 3.0,
+    3.2 and 3.4); a timeout of `timeout processing` is still 1 there."""
+    out = set()
+    for c in codes:
+        if HAPROXY_VERSION >= (3, 0) and c in (2, 256):
+            out.add("257")
+        elif HAPROXY_VERSION >= (3, 0) and c == 1:
+            out.update(("1", "257"))
+        else:
+            out.add(str(c))
+    return out
+
+
+HAPROXY_FIXTURES = {"haproxy", "stack", "upstream"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "haproxy: the test runs a real HAProxy")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if HAPROXY_FIXTURES & set(getattr(item, "fixturenames", ())) or \
+                item.module.__name__ == "test_haproxy_config":
+            item.add_marker(pytest.mark.haproxy)
 
 # Sanitizer reports in a process log fail the test (the agent may run as an ASan build).
 SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",

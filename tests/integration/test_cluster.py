@@ -21,9 +21,8 @@ import time
 import pytest
 
 import spop_client as sc
-from conftest import REDIS_BIN, REPO, _resp_read, free_port, wait_port, wait_until
+from conftest import REDIS_BIN, REDIS_CLI, REPO, _resp_read, free_port, wait_port, wait_until
 
-REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 SLOTS = 16384
 
 # One limit per tier, so that a query holds one key; periods of an hour or a day, so that

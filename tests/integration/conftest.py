@@ -63,13 +63,16 @@ REDIS_VERSION = _version_of([REDIS_BIN, "--version"], r"v=(\d+)\.(\d+)")
 def agent_errors(*codes):
     """The txn.rl.err values this HAProxy sets (`option set-on-error`) for the events that
     HAProxy 2.6 reports as <codes>: 1 (timeout, agent unreachable), 2 (no agent server
-    UP), 256 + N (SPOP error N). HAProxy 3.x reports all three as 257 (checked on 3.0,
-    3.2 and 3.4); a timeout of `timeout processing` is still 1 there."""
+    UP), 256 + N (SPOP error N; 257 is an I/O error, e.g. the agent killed). HAProxy 3.0
+    still runs the SPOE applets of 2.6 and says the same. From 3.1 on (the SPOP
+    multiplexer), "no server UP" and an agent's DISCONNECT are 257 too, and an agent
+    that cannot be reached is 1 or 257 depending on when the connection fails."""
     out = set()
+    new_mux = HAPROXY_VERSION >= (3, 1)
     for c in codes:
-        if HAPROXY_VERSION >= (3, 0) and c in (2, 256):
+        if new_mux and c in (2, 256):
             out.add("257")
-        elif HAPROXY_VERSION >= (3, 0) and c == 1:
+        elif new_mux and c == 1:
             out.update(("1", "257"))
         else:
             out.add(str(c))

@@ -9,6 +9,7 @@
 #   make accuracy        20 agents on one Redis: admitted / limit, exact vs local-only
 #   make attack          attacks on two gateways, one row each with PASS/FAIL (~2 min)
 #   make fuzz-smoke      libFuzzer (clang) on the frame decoder for ~60 s
+#   make matrix          the tests on Debian 13, HAProxy 3.2/3.4, Valkey (root, ~15 min)
 #   make deb             Debian package (dpkg-buildpackage + lintian) into build/deb/
 #   make test-deb        build it, install it, run it, purge it (root; tests/package/)
 #   make SANITIZE=address,undefined   ASan/UBSan build into build-asan/
@@ -77,12 +78,12 @@ REPLAY    = $(BUILD)/fuzz_replay
 .DELETE_ON_ERROR:
 
 .PHONY: all deps unit replay itest test demo bench bench-script accuracy attack fuzz fuzz-smoke \
-        check-config install uninstall clean help deb deb-deps test-deb version check-version
+        check-config matrix install uninstall clean help deb deb-deps test-deb version check-version
 
 all: $(BIN) $(LIBSPOA) $(BUILD)/spop-load
 
 help:
-	@sed -n '1,17p' Makefile
+	@sed -n '1,18p' Makefile
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -251,10 +252,18 @@ attack: deps
 
 # ---- checks ----------------------------------------------------------------
 
+# the samples as they ship: no RL_* variable, from the repository root
+HAPROXY ?= haproxy
 check-config: $(BIN)
 	$(BIN) -c -f contrib/spoa-ratelimit.conf
-	RL_SPOE_CONF=$(abspath haproxy/spoe-ratelimit.conf) RL_TIER_MAP=$(abspath haproxy/tiers.map) \
-	  haproxy -c -f haproxy/haproxy.cfg
+	env $$(env | sed -n 's/^\(RL_[A-Za-z0-9_]*\)=.*/-u \1/p') $(HAPROXY) -c -f haproxy/haproxy.cfg
+	env $$(env | sed -n 's/^\(RL_[A-Za-z0-9_]*\)=.*/-u \1/p') $(HAPROXY) -c -f haproxy/upstream.cfg
+
+# The test matrix beyond this machine (root; doc/development.md, "The test matrix"):
+# Debian 13, HAProxy 3.2 and 3.4, Valkey 8.1 and 9.1, in Debian roots (mmdebstrap).
+# `make matrix LEGS="haproxy-3.4 valkey-9"` runs some legs only.
+matrix:
+	tests/matrix/run $(LEGS)
 
 # ---- dependencies: Debian 12 and 13 (package names that exist on both) ------
 

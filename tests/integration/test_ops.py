@@ -246,7 +246,9 @@ HOURLY_OPEN = {k: dict(v, on_failure="open") for k, v in HOURLY.items()}
 
 def test_metrics_exact_counts_through_haproxy(stack):
     key_a, key_b = "ops-exact-key-A", "ops-exact-key-B"
-    s = stack(limits=HOURLY, metrics=True, tiers={key_b: "pro"})
+    # overrides polled every 10 s, not 250 ms: on a slow machine a version check (one more
+    # Redis command) could otherwise land between the two scrapes
+    s = stack(limits=HOURLY, metrics=True, tiers={key_b: "pro"}, overrides={"poll": "10s"})
     a = s.agent
     before = scrape(a)
     statuses = {"A": [], "B": [], "anon": []}

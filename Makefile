@@ -60,7 +60,7 @@ SPOA_SRC  = spoa/spop.c spoa/server.c
 AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/store_node.c \
             src/store_cluster.c src/store_batch.c src/store_reply.c src/limiter.c src/digest.c src/log.c src/util.c \
             src/memstore.c src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c \
-            src/normalize.c src/overrides.c src/ctl.c
+            src/normalize.c src/overrides.c src/ctl.c src/secret.c
 SPOA_OBJ  = $(SPOA_SRC:%.c=$(BUILD)/%.o)
 AGENT_OBJ = $(AGENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/scripts.o
 LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lua \
@@ -147,7 +147,7 @@ $(BUILD)/test_obs: tests/unit/test_obs.c $(BUILD)/src/http.o $(BUILD)/src/prom.o
 
 $(BUILD)/test_normalize: tests/unit/test_normalize.c $(BUILD)/src/normalize.o $(BUILD)/src/rules.o \
                          $(BUILD)/src/config.o $(BUILD)/src/limiter.o $(BUILD)/src/util.o \
-                         $(BUILD)/src/log.o $(BUILD)/spoa/spop.o
+                         $(BUILD)/src/log.o $(BUILD)/spoa/spop.o $(BUILD)/src/secret.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lcmocka -lm
 
@@ -167,7 +167,8 @@ $(BUILD)/spop-load: tests/tools/spop_load.c $(LIBSPOA)
 
 $(BUILD)/fuzz_config_replay: tests/fuzz/fuzz_config.c tests/fuzz/replay.c $(BUILD)/src/config.o \
                              $(BUILD)/src/rules.o $(BUILD)/src/util.o $(BUILD)/src/log.o \
-                             $(BUILD)/src/limiter.o $(BUILD)/src/normalize.o $(BUILD)/spoa/spop.o
+                             $(BUILD)/src/limiter.o $(BUILD)/src/normalize.o $(BUILD)/spoa/spop.o \
+                             $(BUILD)/src/secret.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lm
 
@@ -206,7 +207,7 @@ FUZZ_BUILD = build-fuzz
 fuzz: $(FUZZ_BUILD)/fuzz_spop_frame $(FUZZ_BUILD)/fuzz_config
 
 FUZZ_CONFIG_SRC = tests/fuzz/fuzz_config.c src/config.c src/rules.c src/util.c src/log.c \
-                  src/limiter.c src/normalize.c spoa/spop.c
+                  src/limiter.c src/normalize.c spoa/spop.c src/secret.c
 $(FUZZ_BUILD)/fuzz_config: $(FUZZ_CONFIG_SRC) src/config.h src/rules.h
 	@mkdir -p $(FUZZ_BUILD)
 	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \

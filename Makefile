@@ -60,9 +60,10 @@ SPOA_SRC  = spoa/spop.c spoa/server.c
 AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/store_node.c \
             src/store_cluster.c src/store_batch.c src/store_reply.c src/limiter.c src/digest.c src/log.c src/util.c \
             src/memstore.c src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c \
-            src/normalize.c src/overrides.c src/ctl.c src/secret.c
+            src/normalize.c src/overrides.c src/ctl.c
 SPOA_OBJ  = $(SPOA_SRC:%.c=$(BUILD)/%.o)
 AGENT_OBJ = $(AGENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/scripts.o
+AGENT_SRC += src/secret.c
 LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lua \
             lua/sliding_window.lua lua/decide.lua
 

@@ -188,6 +188,44 @@ static bool redis_address_ok(const char *addr)
 	return inet_pton(AF_INET, host, &a6) == 1 || inet_pton(AF_INET6, host, &a6) == 1;
 }
 
+/*
+ * The Redis password: written in the file (`redis.password`, whose line is
+ * kept for the advice of config_password_advice()), or read from a file of its
+ * own (`redis.password_file`, see secret.c), not both. A password file that
+ * cannot be used is an error naming it.
+ */
+static void load_password_file(struct loader *ld, const config_setting_t *redis)
+{
+	const config_setting_t *inl = redis ? config_setting_get_member(redis, "password") : NULL;
+	const config_setting_t *s = redis ? config_setting_get_member(redis, "password_file")
+					  : NULL;
+	struct agent_config *cfg = ld->cfg;
+	char err[256], *name;
+
+	if (!s) {
+		if (inl && cfg->redis.password && *cfg->redis.password)
+			cfg->redis.password_line = line_of(inl);
+		return;
+	}
+	if (inl) {
+		add_err(ld, line_of(s), "redis: 'password' and 'password_file' together: keep "
+					"'password_file' and remove 'password'");
+		return;
+	}
+	name = get_str(ld, redis, "password_file", NULL);
+	if (!name)
+		return;
+	if (!*name) {
+		add_err(ld, line_of(s), "redis.password_file is empty: name the file");
+	} else {
+		cfg->redis.password_file = secret_path(name, ld->file);
+		if (secret_read(cfg->redis.password_file, &cfg->redis.password, err, sizeof(err)) < 0)
+			add_err(ld, line_of(s), "redis.password_file '%s': %s",
+				cfg->redis.password_file, err);
+	}
+	free(name);
+}
+
 static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_limit *l)
 {
 	static const char *const known[] = {"algorithm", "rate", "period", "burst", "shadow",
@@ -842,44 +880,6 @@ static void load_listen(struct loader *ld, const config_setting_t *s)
 		else
 			cfg->listen[cfg->nlisten++] = xstrdup(config_setting_get_string(e));
 	}
-}
-
-/*
- * The Redis password: written in the file (`redis.password`, whose line is
- * kept for the advice of config_password_advice()), or read from a file of its
- * own (`redis.password_file`, see secret.c), not both. A password file that
- * cannot be used is an error naming it.
- */
-static void load_password_file(struct loader *ld, const config_setting_t *redis)
-{
-	const config_setting_t *inl = redis ? config_setting_get_member(redis, "password") : NULL;
-	const config_setting_t *s = redis ? config_setting_get_member(redis, "password_file")
-					  : NULL;
-	struct agent_config *cfg = ld->cfg;
-	char err[256], *name;
-
-	if (!s) {
-		if (inl && cfg->redis.password && *cfg->redis.password)
-			cfg->redis.password_line = line_of(inl);
-		return;
-	}
-	if (inl) {
-		add_err(ld, line_of(s), "redis: 'password' and 'password_file' together: keep "
-					"'password_file' and remove 'password'");
-		return;
-	}
-	name = get_str(ld, redis, "password_file", NULL);
-	if (!name)
-		return;
-	if (!*name) {
-		add_err(ld, line_of(s), "redis.password_file is empty: name the file");
-	} else {
-		cfg->redis.password_file = secret_path(name, ld->file);
-		if (secret_read(cfg->redis.password_file, &cfg->redis.password, err, sizeof(err)) < 0)
-			add_err(ld, line_of(s), "redis.password_file '%s': %s",
-				cfg->redis.password_file, err);
-	}
-	free(name);
 }
 
 static void load_root(struct loader *ld, config_t *lc)

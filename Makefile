@@ -64,6 +64,7 @@ AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/stor
             src/normalize.c src/overrides.c src/ctl.c
 SPOA_OBJ  = $(SPOA_SRC:%.c=$(BUILD)/%.o)
 AGENT_OBJ = $(AGENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/scripts.o
+AGENT_SRC += src/secret.c
 LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lua \
             lua/sliding_window.lua lua/decide.lua
 
@@ -148,7 +149,7 @@ $(BUILD)/test_obs: tests/unit/test_obs.c $(BUILD)/src/http.o $(BUILD)/src/prom.o
 
 $(BUILD)/test_normalize: tests/unit/test_normalize.c $(BUILD)/src/normalize.o $(BUILD)/src/rules.o \
                          $(BUILD)/src/config.o $(BUILD)/src/limiter.o $(BUILD)/src/util.o \
-                         $(BUILD)/src/log.o $(BUILD)/spoa/spop.o
+                         $(BUILD)/src/log.o $(BUILD)/spoa/spop.o $(BUILD)/src/secret.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lcmocka -lm
 
@@ -168,7 +169,8 @@ $(BUILD)/spop-load: tests/tools/spop_load.c $(LIBSPOA)
 
 $(BUILD)/fuzz_config_replay: tests/fuzz/fuzz_config.c tests/fuzz/replay.c $(BUILD)/src/config.o \
                              $(BUILD)/src/rules.o $(BUILD)/src/util.o $(BUILD)/src/log.o \
-                             $(BUILD)/src/limiter.o $(BUILD)/src/normalize.o $(BUILD)/spoa/spop.o
+                             $(BUILD)/src/limiter.o $(BUILD)/src/normalize.o $(BUILD)/spoa/spop.o \
+                             $(BUILD)/src/secret.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lm
 
@@ -207,7 +209,7 @@ FUZZ_BUILD = build-fuzz
 fuzz: $(FUZZ_BUILD)/fuzz_spop_frame $(FUZZ_BUILD)/fuzz_config
 
 FUZZ_CONFIG_SRC = tests/fuzz/fuzz_config.c src/config.c src/rules.c src/util.c src/log.c \
-                  src/limiter.c src/normalize.c spoa/spop.c
+                  src/limiter.c src/normalize.c spoa/spop.c src/secret.c
 $(FUZZ_BUILD)/fuzz_config: $(FUZZ_CONFIG_SRC) src/config.h src/rules.h
 	@mkdir -p $(FUZZ_BUILD)
 	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \

@@ -2361,10 +2361,13 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 	    o->redis.command_timeout_ms != n->redis.command_timeout_ms ||
 	    o->redis.connect_timeout_ms != n->redis.connect_timeout_ms)
 		LOG(LOG_WARN, "reload: store settings changed, ignored until restart");
-	if (!streq_null(o->redis.user, n->redis.user))
-		LOG(LOG_WARN, "reload: 'redis.user' changed, ignored until restart");
-	if (!streq_null(o->redis.password, n->redis.password))
-		LOG(LOG_WARN, "reload: 'redis.password' changed, ignored until restart");
+	/* credentials (a password file's content too): open connections stay authenticated */
+	if (!streq_null(o->redis.user, n->redis.user) ||
+	    !streq_null(o->redis.password, n->redis.password)) {
+		if (a->store)
+			store_set_auth(a->store, n->redis.user, n->redis.password);
+		LOG(LOG_NOTICE, "reload: Redis credentials changed, used from the next connection");
+	}
 	if (o->redis.max_pending != n->redis.max_pending)
 		LOG(LOG_WARN, "reload: 'redis.max_pending' changed, ignored until restart");
 	if (o->redis.queue_timeout_ms != n->redis.queue_timeout_ms)

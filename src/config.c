@@ -18,6 +18,7 @@
 #include "limiter.h"
 #include "log.h"
 #include "normalize.h"
+#include "secret.h"
 #include "store.h"
 #include "util.h"
 
@@ -185,6 +186,44 @@ static bool redis_address_ok(const char *addr)
 	memcpy(host, addr, hl);
 	host[hl] = 0;
 	return inet_pton(AF_INET, host, &a6) == 1 || inet_pton(AF_INET6, host, &a6) == 1;
+}
+
+/*
+ * The Redis password: written in the file (`redis.password`, whose line is
+ * kept for the advice of config_password_advice()), or read from a file of its
+ * own (`redis.password_file`, see secret.c), not both. A password file that
+ * cannot be used is an error naming it.
+ */
+static void load_password_file(struct loader *ld, const config_setting_t *redis)
+{
+	const config_setting_t *inl = redis ? config_setting_get_member(redis, "password") : NULL;
+	const config_setting_t *s = redis ? config_setting_get_member(redis, "password_file")
+					  : NULL;
+	struct agent_config *cfg = ld->cfg;
+	char err[256], *name;
+
+	if (!s) {
+		if (inl && cfg->redis.password && *cfg->redis.password)
+			cfg->redis.password_line = line_of(inl);
+		return;
+	}
+	if (inl) {
+		add_err(ld, line_of(s), "redis: 'password' and 'password_file' together: keep "
+					"'password_file' and remove 'password'");
+		return;
+	}
+	name = get_str(ld, redis, "password_file", NULL);
+	if (!name)
+		return;
+	if (!*name) {
+		add_err(ld, line_of(s), "redis.password_file is empty: name the file");
+	} else {
+		cfg->redis.password_file = secret_path(name, ld->file);
+		if (secret_read(cfg->redis.password_file, &cfg->redis.password, err, sizeof(err)) < 0)
+			add_err(ld, line_of(s), "redis.password_file '%s': %s",
+				cfg->redis.password_file, err);
+	}
+	free(name);
 }
 
 static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_limit *l)
@@ -855,7 +894,8 @@ static void load_root(struct loader *ld, config_t *lc)
 						  "connect_timeout_ms", "command_timeout_ms",
 						  "max_pending", "breaker_failures",
 						  "breaker_cooldown_ms", "queue_timeout_ms",
-						  "max_concurrency", "batch_max", NULL};
+						  "max_concurrency", "batch_max", "password_file",
+						  NULL};
 	static const char *const known_resp[] = {"legacy_headers", NULL};
 	struct agent_config *cfg = ld->cfg;
 	config_setting_t *root = config_root_setting(lc);
@@ -921,6 +961,7 @@ static void load_root(struct loader *ld, config_t *lc)
 			cfg->redis.address);
 	cfg->redis.user = get_str(ld, s, "user", NULL);
 	cfg->redis.password = get_str(ld, s, "password", NULL);
+	load_password_file(ld, s);
 	cfg->redis.key_prefix = get_str(ld, s, "key_prefix", "rl");
 	if (!name_ok(cfg->redis.key_prefix) || strlen(cfg->redis.key_prefix) > 32)
 		add_err(ld, line_of(s), "redis key_prefix: use at most 32 of [A-Za-z0-9_.-]");
@@ -1125,10 +1166,28 @@ void config_free(struct agent_config *cfg)
 	free(cfg->redis.address);
 	free(cfg->redis.user);
 	free(cfg->redis.password);
+	free(cfg->redis.password_file);
 	free(cfg->redis.key_prefix);
 	free(cfg->file);
 	config_free(cfg->candidate);
 	free(cfg);
+}
+
+/*
+ * What `-c` and the agent's start say of a Redis password written in the
+ * configuration file <cfg> itself: formatted into <buf>; false when there is
+ * none (no password, or one read from redis.password_file).
+ */
+bool config_password_advice(const struct agent_config *cfg, char *buf, size_t len)
+{
+	if (!cfg->redis.password_line)
+		return false;
+	snprintf(buf, len,
+		 "%s:%d: warning: the Redis password is written in the configuration file: put it "
+		 "in a file of its own, mode 0600 or 0640, named by redis.password_file (with "
+		 "systemd, a LoadCredential= credential)",
+		 cfg->file, cfg->redis.password_line);
+	return true;
 }
 
 void cfg_errors_release(struct cfg_errors *errs)

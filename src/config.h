@@ -117,7 +117,9 @@ struct agent_config {
 	struct {
 		char *address;          /* owned */
 		char *user;             /* owned or NULL */
-		char *password;         /* owned or NULL */
+		char *password;         /* owned or NULL: written here, or read from ... */
+		char *password_file;    /* owned or NULL: ... this file (resolved path) */
+		int password_line;      /* line of a 'password' written in the file, 0: none */
 		char *key_prefix;       /* owned */
 		unsigned connect_timeout_ms;
 		unsigned command_timeout_ms;
@@ -187,5 +189,6 @@ struct cfg_errors {
 int config_load(const char *file, struct agent_config **out, struct cfg_errors *errs) MUSTCHECK;
 void config_free(struct agent_config *cfg);
 void cfg_errors_release(struct cfg_errors *errs);
+bool config_password_advice(const struct agent_config *cfg, char *buf, size_t len);
 
 #endif /* AGENT_CONFIG_H */

@@ -459,7 +459,8 @@ static void check_notes(const struct ruleset *rs)
 int main(int argc, char **argv)
 {
 	const char *file = "/etc/spoa-ratelimit/spoa-ratelimit.conf";
-	bool check = false, debug = false;
+	bool check = false, debug = false, advise;
+	char advice[512];
 	struct ruleset *rs;
 	int opt, workers = 0;
 
@@ -501,7 +502,10 @@ int main(int argc, char **argv)
 	rs = load(file, 1, false);
 	if (!rs)
 		return 1;
+	advise = config_password_advice(rs->cfg, advice, sizeof(advice));
 	if (check) {
+		if (advise)
+			fprintf(stderr, "%s\n", advice);
 		printf("%s: configuration is valid (%zu tiers, %zu limits, %zu endpoints)\n", file,
 		       rs->ntiers, rs->cfg->nlimits, rs->nendpoints);
 		if (rs->cand)
@@ -512,6 +516,8 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	log_set_level(debug ? LOG_DEBUG : rs->cfg->log_level);
+	if (advise)
+		LOG(LOG_WARN, "%s", advice);
 	signal(SIGPIPE, SIG_IGN);
 	if (!workers)
 		workers = (int)rs->cfg->workers;

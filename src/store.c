@@ -1419,6 +1419,19 @@ bool store_health(const struct store *s, char *buf, size_t len)
 	return off == 0;
 }
 
+/*
+ * Replaces the credentials (ACL <user> or NULL, <password> or NULL) that every
+ * connection opened from now on authenticates with; connections already
+ * authenticated stay as they are (Redis keeps them when a password changes).
+ */
+void store_set_auth(struct store *s, const char *user, const char *password)
+{
+	free(s->user);
+	free(s->password);
+	s->user = user && *user ? xstrdup(user) : NULL;
+	s->password = password && *password ? xstrdup(password) : NULL;
+}
+
 const struct store_stats *store_stats(const struct store *s)
 {
 	return &s->stats;

@@ -166,6 +166,7 @@ struct store_stats {
 int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store **out,
 	      char *err, size_t errlen) MUSTCHECK;
 void store_free(struct store *s);
+void store_set_auth(struct store *s, const char *user, const char *password);
 int store_decide(struct store *s, const struct store_query *q, store_done_fn cb, void *arg);
 int store_hget(struct store *s, const char *key, const char *field, store_str_fn cb, void *arg);
 int store_hgetall(struct store *s, const char *key, store_str_fn cb, void *arg);

@@ -354,8 +354,7 @@ def test_an_array_header_past_the_cap_is_an_error_of_the_connection(agent):
 def test_reload_logs_restart_only_redis_settings(agent, redis):
     """Redis settings a reload cannot apply are each logged as ignored until restart."""
     a = agent(redis=redis)
-    for change in ({"user": "someone", "password": "secret", "max_pending": 777,
-                    "breaker_failures": 9, "breaker_cooldown_ms": 900},
+    for change in ({"max_pending": 777, "breaker_failures": 9, "breaker_cooldown_ms": 900},
                    {"queue_timeout_ms": 7, "max_concurrency": 64}):
         a.reload(redis=dict(a.cfg["redis"], **change))
         for k in change:

@@ -47,11 +47,12 @@ endif
 
 PKG_CFLAGS := $(shell pkg-config --cflags hiredis libconfig 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs hiredis libconfig 2>/dev/null || echo -lhiredis -lconfig)
+CARES_LIBS := $(shell pkg-config --libs libcares 2>/dev/null || echo -lcares)
 CFLAGS  += -std=gnu11 -D_GNU_SOURCE -DVERSION='"$(VERSION)"' $(OPT) $(LTO) $(WARN) $(SANFLAGS) \
            -MMD -MP -Ispoa -Isrc $(PKG_CFLAGS)
 LDFLAGS += $(SANFLAGS) $(LTO)
 AR_LTO   = $(if $(LTO),gcc-ar,ar)
-LIBS     = $(PKG_LIBS) -lev -lm
+LIBS     = $(PKG_LIBS) $(CARES_LIBS) -lev -lm
 
 ifneq ($(V),1)
 Q = @
@@ -59,7 +60,7 @@ endif
 
 SPOA_SRC  = spoa/spop.c spoa/server.c
 AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/store_node.c \
-            src/store_cluster.c src/store_batch.c src/store_reply.c src/limiter.c src/digest.c src/log.c src/util.c \
+            src/store_cluster.c src/store_batch.c src/store_reply.c src/resolve.c src/limiter.c src/digest.c src/log.c src/util.c \
             src/memstore.c src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c \
             src/normalize.c src/overrides.c src/ctl.c
 SPOA_OBJ  = $(SPOA_SRC:%.c=$(BUILD)/%.o)
@@ -269,9 +270,9 @@ matrix:
 
 # ---- dependencies: Debian 12 and 13 (package names that exist on both) ------
 
-DEB_PKGS = gcc make pkg-config xxd libev-dev libhiredis-dev libconfig-dev libcmocka-dev \
+DEB_PKGS = gcc make pkg-config xxd libev-dev libhiredis-dev libconfig-dev libcmocka-dev libc-ares-dev \
            redis-server redis-tools haproxy python3 python3-pytest wrk clang \
-           libclang-rt-dev socat
+           libclang-rt-dev socat dnsmasq-base
 
 # apt-get installs those of the packages $(1) that are missing (sudo unless root).
 define apt_install

@@ -2291,6 +2291,8 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 			.address = rs->cfg->redis.address,
 			.user = rs->cfg->redis.user,
 			.password = rs->cfg->redis.password,
+			.nameservers = rs->cfg->redis.nameservers,
+			.resolve_timeout_ms = rs->cfg->redis.resolve_timeout_ms,
 			.connect_timeout_ms = rs->cfg->redis.connect_timeout_ms,
 			.command_timeout_ms = rs->cfg->redis.command_timeout_ms,
 			.max_pending = rs->cfg->redis.max_pending,

@@ -157,12 +157,11 @@ static bool name_ok(const char *n)
 	return true;
 }
 
-/* "ip:port", "[ipv6]:port" or "unix:/path", numeric only. */
+/* "ip:port", "[ipv6]:port", "host:port" (a DNS name) or "unix:/path". */
 static bool redis_address_ok(const char *addr)
 {
 	const char *colon = strrchr(addr, ':');
-	char host[64];
-	struct in6_addr a6;
+	char host[256];
 	size_t hl;
 	char *end;
 	long port;
@@ -180,12 +179,85 @@ static bool redis_address_ok(const char *addr)
 			return false;
 		addr++;
 		hl -= 2;
+		if (hl >= sizeof(host))
+			return false;
+		memcpy(host, addr, hl);
+		host[hl] = 0;
+		return host_is_numeric(host);
 	}
 	if (hl >= sizeof(host))
 		return false;
 	memcpy(host, addr, hl);
 	host[hl] = 0;
-	return inet_pton(AF_INET, host, &a6) == 1 || inet_pton(AF_INET6, host, &a6) == 1;
+	return host_is_numeric(host) || host_name_ok(host);
+}
+
+/*
+ * redis.nameservers (a string or a list of "ip" / "ip:port" / "[ip6]:port")
+ * and redis.resolve_timeout_ms: the DNS servers that resolve host names in
+ * the addresses, instead of /etc/resolv.conf's.
+ */
+static void load_resolver(struct loader *ld, const config_setting_t *s)
+{
+	const config_setting_t *ns = s ? config_setting_get_member(s, "nameservers") : NULL;
+	char csv[1024];
+	size_t len = 0;
+	int i, n;
+
+	get_uint(ld, s, "resolve_timeout_ms", 1, 60000, &ld->cfg->redis.resolve_timeout_ms);
+	if (!ns)
+		return;
+	if (config_setting_type(ns) == CONFIG_TYPE_STRING) {
+		n = 1;
+	} else if (config_setting_is_array(ns) || config_setting_is_list(ns)) {
+		n = config_setting_length(ns);
+	} else {
+		add_err(ld, line_of(ns), "redis.nameservers: a string or a list of \"ip[:port]\"");
+		return;
+	}
+	csv[0] = 0;
+	for (i = 0; i < n; i++) {
+		const config_setting_t *e = config_setting_type(ns) == CONFIG_TYPE_STRING
+						    ? ns : config_setting_get_elem(ns, (unsigned)i);
+		const char *v = config_setting_type(e) == CONFIG_TYPE_STRING
+					? config_setting_get_string(e) : NULL;
+		char host[64];
+		const char *colon, *h = v;
+		size_t hl;
+
+		if (!v || !*v || strchr(v, ',')) {
+			add_err(ld, line_of(ns), "redis.nameservers: each entry a string \"ip[:port]\"");
+			return;
+		}
+		/* "ip", "ip:port", "[ip6]:port" or a bare ip6 */
+		colon = strrchr(v, ':');
+		hl = strlen(v);
+		if (v[0] == '[') {
+			const char *rb = strchr(v, ']');
+
+			h = v + 1;
+			hl = rb ? (size_t)(rb - h) : 0;
+		} else if (colon && strchr(v, ':') == colon) {
+			hl = (size_t)(colon - v);
+		}
+		if (!hl || hl >= sizeof(host)) {
+			add_err(ld, line_of(ns), "redis.nameservers: '%s' is no ip[:port]", v);
+			return;
+		}
+		memcpy(host, h, hl);
+		host[hl] = 0;
+		if (!host_is_numeric(host)) {
+			add_err(ld, line_of(ns), "redis.nameservers: '%s' is no ip[:port]", v);
+			return;
+		}
+		len = str_cat(csv, sizeof(csv), len, i ? "," : "");
+		len = str_cat(csv, sizeof(csv), len, v);
+	}
+	if (len >= sizeof(csv) - 1) {
+		add_err(ld, line_of(ns), "redis.nameservers: too long");
+		return;
+	}
+	ld->cfg->redis.nameservers = xstrdup(csv);
 }
 
 /*
@@ -895,7 +967,7 @@ static void load_root(struct loader *ld, config_t *lc)
 						  "max_pending", "breaker_failures",
 						  "breaker_cooldown_ms", "queue_timeout_ms",
 						  "max_concurrency", "batch_max", "password_file",
-						  NULL};
+						  "nameservers", "resolve_timeout_ms", NULL};
 	static const char *const known_resp[] = {"legacy_headers", NULL};
 	struct agent_config *cfg = ld->cfg;
 	config_setting_t *root = config_root_setting(lc);
@@ -956,12 +1028,12 @@ static void load_root(struct loader *ld, config_t *lc)
 	cfg->redis.address = get_str(ld, s, "address", "127.0.0.1:6379");
 	if (!redis_address_ok(cfg->redis.address))
 		add_err(ld, line_of(config_setting_get_member(s ? s : root, "address")),
-			"redis address '%s': use ip:port, [ipv6]:port or unix:/path with a numeric "
-			"address (names would block the event loop)",
+			"redis address '%s': use host:port, ip:port, [ipv6]:port or unix:/path",
 			cfg->redis.address);
 	cfg->redis.user = get_str(ld, s, "user", NULL);
 	cfg->redis.password = get_str(ld, s, "password", NULL);
 	load_password_file(ld, s);
+	load_resolver(ld, s);
 	cfg->redis.key_prefix = get_str(ld, s, "key_prefix", "rl");
 	if (!name_ok(cfg->redis.key_prefix) || strlen(cfg->redis.key_prefix) > 32)
 		add_err(ld, line_of(s), "redis key_prefix: use at most 32 of [A-Za-z0-9_.-]");
@@ -1166,6 +1238,7 @@ void config_free(struct agent_config *cfg)
 	free(cfg->redis.address);
 	free(cfg->redis.user);
 	free(cfg->redis.password);
+	free(cfg->redis.nameservers);
 	free(cfg->redis.password_file);
 	free(cfg->redis.key_prefix);
 	free(cfg->file);

@@ -121,6 +121,8 @@ struct agent_config {
 		char *password_file;    /* owned or NULL: ... this file (resolved path) */
 		int password_line;      /* line of a 'password' written in the file, 0: none */
 		char *key_prefix;       /* owned */
+		char *nameservers;      /* owned or NULL: "ip[:port],...", for host names */
+		unsigned resolve_timeout_ms; /* per DNS try, 0: the resolver's default */
 		unsigned connect_timeout_ms;
 		unsigned command_timeout_ms;
 		unsigned max_pending;

@@ -23,10 +23,16 @@
  * Mode. Until the seed answered CLUSTER SLOTS the mode is unknown and queries
  * are refused (DOWN). An error ("cluster support disabled", or any other, e.g.
  * no permission) means a single Redis: every slot belongs to the seed. An array
- * is the cluster's slot map: masters only, each one a node (numeric addresses
- * only: hiredis resolves names with a blocking getaddrinfo(); an empty or NULL
+ * is the cluster's slot map: masters only, each one a node (an empty or NULL
  * address means the node we asked). A single Redis is asked again on every
  * reconnect, so it may turn into a cluster.
+ *
+ * Names. A node whose address is a host name (the seed, or a node announced
+ * by name) is resolved on the loop (resolve.c, c-ares; never by hiredis, whose
+ * getaddrinfo() blocks) before every connect, its addresses tried in turn, and
+ * again while connected once the answer's TTL ran out: an address no longer
+ * listed closes the connection so that the next one follows the move
+ * (store_node.c).
  *
  * Routing. A query goes to the owner of the slot of its first key (CRC16 of
  * the hash tag, crc16.h); all keys of one query share the tag, so one slot.
@@ -1197,6 +1203,8 @@ static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 		if (n->retired && !n->out && list_empty(&n->parked) && list_empty(&n->queue) &&
 		    s->refresh_node != n)
 			node_free(n);
+		else if (n->named)
+			node_ttl_check(n, now);
 	}
 	if (s->refresh_node && now - s->refresh_last >= REFRESH_TIMEOUT_S) {
 		s->refresh_node = NULL; /* its late answer is ignored */
@@ -1456,6 +1464,9 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 	s->connect_timeout_ms = opts->connect_timeout_ms ? opts->connect_timeout_ms : 200;
 	s->command_timeout_ms = opts->command_timeout_ms ? opts->command_timeout_ms : 5;
 	s->max_pending = opts->max_pending ? opts->max_pending : 10000;
+	s->resolver_opts.nameservers = opts->nameservers && *opts->nameservers
+					       ? xstrdup(opts->nameservers) : NULL;
+	s->resolver_opts.timeout_ms = opts->resolve_timeout_ms;
 	s->breaker_failures = opts->breaker_failures ? opts->breaker_failures : 5;
 	s->breaker_cooldown_s = (opts->breaker_cooldown_ms ? opts->breaker_cooldown_ms : 500) / 1000.;
 	s->queue_s = (opts->queue_timeout_ms ? opts->queue_timeout_ms : s->command_timeout_ms) / 1000.;
@@ -1544,6 +1555,8 @@ void store_free(struct store *s)
 		pool_unpoison(c, CMD_POOL_SIZE);
 		free(c);
 	}
+	resolver_free(s->resolver);
+	free((char *)s->resolver_opts.nameservers);
 	free(s->slots);
 	free(s->scratch);
 	free(s->user);

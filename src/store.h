@@ -59,8 +59,11 @@ enum store_errclass {
 };
 
 struct store_opts {
-	const char *address;            /* "ip:port", "[ip6]:port" or "unix:/path"; a single
-					 * Redis or any node of a cluster */
+	const char *address;            /* "host:port", "[ip6]:port" or "unix:/path"; a single
+					 * Redis or any node of a cluster; a host name is
+					 * resolved on the loop (resolve.c) */
+	const char *nameservers;        /* for names: "ip[:port],..." or NULL (resolv.conf) */
+	unsigned resolve_timeout_ms;    /* per DNS try (0: c-ares' default) */
 	const char *user;               /* ACL user or NULL */
 	const char *password;           /* AUTH password or NULL */
 	unsigned connect_timeout_ms;

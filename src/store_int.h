@@ -20,6 +20,7 @@
 
 #include "list.h"
 #include "pool.h"
+#include "resolve.h"
 #include "store.h"
 
 #define BACKOFF_MIN_MS    50
@@ -62,7 +63,7 @@ enum cmd_kind {
 
 /* A node address: numeric and canonical (inet_ntop), or a unix socket. */
 struct endpoint {
-	char host[INET6_ADDRSTRLEN];    /* "" for unix */
+	char host[256];                 /* canonical ip or a host name; "" for unix */
 	int port;
 	const char *unix_path;          /* ref: owned by a node, or NULL */
 };
@@ -71,10 +72,18 @@ struct endpoint {
 struct store_node {
 	struct list link;               /* in store.nodes */
 	struct store *s;                /* ref: owner */
-	char *host;                     /* owned: canonical ip, or NULL for unix */
+	char *host;                     /* owned: canonical ip or a name, or NULL for unix */
 	int port;
 	char *unix_path;                /* owned or NULL */
-	char *name;                     /* owned: "ip:port", "[ip6]:port" or "unix:/path" */
+	char *name;                     /* owned: "host:port", "[ip6]:port" or "unix:/path" */
+	bool named;                     /* host is a name: resolved before each connect */
+	struct resolve_req *rq;         /* the lookup in flight, or NULL */
+	bool rq_refresh;                /* ... a TTL refresh while connected */
+	char addrs[RESOLVE_MAX_ADDRS][INET6_ADDRSTRLEN]; /* the name's addresses, last lookup */
+	unsigned naddrs;
+	unsigned addr_next;             /* the address the next connect tries (mod naddrs) */
+	double addrs_until;             /* mono(): the lookup's TTL runs out */
+	char addr[INET6_ADDRSTRLEN];    /* the address of the connection, "" none */
 	enum node_state state;
 	redisAsyncContext *ac;          /* owned by hiredis; NULL when disconnected */
 	ev_timer conn_timer;            /* connect deadline / reconnect backoff */
@@ -146,6 +155,8 @@ struct store {
 	unsigned connect_timeout_ms;
 	unsigned command_timeout_ms;
 	unsigned max_pending;
+	struct resolver_opts resolver_opts; /* nameservers owned */
+	struct resolver *resolver;      /* owned; made at the first name looked up */
 	enum store_mode mode;
 	struct list nodes;              /* store_node.link, owned */
 	struct store_node **slots;      /* owned array of CRC16_SLOTS refs: owner or NULL */
@@ -239,6 +250,7 @@ void node_close(struct store_node *n);
 void node_free(struct store_node *n);
 void node_lost(struct store_node *n);
 void node_connect(struct store_node *n);
+void node_ttl_check(struct store_node *n, double now);
 int seed_endpoint(const char *addr, struct endpoint *ep, char *err, size_t errlen);
 
 /* store_cluster.c */

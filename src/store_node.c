@@ -13,6 +13,7 @@
 
 #include "crc16.h"
 #include "log.h"
+#include "resolve.h"
 #include "scripts.h"
 #include "store_int.h"
 #include "util.h"
@@ -42,14 +43,16 @@ void store_log_trouble(struct store_node *n, const char *what, const char *detai
 /*
  * Fills <ep> from <host> (<hostlen> bytes, not NUL-terminated; brackets
  * allowed) and <port>. An empty host means the node <from>, which we are
- * talking to. Returns 0, or -1 when the host is no numeric address ("?", a
- * name) or the port is out of range.
+ * talking to. A numeric address is made canonical; a host name is kept as it
+ * is, to be resolved before each connect. Returns 0, or -1 when the host is
+ * neither ("?", garbage) or the port is out of range.
  */
 int endpoint_make(struct endpoint *ep, const struct store_node *from, const char *host,
 		  size_t hostlen, long port)
 {
-	char buf[INET6_ADDRSTRLEN + 2];
+	char buf[sizeof(ep->host)];
 	unsigned char a[sizeof(struct in6_addr)];
+	bool bracketed = false;
 
 	memset(ep, 0, sizeof(*ep));
 	if (port < 1 || port > 65535)
@@ -63,12 +66,14 @@ int endpoint_make(struct endpoint *ep, const struct store_node *from, const char
 			ep->unix_path = from->unix_path;
 			return 0;
 		}
-		snprintf(ep->host, sizeof(ep->host), "%s", from->host);
+		snprintf(ep->host, sizeof(ep->host), "%s", from->named && from->addr[0] ? from->addr
+											: from->host);
 		return 0;
 	}
 	if (hostlen > 2 && host[0] == '[' && host[hostlen - 1] == ']') {
 		host++;
 		hostlen -= 2;
+		bracketed = true;
 	}
 	if (hostlen >= sizeof(buf))
 		return -1;
@@ -78,7 +83,10 @@ int endpoint_make(struct endpoint *ep, const struct store_node *from, const char
 		return inet_ntop(AF_INET, a, ep->host, sizeof(ep->host)) ? 0 : -1;
 	if (inet_pton(AF_INET6, buf, a) == 1)
 		return inet_ntop(AF_INET6, a, ep->host, sizeof(ep->host)) ? 0 : -1;
-	return -1;
+	if (bracketed || !host_name_ok(buf))
+		return -1;
+	memcpy(ep->host, buf, hostlen + 1);
+	return 0;
 }
 
 static struct store_node *node_find(struct store *s, const struct endpoint *ep)
@@ -109,6 +117,7 @@ struct store_node *node_new(struct store *s, const struct endpoint *ep, bool see
 		n->host = xstrdup(ep->host);
 		n->port = ep->port;
 		n->name = xasprintf(strchr(n->host, ':') ? "[%s]:%d" : "%s:%d", n->host, n->port);
+		n->named = !host_is_numeric(n->host);
 	}
 	n->backoff_ms = BACKOFF_MIN_MS;
 	list_init(&n->parked);
@@ -156,8 +165,13 @@ void node_close(struct store_node *n)
 {
 	redisAsyncContext *ac = n->ac;
 
+	if (n->rq) {
+		resolve_cancel(n->rq);
+		n->rq = NULL;
+	}
 	n->ac = NULL; /* our callbacks ignore this context from now on */
 	n->state = ND_DISCONNECTED;
+	n->addr[0] = 0;
 	batch_fail(n);
 	if (ac)
 		redisAsyncFree(ac);
@@ -214,6 +228,10 @@ void node_lost(struct store_node *n)
 {
 	struct store *s = n->s;
 
+	/* a name's next attempt tries its next address when this one never got ready */
+	if (n->named && n->state != ND_READY)
+		n->addr_next++;
+	n->addr[0] = 0;
 	node_schedule_reconnect(n);
 	if (s->freeing)
 		return;
@@ -252,7 +270,10 @@ static void load_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	n->breaker_until = 0;
 	n->backoff_ms = BACKOFF_MIN_MS;
 	s->stats.connects++;
-	LOG(LOG_NOTICE, "redis %s connected, script %s", n->name, s->sha);
+	if (n->named)
+		LOG(LOG_NOTICE, "redis %s connected (%s), script %s", n->name, n->addr, s->sha);
+	else
+		LOG(LOG_NOTICE, "redis %s connected, script %s", n->name, s->sha);
 	/* the seed of a single (or unknown) Redis: is it a cluster now? */
 	if (n->seed && s->mode != MODE_CLUSTER)
 		refresh_request(s);
@@ -335,13 +356,13 @@ static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 		node_connect(n);
 }
 
-/* Starts connecting <n>; failures end in node_lost() (which may call users back). */
-void node_connect(struct store_node *n)
+/* Connects <n> to <host> (numeric, or a unix socket when NULL). */
+static void node_dial(struct store_node *n, const char *host)
 {
 	struct store *s = n->s;
 	redisAsyncContext *ac;
 
-	ac = n->unix_path ? redisAsyncConnectUnix(n->unix_path) : redisAsyncConnect(n->host, n->port);
+	ac = host ? redisAsyncConnect(host, n->port) : redisAsyncConnectUnix(n->unix_path);
 	if (!ac) {
 		node_lost(n);
 		return;
@@ -352,6 +373,8 @@ void node_connect(struct store_node *n)
 		node_lost(n);
 		return;
 	}
+	if (n->named)
+		snprintf(n->addr, sizeof(n->addr), "%s", host);
 	reply_attach(ac);
 	ac->data = n;
 	n->ac = ac;
@@ -359,10 +382,114 @@ void node_connect(struct store_node *n)
 	redisLibevAttach(s->loop, ac);
 	redisAsyncSetConnectCallback(ac, connect_cb);
 	redisAsyncSetDisconnectCallback(ac, disconnect_cb);
-	/* the deadline covers connect + AUTH + SCRIPT LOAD */
+}
+
+/* 1 when <addr> is among <n>'s addresses of the last lookup. */
+static bool node_has_addr(const struct store_node *n, const char *addr)
+{
+	unsigned i;
+
+	for (i = 0; i < n->naddrs; i++)
+		if (strcmp(n->addrs[i], addr) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * The answer to <n>'s lookup: before a connect, dial the next address (the last
+ * ones known if the lookup failed, or give up until the next attempt when
+ * there are none); while connected (a TTL refresh), drop the connection if its
+ * address is no longer among the name's, so that the next one follows the move.
+ */
+static void resolved_cb(void *arg, const struct resolve_result *res)
+{
+	struct store_node *n = arg;
+	bool refresh = n->rq_refresh;
+
+	n->rq = NULL;
+	if (res->ok) {
+		memcpy(n->addrs, res->addrs, sizeof(n->addrs));
+		n->naddrs = res->naddrs;
+		n->addrs_until = mono() + res->ttl_s;
+	} else {
+		store_log_trouble(n, "resolve", res->error);
+		/* the addresses known keep serving meanwhile: look again soon */
+		n->addrs_until = mono() + RESOLVE_TTL_MIN_S;
+	}
+	if (refresh) {
+		if (n->addr[0] && n->naddrs && !node_has_addr(n, n->addr) && n->state == ND_READY) {
+			LOG(LOG_NOTICE, "redis %s: %s is no longer among its addresses, reconnecting",
+			    n->name, n->addr);
+			node_close(n);
+			node_lost(n);
+		}
+		return;
+	}
+	if (n->state != ND_CONNECTING)
+		return;
+	if (!n->naddrs) {
+		node_close(n);
+		node_lost(n);
+		return;
+	}
+	node_dial(n, n->addrs[n->addr_next % n->naddrs]);
+}
+
+/* Starts a lookup of <n>'s name; its answer goes on in resolved_cb(). */
+static void node_resolve(struct store_node *n, bool refresh)
+{
+	struct store *s = n->s;
+
+	if (!s->resolver) {
+		char err[160];
+
+		s->resolver = resolver_new(s->loop, &s->resolver_opts, err, sizeof(err));
+		if (!s->resolver) {
+			store_log_trouble(n, "resolve", err);
+			if (!refresh) {
+				node_close(n);
+				node_lost(n);
+			}
+			return;
+		}
+	}
+	n->rq_refresh = refresh;
+	n->rq = resolver_lookup(s->resolver, n->host, resolved_cb, n);
+}
+
+/*
+ * The housekeeping tick, for a node with a name: once the TTL of its last
+ * lookup ran out, look again while connected (resolved_cb() follows a move).
+ */
+void node_ttl_check(struct store_node *n, double now)
+{
+	if (n->state == ND_READY && !n->rq && now >= n->addrs_until)
+		node_resolve(n, true);
+}
+
+/*
+ * Starts connecting <n>; failures end in node_lost() (which may call users
+ * back). A name is looked up again first, on every attempt: its next address
+ * (in turn) is dialled once the answer comes, all within the connect deadline.
+ */
+void node_connect(struct store_node *n)
+{
+	struct store *s = n->s;
+
+	/* the deadline covers the lookup, connect + AUTH + SCRIPT LOAD */
 	ev_timer_stop(s->loop, &n->conn_timer);
 	ev_timer_set(&n->conn_timer, s->connect_timeout_ms / 1000., 0.);
 	ev_timer_start(s->loop, &n->conn_timer);
+	if (!n->named) {
+		node_dial(n, n->unix_path ? NULL : n->host);
+		return;
+	}
+	n->state = ND_CONNECTING;
+	if (n->rq) {            /* a TTL refresh in flight: its answer serves */
+		n->rq_refresh = false;
+		return;
+	}
+	node_resolve(n, false);
 }
 
 /* Reads the seed address "ip:port", "[ip6]:port" or "unix:/path" into <ep>. */
@@ -392,12 +519,11 @@ int seed_endpoint(const char *addr, struct endpoint *ep, char *err, size_t errle
 		snprintf(err, errlen, "redis address '%s': bad port", addr);
 		return -1;
 	}
-	/* hiredis 0.14.1 resolves names with a blocking getaddrinfo() on every
-	 * connect: only numeric addresses keep the loop from ever blocking */
+	/* a name is resolved on the loop (resolve.c), never by hiredis, whose
+	 * getaddrinfo() would block it */
 	if (endpoint_make(ep, NULL, addr, (size_t)(colon - addr), port) < 0) {
 		snprintf(err, errlen,
-			 "redis address '%s': use a numeric IP address or unix:/path "
-			 "(names would block the event loop)",
+			 "redis address '%s': expected ip:port, [ip6]:port, host:port or unix:/path",
 			 addr);
 		return -1;
 	}

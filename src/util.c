@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #include "util.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -182,4 +183,42 @@ size_t str_cat(char *dst, size_t cap, size_t len, const char *src)
 	len += n;
 	dst[len] = '\0';
 	return len;
+}
+
+/* 1 when <host> is a numeric IPv4 or IPv6 address (no brackets). */
+int host_is_numeric(const char *host)
+{
+	unsigned char a[sizeof(struct in6_addr)];
+
+	return inet_pton(AF_INET, host, a) == 1 || inet_pton(AF_INET6, host, a) == 1;
+}
+
+/*
+ * 1 when <name> may be a DNS host name: labels of 1 to 63 letters, digits,
+ * '-' or '_' (not at a label's ends for '-'), 253 characters at most.
+ */
+int host_name_ok(const char *name)
+{
+	size_t len = strlen(name), label = 0, i;
+
+	if (!len || len > 253)
+		return 0;
+	for (i = 0; i < len; i++) {
+		char c = name[i];
+
+		if (c == '.') {
+			if (!label || name[i - 1] == '-')
+				return 0;
+			label = 0;
+			continue;
+		}
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      c == '-' || c == '_'))
+			return 0;
+		if (c == '-' && !label)
+			return 0;
+		if (++label > 63)
+			return 0;
+	}
+	return name[len - 1] != '-';
 }

@@ -19,6 +19,8 @@ void hex_encode(const uint8_t *in, size_t len, char *out);
 double mono(void);
 size_t fmt_i64(char *out, int64_t v);
 size_t str_cat(char *dst, size_t cap, size_t len, const char *src);
+int host_is_numeric(const char *host);
+int host_name_ok(const char *name);
 
 #define FREE_AND_NULL(p)                                                                    \
 	do {                                                                                \

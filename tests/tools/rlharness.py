@@ -317,9 +317,9 @@ def start_redis(h, name="redis", extra=()):
         time.sleep(0.05)
 
 
-def redis_cmd(port, *args, timeout=2.0):
+def redis_cmd(port, *args, timeout=2.0, host=LOCALHOST):
     """One command on a fresh connection, minimal RESP2 client."""
-    with socket.create_connection((LOCALHOST, port), timeout=timeout) as s:
+    with socket.create_connection((host, port), timeout=timeout) as s:
         req = b"*%d\r\n" % len(args)
         for a in args:
             a = a if isinstance(a, bytes) else str(a).encode()

@@ -60,7 +60,7 @@ endif
 
 SPOA_SRC  = spoa/spop.c spoa/server.c
 AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/store_node.c \
-            src/store_cluster.c src/store_batch.c src/store_reply.c src/resolve.c src/limiter.c src/digest.c src/log.c src/util.c \
+            src/store_cluster.c src/store_batch.c src/store_reply.c src/resolve.c src/sentinel.c src/limiter.c src/digest.c src/log.c src/util.c \
             src/memstore.c src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c \
             src/normalize.c src/overrides.c src/ctl.c
 SPOA_OBJ  = $(SPOA_SRC:%.c=$(BUILD)/%.o)

@@ -160,36 +160,69 @@ static bool name_ok(const char *n)
 /* "ip:port", "[ipv6]:port", "host:port" (a DNS name) or "unix:/path". */
 static bool redis_address_ok(const char *addr)
 {
-	const char *colon = strrchr(addr, ':');
 	char host[256];
-	size_t hl;
-	char *end;
-	long port;
+	int port;
 
 	if (strncmp(addr, "unix:", 5) == 0)
 		return addr[5] == '/' || addr[5] == '.';
-	if (!colon || colon == addr)
+	if (hostport_split(addr, host, sizeof(host), &port) < 0)
 		return false;
-	port = strtol(colon + 1, &end, 10);
-	if (*end || end == colon + 1 || port < 1 || port > 65535)
-		return false;
-	hl = (size_t)(colon - addr);
-	if (addr[0] == '[') {
-		if (hl < 3 || addr[hl - 1] != ']')
-			return false;
-		addr++;
-		hl -= 2;
-		if (hl >= sizeof(host))
-			return false;
-		memcpy(host, addr, hl);
-		host[hl] = 0;
-		return host_is_numeric(host);
+	return host_is_numeric(host) || (addr[0] != '[' && host_name_ok(host));
+}
+
+/*
+ * redis.sentinel { addresses = ["ip:port", ...]; master = "name"; user = ...;
+ * password = ...; }: the master is found by asking these Sentinels (src/sentinel.c)
+ * instead of redis.address, which must then not be set.
+ */
+static void load_sentinel(struct loader *ld, const config_setting_t *s)
+{
+	static const char *const known[] = {"addresses", "master", "user", "password", NULL};
+	const config_setting_t *g = s ? config_setting_get_member(s, "sentinel") : NULL;
+	const config_setting_t *list;
+	struct agent_config *cfg = ld->cfg;
+	int i, n;
+
+	if (!g)
+		return;
+	if (!config_setting_is_group(g)) {
+		add_err(ld, line_of(g), "redis.sentinel: a group { addresses = [...]; master = \"name\"; }");
+		return;
 	}
-	if (hl >= sizeof(host))
-		return false;
-	memcpy(host, addr, hl);
-	host[hl] = 0;
-	return host_is_numeric(host) || host_name_ok(host);
+	check_known(ld, g, "redis.sentinel", known);
+	if (config_setting_get_member(s, "address"))
+		add_err(ld, line_of(g), "redis.sentinel: the Sentinels say where the master is: "
+			"remove redis.address");
+	cfg->redis.sentinel_master = get_str(ld, g, "master", NULL);
+	if (!cfg->redis.sentinel_master || !name_ok(cfg->redis.sentinel_master) ||
+	    strlen(cfg->redis.sentinel_master) > 64)
+		add_err(ld, line_of(g), "redis.sentinel.master: the name the Sentinels monitor "
+			"(at most 64 of [A-Za-z0-9_.-])");
+	cfg->redis.sentinel_user = get_str(ld, g, "user", NULL);
+	cfg->redis.sentinel_password = get_str(ld, g, "password", NULL);
+	list = config_setting_get_member(g, "addresses");
+	n = list && (config_setting_is_array(list) || config_setting_is_list(list))
+		    ? config_setting_length(list) : 0;
+	if (n < 1 || n > 16) {
+		add_err(ld, line_of(list ? list : g),
+			"redis.sentinel.addresses: a list of 1 to 16 \"ip:port\"");
+		return;
+	}
+	cfg->redis.sentinels = xcalloc((size_t)n, sizeof(char *));
+	for (i = 0; i < n; i++) {
+		const config_setting_t *e = config_setting_get_elem(list, (unsigned)i);
+		const char *v = config_setting_type(e) == CONFIG_TYPE_STRING
+					? config_setting_get_string(e) : "";
+		char host[64];
+		int port;
+
+		if (hostport_split(v, host, sizeof(host), &port) < 0 || !host_is_numeric(host)) {
+			add_err(ld, line_of(list), "redis.sentinel.addresses: '%s' is no ip:port or "
+				"[ipv6]:port", v);
+			continue;
+		}
+		cfg->redis.sentinels[cfg->redis.nsentinels++] = xstrdup(v);
+	}
 }
 
 /*
@@ -967,7 +1000,8 @@ static void load_root(struct loader *ld, config_t *lc)
 						  "max_pending", "breaker_failures",
 						  "breaker_cooldown_ms", "queue_timeout_ms",
 						  "max_concurrency", "batch_max", "password_file",
-						  "nameservers", "resolve_timeout_ms", NULL};
+						  "nameservers", "resolve_timeout_ms", "sentinel",
+						  NULL};
 	static const char *const known_resp[] = {"legacy_headers", NULL};
 	struct agent_config *cfg = ld->cfg;
 	config_setting_t *root = config_root_setting(lc);
@@ -1034,6 +1068,7 @@ static void load_root(struct loader *ld, config_t *lc)
 	cfg->redis.password = get_str(ld, s, "password", NULL);
 	load_password_file(ld, s);
 	load_resolver(ld, s);
+	load_sentinel(ld, s);
 	cfg->redis.key_prefix = get_str(ld, s, "key_prefix", "rl");
 	if (!name_ok(cfg->redis.key_prefix) || strlen(cfg->redis.key_prefix) > 32)
 		add_err(ld, line_of(s), "redis key_prefix: use at most 32 of [A-Za-z0-9_.-]");
@@ -1239,6 +1274,12 @@ void config_free(struct agent_config *cfg)
 	free(cfg->redis.user);
 	free(cfg->redis.password);
 	free(cfg->redis.nameservers);
+	for (size_t k = 0; k < cfg->redis.nsentinels; k++)
+		free(cfg->redis.sentinels[k]);
+	free(cfg->redis.sentinels);
+	free(cfg->redis.sentinel_master);
+	free(cfg->redis.sentinel_user);
+	free(cfg->redis.sentinel_password);
 	free(cfg->redis.password_file);
 	free(cfg->redis.key_prefix);
 	free(cfg->file);

@@ -123,6 +123,11 @@ struct agent_config {
 		char *key_prefix;       /* owned */
 		char *nameservers;      /* owned or NULL: "ip[:port],...", for host names */
 		unsigned resolve_timeout_ms; /* per DNS try, 0: the resolver's default */
+		char **sentinels;       /* owned, nsentinels "ip:port"s, or NULL: no Sentinel */
+		size_t nsentinels;
+		char *sentinel_master;  /* owned: the name they monitor */
+		char *sentinel_user;    /* owned or NULL: the Sentinels' AUTH */
+		char *sentinel_password;
 		unsigned connect_timeout_ms;
 		unsigned command_timeout_ms;
 		unsigned max_pending;

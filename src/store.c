@@ -118,6 +118,7 @@
 #include "crc16.h"
 #include "log.h"
 #include "scripts.h"
+#include "sentinel.h"
 #include "store_int.h"
 #include "util.h"
 
@@ -275,6 +276,13 @@ void node_error(struct store_node *n, enum store_errclass ec)
 	n->s->stats.errors[ec]++;
 	n->err_class = (int)ec;
 	n->err_at = mono();
+	/* a READONLY outside a cluster: this is a replica now (a master demoted by a
+	 * failover, a moved name); a new connection finds the master again */
+	if (ec == STORE_EC_READONLY && n->s->mode != MODE_CLUSTER && n->ac &&
+	    (n->sentineled || n->named)) {
+		store_log_trouble(n, "READONLY", "no longer the master, reconnecting");
+		redisAsyncDisconnect(n->ac); /* safe inside its callbacks */
+	}
 }
 
 /* ---- overload: adaptive concurrency limit (per node) -------------------- */
@@ -1455,8 +1463,13 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 	struct endpoint ep;
 	struct store *s;
 
-	if (seed_endpoint(opts->address, &ep, err, errlen) < 0)
+	if (opts->nsentinels) {
+		memset(&ep, 0, sizeof(ep));
+		snprintf(ep.host, sizeof(ep.host), "%s", opts->sentinel_master);
+		ep.sentinel = true;
+	} else if (seed_endpoint(opts->address, &ep, err, errlen) < 0) {
 		return -1;
+	}
 	s = xcalloc(1, sizeof(*s));
 	s->loop = loop;
 	s->user = opts->user && *opts->user ? xstrdup(opts->user) : NULL;
@@ -1505,6 +1518,15 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 	ev_set_priority(&s->turn_end, EV_MINPRI);
 	ev_prepare_start(loop, &s->turn_end);
 	ev_unref(loop);
+	if (opts->nsentinels) {
+		struct sentinel_opts so = {
+			.addrs = opts->sentinels, .naddrs = opts->nsentinels,
+			.master = opts->sentinel_master, .user = opts->sentinel_user,
+			.password = opts->sentinel_password, .timeout_ms = s->connect_timeout_ms,
+		};
+
+		s->sentinel = sentinel_new(loop, &so, node_master_switched, s);
+	}
 	s->seed = node_new(s, &ep, true);
 	node_connect(s->seed);
 	*out = s;
@@ -1555,6 +1577,7 @@ void store_free(struct store *s)
 		pool_unpoison(c, CMD_POOL_SIZE);
 		free(c);
 	}
+	sentinel_free(s->sentinel);
 	resolver_free(s->resolver);
 	free((char *)s->resolver_opts.nameservers);
 	free(s->slots);

@@ -64,6 +64,11 @@ struct store_opts {
 					 * resolved on the loop (resolve.c) */
 	const char *nameservers;        /* for names: "ip[:port],..." or NULL (resolv.conf) */
 	unsigned resolve_timeout_ms;    /* per DNS try (0: c-ares' default) */
+	const char *const *sentinels;   /* Redis Sentinel: "ip:port"s (then address unused) */
+	size_t nsentinels;
+	const char *sentinel_master;    /* the name they monitor */
+	const char *sentinel_user;      /* their AUTH, or NULL */
+	const char *sentinel_password;
 	const char *user;               /* ACL user or NULL */
 	const char *password;           /* AUTH password or NULL */
 	unsigned connect_timeout_ms;

@@ -66,6 +66,7 @@ struct endpoint {
 	char host[256];                 /* canonical ip or a host name; "" for unix */
 	int port;
 	const char *unix_path;          /* ref: owned by a node, or NULL */
+	bool sentinel;                  /* host is a master's name under Sentinel */
 };
 
 /* One Redis: a connection and everything about its health. */
@@ -84,6 +85,10 @@ struct store_node {
 	unsigned addr_next;             /* the address the next connect tries (mod naddrs) */
 	double addrs_until;             /* mono(): the lookup's TTL runs out */
 	char addr[INET6_ADDRSTRLEN];    /* the address of the connection, "" none */
+	bool was_ready;                 /* the connection to addr got READY */
+	bool sentineled;                /* host is a master's name: the Sentinels say where */
+	bool locating;                  /* ... asking them now */
+	int dial_port;                  /* the port dialled (the Sentinels'), 0: port */
 	enum node_state state;
 	redisAsyncContext *ac;          /* owned by hiredis; NULL when disconnected */
 	ev_timer conn_timer;            /* connect deadline / reconnect backoff */
@@ -157,6 +162,7 @@ struct store {
 	unsigned max_pending;
 	struct resolver_opts resolver_opts; /* nameservers owned */
 	struct resolver *resolver;      /* owned; made at the first name looked up */
+	struct sentinel *sentinel;      /* owned or NULL: the seed is a master under Sentinel */
 	enum store_mode mode;
 	struct list nodes;              /* store_node.link, owned */
 	struct store_node **slots;      /* owned array of CRC16_SLOTS refs: owner or NULL */
@@ -251,6 +257,7 @@ void node_free(struct store_node *n);
 void node_lost(struct store_node *n);
 void node_connect(struct store_node *n);
 void node_ttl_check(struct store_node *n, double now);
+void node_master_switched(void *arg, const char *ip, int port);
 int seed_endpoint(const char *addr, struct endpoint *ep, char *err, size_t errlen);
 
 /* store_cluster.c */

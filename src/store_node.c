@@ -15,6 +15,7 @@
 #include "log.h"
 #include "resolve.h"
 #include "scripts.h"
+#include "sentinel.h"
 #include "store_int.h"
 #include "util.h"
 
@@ -66,8 +67,8 @@ int endpoint_make(struct endpoint *ep, const struct store_node *from, const char
 			ep->unix_path = from->unix_path;
 			return 0;
 		}
-		snprintf(ep->host, sizeof(ep->host), "%s", from->named && from->addr[0] ? from->addr
-											: from->host);
+		snprintf(ep->host, sizeof(ep->host), "%s",
+			 (from->named || from->sentineled) && from->addr[0] ? from->addr : from->host);
 		return 0;
 	}
 	if (hostlen > 2 && host[0] == '[' && host[hostlen - 1] == ']') {
@@ -113,6 +114,10 @@ struct store_node *node_new(struct store *s, const struct endpoint *ep, bool see
 	if (ep->unix_path) {
 		n->unix_path = xstrdup(ep->unix_path);
 		n->name = xasprintf("unix:%s", n->unix_path);
+	} else if (ep->sentinel) {
+		n->host = xstrdup(ep->host);
+		n->name = xasprintf("master %s", n->host);
+		n->sentineled = true;
 	} else {
 		n->host = xstrdup(ep->host);
 		n->port = ep->port;
@@ -169,9 +174,12 @@ void node_close(struct store_node *n)
 		resolve_cancel(n->rq);
 		n->rq = NULL;
 	}
+	if (n->locating) {
+		sentinel_cancel(n->s->sentinel);
+		n->locating = false;
+	}
 	n->ac = NULL; /* our callbacks ignore this context from now on */
 	n->state = ND_DISCONNECTED;
-	n->addr[0] = 0;
 	batch_fail(n);
 	if (ac)
 		redisAsyncFree(ac);
@@ -229,7 +237,7 @@ void node_lost(struct store_node *n)
 	struct store *s = n->s;
 
 	/* a name's next attempt tries its next address when this one never got ready */
-	if (n->named && n->state != ND_READY)
+	if (n->named && n->addr[0] && !n->was_ready)
 		n->addr_next++;
 	n->addr[0] = 0;
 	node_schedule_reconnect(n);
@@ -265,12 +273,16 @@ static void load_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	s->sha[40] = 0;
 	ev_timer_stop(s->loop, &n->conn_timer);
 	n->state = ND_READY;
+	n->was_ready = true;
 	n->last_progress = mono();
 	/* a new connection earns a probe at once rather than after the cool-down */
 	n->breaker_until = 0;
 	n->backoff_ms = BACKOFF_MIN_MS;
 	s->stats.connects++;
-	if (n->named)
+	if (n->sentineled)
+		LOG(LOG_NOTICE, "redis %s connected (%s:%d), script %s", n->name, n->addr,
+		    n->dial_port, s->sha);
+	else if (n->named)
 		LOG(LOG_NOTICE, "redis %s connected (%s), script %s", n->name, n->addr, s->sha);
 	else
 		LOG(LOG_NOTICE, "redis %s connected, script %s", n->name, s->sha);
@@ -293,6 +305,29 @@ static void auth_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 		node_error(n, error_class(rep->str));
 		redisAsyncDisconnect(ac);
 	}
+}
+
+/*
+ * A master under Sentinel confirms it is one (ROLE) before any decision: the
+ * Sentinels' answer may be stale in the middle of a failover. Anything else
+ * drops the connection; the next attempt asks the Sentinels again.
+ */
+static void role_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct store_node *n = ac->data;
+	redisReply *rep = reply;
+
+	(void)privdata;
+	if (!rep || n->ac != ac)
+		return;
+	if (rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
+	    rep->element[0]->type == REDIS_REPLY_STRING && strcmp(rep->element[0]->str, "master") == 0)
+		return;
+	store_log_trouble(n, "ROLE", rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
+					     rep->element[0]->type == REDIS_REPLY_STRING
+					     ? rep->element[0]->str : "no answer as a master");
+	node_error(n, STORE_EC_READONLY);
+	redisAsyncDisconnect(ac);
 }
 
 static void connect_cb(const redisAsyncContext *cac, int status)
@@ -318,6 +353,11 @@ static void connect_cb(const redisAsyncContext *cac, int status)
 		int argc = s->user ? 3 : 2;
 
 		redisAsyncCommandArgv(ac, auth_reply_cb, NULL, argc, argv, NULL);
+	}
+	if (n->sentineled) {
+		const char *argv[1] = {"ROLE"};
+
+		redisAsyncCommandArgv(ac, role_reply_cb, NULL, 1, argv, NULL);
 	}
 	{
 		const char *argv[3] = {"SCRIPT", "LOAD", script_ratelimit};
@@ -362,7 +402,8 @@ static void node_dial(struct store_node *n, const char *host)
 	struct store *s = n->s;
 	redisAsyncContext *ac;
 
-	ac = host ? redisAsyncConnect(host, n->port) : redisAsyncConnectUnix(n->unix_path);
+	ac = host ? redisAsyncConnect(host, n->dial_port ? n->dial_port : n->port)
+		  : redisAsyncConnectUnix(n->unix_path);
 	if (!ac) {
 		node_lost(n);
 		return;
@@ -373,8 +414,9 @@ static void node_dial(struct store_node *n, const char *host)
 		node_lost(n);
 		return;
 	}
-	if (n->named)
+	if (n->named || n->sentineled)
 		snprintf(n->addr, sizeof(n->addr), "%s", host);
+	n->was_ready = false;
 	reply_attach(ac);
 	ac->data = n;
 	n->ac = ac;
@@ -457,6 +499,43 @@ static void node_resolve(struct store_node *n, bool refresh)
 	n->rq = resolver_lookup(s->resolver, n->host, resolved_cb, n);
 }
 
+/* The Sentinels' answer for <n>, the master's node: dial it, or try again later. */
+static void located_cb(void *arg, const char *ip, int port, const char *err)
+{
+	struct store_node *n = arg;
+
+	n->locating = false;
+	if (!ip) {
+		store_log_trouble(n, "sentinel", err);
+		node_close(n);
+		node_lost(n);
+		return;
+	}
+	n->dial_port = port;
+	node_dial(n, ip);
+}
+
+/*
+ * A Sentinel announced a new master (+switch-master): if it is not the one the
+ * seed is connected or connecting to, drop that connection now; the next one
+ * asks the Sentinels (whose word decides) and confirms with ROLE.
+ */
+void node_master_switched(void *arg, const char *ip, int port)
+{
+	struct store *s = arg;
+	struct store_node *n = s->seed;
+
+	if (!n || !n->sentineled || n->state == ND_DISCONNECTED || n->locating)
+		return;
+	if (strcmp(n->addr, ip) == 0 && n->dial_port == port)
+		return;
+	LOG(LOG_NOTICE, "redis %s: the Sentinels moved it to %s:%d, reconnecting", n->name, ip,
+	    port);
+	node_close(n);
+	n->backoff_ms = BACKOFF_MIN_MS;
+	node_lost(n);
+}
+
 /*
  * The housekeeping tick, for a node with a name: once the TTL of its last
  * lookup ran out, look again while connected (resolved_cb() follows a move).
@@ -480,6 +559,12 @@ void node_connect(struct store_node *n)
 	ev_timer_stop(s->loop, &n->conn_timer);
 	ev_timer_set(&n->conn_timer, s->connect_timeout_ms / 1000., 0.);
 	ev_timer_start(s->loop, &n->conn_timer);
+	if (n->sentineled) {
+		n->state = ND_CONNECTING;
+		n->locating = true;
+		sentinel_locate(s->sentinel, located_cb, n);
+		return;
+	}
 	if (!n->named) {
 		node_dial(n, n->unix_path ? NULL : n->host);
 		return;

@@ -222,3 +222,36 @@ int host_name_ok(const char *name)
 	}
 	return name[len - 1] != '-';
 }
+
+/*
+ * Splits "host:port" or "[host]:port" into <host> (<hostlen> bytes of room)
+ * and <port> (1..65535). Returns 0, or -1 if <addr> is no such form; the host
+ * itself is the caller's to check (host_is_numeric(), host_name_ok()).
+ */
+int hostport_split(const char *addr, char *host, size_t hostlen, int *port)
+{
+	const char *colon = strrchr(addr, ':');
+	const char *h = addr;
+	size_t hl;
+	char *end;
+	long p;
+
+	if (!colon || colon == addr)
+		return -1;
+	p = strtol(colon + 1, &end, 10);
+	if (*end || end == colon + 1 || p < 1 || p > 65535)
+		return -1;
+	hl = (size_t)(colon - addr);
+	if (addr[0] == '[') {
+		if (hl < 3 || addr[hl - 1] != ']')
+			return -1;
+		h++;
+		hl -= 2;
+	}
+	if (!hl || hl >= hostlen)
+		return -1;
+	memcpy(host, h, hl);
+	host[hl] = 0;
+	*port = (int)p;
+	return 0;
+}

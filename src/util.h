@@ -21,6 +21,7 @@ size_t fmt_i64(char *out, int64_t v);
 size_t str_cat(char *dst, size_t cap, size_t len, const char *src);
 int host_is_numeric(const char *host);
 int host_name_ok(const char *name);
+int hostport_split(const char *addr, char *host, size_t hostlen, int *port);
 
 #define FREE_AND_NULL(p)                                                                    \
 	do {                                                                                \

@@ -1,0 +1,396 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Redis Sentinel client: where the master of a name is, and when it moves.
+ *
+ * DESIGN
+ * A master under Redis Sentinel has no fixed address: the Sentinels know it
+ * and elect a replica in its place when it fails. The store's node for such a
+ * master (store_node.c) asks here before every connect, as a named node asks
+ * DNS; this file knows nothing of nodes, it answers through callbacks.
+ *
+ * Locate. `SENTINEL get-master-addr-by-name <master>` is asked of one Sentinel
+ * at a time, on a short-lived connection (AUTH first when configured), the one
+ * that answered last time first; a Sentinel that refuses, does not know the
+ * name or does not answer within timeout_ms is passed over for the next. The
+ * answer is delivered from the loop, never from within sentinel_locate(). One
+ * locate at a time (the store has one master here); a new one replaces it.
+ *
+ * Watch. One long-lived connection to a Sentinel is SUBSCRIBEd to
+ * +switch-master; a message for our name is handed to the store at once, which
+ * then connects to the new master (asking again: the Sentinels' word, not the
+ * message's, decides). A watch connection that fails moves on to the next
+ * Sentinel after a second. Missing a message is never fatal: the store also
+ * locates again whenever its connection is lost, ROLE says the server is no
+ * master, or a reply says READONLY.
+ *
+ * Addresses are numeric ("ip:port", "[ip6]:port"): hiredis would resolve a
+ * name with a blocking getaddrinfo(). The Sentinels' own answers are numeric
+ * unless they are run with `resolve-hostnames yes`; a name there is refused
+ * with a clear error.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <hiredis/adapters/libev.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+
+#include "list.h"
+#include "log.h"
+#include "sentinel.h"
+#include "util.h"
+
+#define WATCH_RETRY_S 1.0
+
+struct sentinel {
+	struct ev_loop *loop;           /* ref */
+	char *hosts[SENTINEL_MAX];      /* owned: numeric */
+	int ports[SENTINEL_MAX];
+	size_t n;
+	char *master;                   /* owned */
+	char *user, *password;          /* owned or NULL */
+	double timeout_s;
+	sentinel_switch_fn *on_switch;
+	void *arg;
+
+	/* locate */
+	sentinel_addr_fn *lcb;          /* NULL: no locate going on */
+	void *larg;
+	redisAsyncContext *lac;         /* the Sentinel asked now, or NULL */
+	size_t lidx;                    /* ... its index */
+	size_t ltried;                  /* Sentinels asked in this locate */
+	size_t preferred;               /* the one that answered last */
+	ev_timer ltimer;                /* 0: start; then the attempt's deadline */
+	char lerr[160];                 /* why the last one did not answer */
+
+	/* watch */
+	redisAsyncContext *wac;         /* SUBSCRIBEd connection, or NULL */
+	size_t widx;
+	ev_timer wtimer;                /* reconnect */
+};
+
+static void locate_next(struct sentinel *sn);
+static void watch_start(struct sentinel *sn);
+
+/* A new connection to Sentinel <i>, AUTHed when configured; NULL if it fails at once. */
+static redisAsyncContext *sentinel_dial(struct sentinel *sn, size_t i, redisConnectCallback *ccb,
+					redisDisconnectCallback *dcb)
+{
+	redisAsyncContext *ac = redisAsyncConnect(sn->hosts[i], sn->ports[i]);
+
+	if (!ac)
+		return NULL;
+	if (ac->err) {
+		snprintf(sn->lerr, sizeof(sn->lerr), "%s:%d: %s", sn->hosts[i], sn->ports[i],
+			 ac->errstr);
+		redisAsyncFree(ac);
+		return NULL;
+	}
+	ac->data = sn;
+	redisLibevAttach(sn->loop, ac);
+	redisAsyncSetConnectCallback(ac, ccb);
+	redisAsyncSetDisconnectCallback(ac, dcb);
+	if (sn->password) {
+		const char *argv[3] = {"AUTH", sn->user ? sn->user : sn->password, sn->password};
+
+		redisAsyncCommandArgv(ac, NULL, NULL, sn->user ? 3 : 2, argv, NULL);
+	}
+	return ac;
+}
+
+/* ---- locate ------------------------------------------------------------- */
+
+static void locate_done(struct sentinel *sn, const char *ip, int port, const char *err)
+{
+	sentinel_addr_fn *cb = sn->lcb;
+	redisAsyncContext *ac = sn->lac;
+
+	sn->lcb = NULL;
+	sn->lac = NULL;
+	ev_timer_stop(sn->loop, &sn->ltimer);
+	if (ac)
+		redisAsyncDisconnect(ac); /* safe from its own callbacks */
+	if (cb)
+		cb(sn->larg, ip, port, err);
+}
+
+/* The attempt on the current Sentinel failed (<why>): the next one. */
+static void locate_fail(struct sentinel *sn, const char *why)
+{
+	redisAsyncContext *ac = sn->lac;
+
+	snprintf(sn->lerr, sizeof(sn->lerr), "%s:%d: %s", sn->hosts[sn->lidx], sn->ports[sn->lidx],
+		 why);
+	sn->lac = NULL;
+	if (ac)
+		redisAsyncDisconnect(ac);
+	sn->lidx = (sn->lidx + 1) % sn->n;
+	/* from the loop, not from within this Sentinel's callbacks */
+	ev_timer_stop(sn->loop, &sn->ltimer);
+	ev_timer_set(&sn->ltimer, 0., 0.);
+	ev_timer_start(sn->loop, &sn->ltimer);
+}
+
+static void addr_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct sentinel *sn = ac->data;
+	redisReply *r = reply;
+	char host[64];
+	long port;
+	char *end;
+
+	(void)privdata;
+	if (ac != sn->lac || !sn->lcb)
+		return;
+	if (!r) {
+		locate_fail(sn, ac->errstr[0] ? ac->errstr : "connection lost");
+		return;
+	}
+	if (r->type == REDIS_REPLY_ERROR) {
+		locate_fail(sn, r->str); /* e.g. NOAUTH, WRONGPASS, no such command */
+		return;
+	}
+	if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+	    r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_STRING) {
+		locate_fail(sn, r->type == REDIS_REPLY_NIL ? "does not know the master" : "bad reply");
+		return;
+	}
+	port = strtol(r->element[1]->str, &end, 10);
+	if (r->element[0]->len >= sizeof(host) || *end || port < 1 || port > 65535) {
+		locate_fail(sn, "bad address in its reply");
+		return;
+	}
+	memcpy(host, r->element[0]->str, r->element[0]->len + 1);
+	if (!host_is_numeric(host)) {
+		locate_fail(sn, "answered a host name (resolve-hostnames): numeric addresses only");
+		return;
+	}
+	sn->preferred = sn->lidx;
+	locate_done(sn, host, (int)port, NULL);
+}
+
+static void locate_connect_cb(const redisAsyncContext *cac, int status)
+{
+	struct sentinel *sn = cac->data;
+
+	if (cac != sn->lac || status == REDIS_OK)
+		return;
+	sn->lac = NULL; /* hiredis frees it after this callback */
+	locate_fail(sn, cac->errstr);
+}
+
+static void locate_disconnect_cb(const redisAsyncContext *cac, int status)
+{
+	struct sentinel *sn = cac->data;
+
+	(void)status;
+	if (cac != sn->lac)
+		return;
+	sn->lac = NULL;
+	locate_fail(sn, "connection lost");
+}
+
+static void locate_next(struct sentinel *sn)
+{
+	const char *argv[3] = {"SENTINEL", "get-master-addr-by-name", sn->master};
+
+	if (sn->ltried >= sn->n) {
+		char err[200];
+
+		snprintf(err, sizeof(err), "no Sentinel answered (last: %s)", sn->lerr);
+		locate_done(sn, NULL, 0, err);
+		return;
+	}
+	sn->ltried++;
+	sn->lac = sentinel_dial(sn, sn->lidx, locate_connect_cb, locate_disconnect_cb);
+	if (!sn->lac) {
+		locate_fail(sn, sn->lerr[0] ? sn->lerr : "out of memory");
+		return;
+	}
+	redisAsyncCommandArgv(sn->lac, addr_reply_cb, NULL, 3, argv, NULL);
+	ev_timer_stop(sn->loop, &sn->ltimer);
+	ev_timer_set(&sn->ltimer, sn->timeout_s, 0.);
+	ev_timer_start(sn->loop, &sn->ltimer);
+}
+
+static void ltimer_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct sentinel *sn = container_of(t, struct sentinel, ltimer);
+	redisAsyncContext *ac = sn->lac;
+
+	(void)loop;
+	(void)revents;
+	if (!sn->lcb)
+		return;
+	if (!ac) {
+		locate_next(sn);
+		return;
+	}
+	sn->lac = NULL; /* its callbacks, called from redisAsyncFree(), are ignored */
+	redisAsyncFree(ac);
+	locate_fail(sn, "timed out");
+}
+
+/*
+ * Asks the Sentinels where the master is; <cb>(<arg>, ip, port, NULL) or
+ * <cb>(<arg>, NULL, 0, why) once, from the loop. Replaces a locate going on.
+ */
+void sentinel_locate(struct sentinel *sn, sentinel_addr_fn *cb, void *arg)
+{
+	sentinel_cancel(sn);
+	sn->lcb = cb;
+	sn->larg = arg;
+	sn->ltried = 0;
+	sn->lidx = sn->preferred;
+	sn->lerr[0] = 0;
+	ev_timer_set(&sn->ltimer, 0., 0.);
+	ev_timer_start(sn->loop, &sn->ltimer);
+}
+
+/* The locate going on, if any, will not call back. */
+void sentinel_cancel(struct sentinel *sn)
+{
+	redisAsyncContext *ac = sn->lac;
+
+	sn->lcb = NULL;
+	sn->lac = NULL;
+	ev_timer_stop(sn->loop, &sn->ltimer);
+	if (ac)
+		redisAsyncFree(ac); /* never called from its callbacks: see store_node.c */
+}
+
+/* ---- watch -------------------------------------------------------------- */
+
+static void watch_retry(struct sentinel *sn)
+{
+	sn->wac = NULL;
+	sn->widx = (sn->widx + 1) % sn->n;
+	ev_timer_stop(sn->loop, &sn->wtimer);
+	ev_timer_set(&sn->wtimer, WATCH_RETRY_S, 0.);
+	ev_timer_start(sn->loop, &sn->wtimer);
+}
+
+/* "+switch-master" messages: "<name> <old ip> <old port> <new ip> <new port>". */
+static void switch_msg_cb(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct sentinel *sn = ac->data;
+	redisReply *r = reply;
+	char name[128], oip[64], nip[64];
+	int oport, nport;
+
+	(void)privdata;
+	if (!r || ac != sn->wac)
+		return;
+	if (r->type == REDIS_REPLY_ERROR) {
+		LOG(LOG_WARN, "sentinel %s:%d: SUBSCRIBE: %s", sn->hosts[sn->widx], sn->ports[sn->widx],
+		    r->str);
+		redisAsyncDisconnect(ac);
+		return;
+	}
+	if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
+	    r->element[0]->type != REDIS_REPLY_STRING || strcmp(r->element[0]->str, "message") ||
+	    r->element[2]->type != REDIS_REPLY_STRING)
+		return; /* the subscription's confirmation */
+	if (sscanf(r->element[2]->str, "%127s %63s %d %63s %d", name, oip, &oport, nip, &nport) != 5 ||
+	    strcmp(name, sn->master) != 0)
+		return;
+	LOG(LOG_NOTICE, "sentinel %s:%d: +switch-master %s: %s:%d -> %s:%d", sn->hosts[sn->widx],
+	    sn->ports[sn->widx], name, oip, oport, nip, nport);
+	sn->on_switch(sn->arg, nip, nport);
+}
+
+static void watch_connect_cb(const redisAsyncContext *cac, int status)
+{
+	struct sentinel *sn = cac->data;
+
+	if (cac != sn->wac || status == REDIS_OK)
+		return;
+	watch_retry(sn); /* hiredis frees it after this callback */
+}
+
+static void watch_disconnect_cb(const redisAsyncContext *cac, int status)
+{
+	struct sentinel *sn = cac->data;
+
+	(void)status;
+	if (cac == sn->wac)
+		watch_retry(sn);
+}
+
+static void watch_start(struct sentinel *sn)
+{
+	const char *argv[2] = {"SUBSCRIBE", "+switch-master"};
+
+	sn->wac = sentinel_dial(sn, sn->widx, watch_connect_cb, watch_disconnect_cb);
+	if (!sn->wac) {
+		watch_retry(sn);
+		return;
+	}
+	redisAsyncCommandArgv(sn->wac, switch_msg_cb, NULL, 2, argv, NULL);
+}
+
+static void wtimer_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)loop;
+	(void)revents;
+	watch_start(container_of(t, struct sentinel, wtimer));
+}
+
+/* ---- life ---------------------------------------------------------------- */
+
+/*
+ * A client of the Sentinels <o> on <loop>; it starts watching for
+ * +switch-master at once (<on_switch>(<arg>, ...)). The addresses must be
+ * numeric "ip:port" (checked by the configuration).
+ */
+struct sentinel *sentinel_new(struct ev_loop *loop, const struct sentinel_opts *o,
+			      sentinel_switch_fn *on_switch, void *arg)
+{
+	struct sentinel *sn = xcalloc(1, sizeof(*sn));
+	size_t i;
+
+	sn->loop = loop;
+	for (i = 0; i < o->naddrs && sn->n < SENTINEL_MAX; i++) {
+		char host[64];
+		int port;
+
+		if (hostport_split(o->addrs[i], host, sizeof(host), &port) < 0 ||
+		    !host_is_numeric(host))
+			continue;
+		sn->hosts[sn->n] = xstrdup(host);
+		sn->ports[sn->n++] = port;
+	}
+	BUG_ON(!sn->n);
+	sn->master = xstrdup(o->master);
+	sn->user = o->user && *o->user ? xstrdup(o->user) : NULL;
+	sn->password = o->password && *o->password ? xstrdup(o->password) : NULL;
+	sn->timeout_s = (o->timeout_ms ? o->timeout_ms : 200) / 1000.;
+	sn->on_switch = on_switch;
+	sn->arg = arg;
+	ev_timer_init(&sn->ltimer, ltimer_cb, 0., 0.);
+	ev_timer_init(&sn->wtimer, wtimer_cb, 0., 0.);
+	watch_start(sn);
+	return sn;
+}
+
+void sentinel_free(struct sentinel *sn)
+{
+	redisAsyncContext *ac;
+	size_t i;
+
+	if (!sn)
+		return;
+	sentinel_cancel(sn);
+	ev_timer_stop(sn->loop, &sn->wtimer);
+	ac = sn->wac;
+	sn->wac = NULL;
+	if (ac)
+		redisAsyncFree(ac);
+	for (i = 0; i < sn->n; i++)
+		free(sn->hosts[i]);
+	free(sn->master);
+	free(sn->user);
+	free(sn->password);
+	free(sn);
+}

@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Redis Sentinel client: where the master of a name is, and when it moves.
+ */
+#ifndef SPOA_RATELIMIT_SENTINEL_H
+#define SPOA_RATELIMIT_SENTINEL_H
+
+#include <stddef.h>
+
+#include <ev.h>
+
+#define SENTINEL_MAX 16                 /* Sentinels one agent asks */
+
+struct sentinel_opts {
+	const char *const *addrs;       /* "ip:port" / "[ip6]:port", <naddrs> of them */
+	size_t naddrs;
+	const char *master;             /* the name the Sentinels monitor */
+	const char *user;               /* the Sentinels' AUTH, or NULL */
+	const char *password;
+	unsigned timeout_ms;            /* one Sentinel's connect + answer */
+};
+
+/* The master's address, or <err> (then ip is NULL). */
+typedef void sentinel_addr_fn(void *arg, const char *ip, int port, const char *err);
+/* A Sentinel announced +switch-master for our name: the new master's address. */
+typedef void sentinel_switch_fn(void *arg, const char *ip, int port);
+
+struct sentinel;
+
+struct sentinel *sentinel_new(struct ev_loop *loop, const struct sentinel_opts *o,
+			      sentinel_switch_fn *on_switch, void *arg);
+void sentinel_free(struct sentinel *sn);
+void sentinel_locate(struct sentinel *sn, sentinel_addr_fn *cb, void *arg);
+void sentinel_cancel(struct sentinel *sn);
+
+#endif

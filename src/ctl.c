@@ -133,6 +133,45 @@ static redisContext *ctl_connect(const char *addr, const char *user, const char 
 }
 
 /*
+ * Where the overrides live: redis.address, or under Sentinel the master the
+ * first Sentinel that knows it names ("ip:port" into <out>). -1 (printed) when
+ * none does.
+ */
+static int ctl_master(const struct agent_config *cfg, char *out, size_t outlen)
+{
+	size_t i;
+
+	if (!cfg->redis.nsentinels) {
+		snprintf(out, outlen, "%s", cfg->redis.address);
+		return 0;
+	}
+	for (i = 0; i < cfg->redis.nsentinels; i++) {
+		redisContext *rc = ctl_connect(cfg->redis.sentinels[i], cfg->redis.sentinel_user,
+					       cfg->redis.sentinel_password);
+		const char *argv[3] = {"SENTINEL", "get-master-addr-by-name",
+				       cfg->redis.sentinel_master};
+		redisReply *rep = rc ? redisCommandArgv(rc, 3, argv, NULL) : NULL;
+		bool ok = rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
+			  rep->element[0]->type == REDIS_REPLY_STRING &&
+			  rep->element[1]->type == REDIS_REPLY_STRING;
+
+		if (ok)
+			snprintf(out, outlen, strchr(rep->element[0]->str, ':') ? "[%s]:%s" : "%s:%s",
+				 rep->element[0]->str, rep->element[1]->str);
+		else if (rc)
+			fprintf(stderr, "sentinel %s: %s\n", cfg->redis.sentinels[i],
+				rep && rep->type == REDIS_REPLY_ERROR ? rep->str
+				: rep ? "does not know the master" : rc->errstr);
+		freeReplyObject(rep);
+		redisFree(rc);
+		if (ok)
+			return 0;
+	}
+	fprintf(stderr, "no Sentinel named the master '%s'\n", cfg->redis.sentinel_master);
+	return -1;
+}
+
+/*
  * Runs one command (argv form: bytes never meet a format string), following
  * a MOVED of Redis Cluster to the key's owner. NULL (printed) on a connection
  * error; an error reply is returned for the caller to print.
@@ -544,6 +583,7 @@ int ctl_main(int argc, char **argv)
 	const char *file = "/etc/spoa-ratelimit/spoa-ratelimit.conf", *cmd;
 	struct cfg_errors errs = {0};
 	struct ctl c = {0};
+	char master[300];
 	int i = 1, ret, kind = -1;
 
 	while (i < argc && argv[i][0] == '-') {
@@ -597,7 +637,8 @@ int ctl_main(int argc, char **argv)
 		return 1;
 	}
 	ovr_hash_key(c.cfg->redis.key_prefix, c.key, sizeof(c.key));
-	c.rc = ctl_connect(c.cfg->redis.address, c.cfg->redis.user, c.cfg->redis.password);
+	c.rc = ctl_master(c.cfg, master, sizeof(master)) < 0
+		       ? NULL : ctl_connect(master, c.cfg->redis.user, c.cfg->redis.password);
 	if (!c.rc) {
 		config_free(c.cfg);
 		return 1;

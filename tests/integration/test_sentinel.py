@@ -110,6 +110,15 @@ def test_master_found_through_the_sentinels(procs, tmp, agent_bin):
     assert "redis master %s connected (127.0.0.1:%d)" % (MASTER, cl.master_port) in log, log
     # the dead Sentinel listed first was passed over, the master's keys are on the master
     assert redis_cmd(cl.master_port, "DBSIZE") >= 1
+    # `ctl` finds the master through the Sentinels too: a block reaches the agent
+    from test_overrides import ctl_ok
+    ctl_ok(a, "block", "key:sn-blocked", "--for", "10m")
+    assert any(k.endswith("overrides") or "ovr" in k
+               for k in redis_cmd(cl.master_port, "KEYS", "*")), "no overrides hash"
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        wait_until(lambda: c.request(101, 1, [sc.rl_message(key="sn-blocked")])["allow"] == 0,
+                   5, 0.1, "the block applied")
 
 
 def test_failover_under_load(procs, tmp, agent_bin):

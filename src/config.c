@@ -157,6 +157,43 @@ static bool name_ok(const char *n)
 	return true;
 }
 
+/*
+ * A password of group <g> (<where>: "redis", "redis.sentinel"): written in
+ * the file (`password`, whose line goes to <line> when not NULL, for the advice
+ * of config_password_advice()), or read from a file of its own
+ * (`password_file`, see secret.c; its resolved path to <file>), not both. A
+ * password file that cannot be used is an error naming it.
+ */
+static void load_password_file(struct loader *ld, const config_setting_t *g, const char *where,
+			       char **password, char **file, int *line)
+{
+	const config_setting_t *inl = g ? config_setting_get_member(g, "password") : NULL;
+	const config_setting_t *s = g ? config_setting_get_member(g, "password_file") : NULL;
+	char err[256], *name;
+
+	if (!s) {
+		if (inl && *password && **password && line)
+			*line = line_of(inl);
+		return;
+	}
+	if (inl) {
+		add_err(ld, line_of(s), "%s: 'password' and 'password_file' together: keep "
+					"'password_file' and remove 'password'", where);
+		return;
+	}
+	name = get_str(ld, g, "password_file", NULL);
+	if (!name)
+		return;
+	if (!*name) {
+		add_err(ld, line_of(s), "%s.password_file is empty: name the file", where);
+	} else {
+		*file = secret_path(name, ld->file);
+		if (secret_read(*file, password, err, sizeof(err)) < 0)
+			add_err(ld, line_of(s), "%s.password_file '%s': %s", where, *file, err);
+	}
+	free(name);
+}
+
 /* "ip:port", "[ipv6]:port", "host:port" (a DNS name) or "unix:/path". */
 static bool redis_address_ok(const char *addr)
 {
@@ -177,7 +214,8 @@ static bool redis_address_ok(const char *addr)
  */
 static void load_sentinel(struct loader *ld, const config_setting_t *s)
 {
-	static const char *const known[] = {"addresses", "master", "user", "password", NULL};
+	static const char *const known[] = {"addresses", "master", "user", "password",
+					    "password_file", NULL};
 	const config_setting_t *g = s ? config_setting_get_member(s, "sentinel") : NULL;
 	const config_setting_t *list;
 	struct agent_config *cfg = ld->cfg;
@@ -200,6 +238,8 @@ static void load_sentinel(struct loader *ld, const config_setting_t *s)
 			"(at most 64 of [A-Za-z0-9_.-])");
 	cfg->redis.sentinel_user = get_str(ld, g, "user", NULL);
 	cfg->redis.sentinel_password = get_str(ld, g, "password", NULL);
+	load_password_file(ld, g, "redis.sentinel", &cfg->redis.sentinel_password,
+			   &cfg->redis.sentinel_password_file, NULL);
 	list = config_setting_get_member(g, "addresses");
 	n = list && (config_setting_is_array(list) || config_setting_is_list(list))
 		    ? config_setting_length(list) : 0;
@@ -291,44 +331,6 @@ static void load_resolver(struct loader *ld, const config_setting_t *s)
 		return;
 	}
 	ld->cfg->redis.nameservers = xstrdup(csv);
-}
-
-/*
- * The Redis password: written in the file (`redis.password`, whose line is
- * kept for the advice of config_password_advice()), or read from a file of its
- * own (`redis.password_file`, see secret.c), not both. A password file that
- * cannot be used is an error naming it.
- */
-static void load_password_file(struct loader *ld, const config_setting_t *redis)
-{
-	const config_setting_t *inl = redis ? config_setting_get_member(redis, "password") : NULL;
-	const config_setting_t *s = redis ? config_setting_get_member(redis, "password_file")
-					  : NULL;
-	struct agent_config *cfg = ld->cfg;
-	char err[256], *name;
-
-	if (!s) {
-		if (inl && cfg->redis.password && *cfg->redis.password)
-			cfg->redis.password_line = line_of(inl);
-		return;
-	}
-	if (inl) {
-		add_err(ld, line_of(s), "redis: 'password' and 'password_file' together: keep "
-					"'password_file' and remove 'password'");
-		return;
-	}
-	name = get_str(ld, redis, "password_file", NULL);
-	if (!name)
-		return;
-	if (!*name) {
-		add_err(ld, line_of(s), "redis.password_file is empty: name the file");
-	} else {
-		cfg->redis.password_file = secret_path(name, ld->file);
-		if (secret_read(cfg->redis.password_file, &cfg->redis.password, err, sizeof(err)) < 0)
-			add_err(ld, line_of(s), "redis.password_file '%s': %s",
-				cfg->redis.password_file, err);
-	}
-	free(name);
 }
 
 static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_limit *l)
@@ -1066,7 +1068,8 @@ static void load_root(struct loader *ld, config_t *lc)
 			cfg->redis.address);
 	cfg->redis.user = get_str(ld, s, "user", NULL);
 	cfg->redis.password = get_str(ld, s, "password", NULL);
-	load_password_file(ld, s);
+	load_password_file(ld, s, "redis", &cfg->redis.password, &cfg->redis.password_file,
+			   &cfg->redis.password_line);
 	load_resolver(ld, s);
 	load_sentinel(ld, s);
 	cfg->redis.key_prefix = get_str(ld, s, "key_prefix", "rl");
@@ -1280,6 +1283,7 @@ void config_free(struct agent_config *cfg)
 	free(cfg->redis.sentinel_master);
 	free(cfg->redis.sentinel_user);
 	free(cfg->redis.sentinel_password);
+	free(cfg->redis.sentinel_password_file);
 	free(cfg->redis.password_file);
 	free(cfg->redis.key_prefix);
 	free(cfg->file);

@@ -127,7 +127,8 @@ struct agent_config {
 		size_t nsentinels;
 		char *sentinel_master;  /* owned: the name they monitor */
 		char *sentinel_user;    /* owned or NULL: the Sentinels' AUTH */
-		char *sentinel_password;
+		char *sentinel_password;  /* owned or NULL: written here, or read from ... */
+		char *sentinel_password_file; /* owned or NULL: ... this file */
 		unsigned connect_timeout_ms;
 		unsigned command_timeout_ms;
 		unsigned max_pending;

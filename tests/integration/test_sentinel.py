@@ -19,8 +19,8 @@ import time
 import pytest
 
 import spop_client as sc
-from conftest import (REDIS_BIN, SPOA_BIN, agent_config, free_port, free_ports, redis_cmd,
-                      to_libconfig, wait_port, wait_until)
+from conftest import (REDIS_BIN, SPOA_BIN, _resp_read, agent_config, free_port, free_ports,
+                      redis_cmd, to_libconfig, wait_port, wait_until)
 
 MASTER = "rlmaster"
 LIMITS = {"big": {"rate": 1000000, "period": "1d", "algorithm": "fixed_window"}, "anon_rpm": {"rate": 3, "period": "1m"}}
@@ -31,8 +31,9 @@ LOAD = os.environ.get("SPOP_LOAD") or str(SPOA_BIN.parent / "spop-load")
 class Cluster:
     """A master, a replica and three Sentinels (quorum 2, down after 1 s)."""
 
-    def __init__(self, procs, tmp):
+    def __init__(self, procs, tmp, sentinel_pass=None):
         self.procs = procs
+        self.sentinel_pass = sentinel_pass
         self.master_port, self.replica_port = free_ports(2)
         self.sentinel_ports = free_ports(3)
         self.master = self.server("master", self.master_port)
@@ -49,7 +50,8 @@ class Cluster:
                 "sentinel down-after-milliseconds %s 1000\n"
                 "sentinel failover-timeout %s 10000\n"
                 "sentinel parallel-syncs %s 1\n"
-                % (port, d, MASTER, self.master_port, MASTER, MASTER, MASTER))
+                % (port, d, MASTER, self.master_port, MASTER, MASTER, MASTER)
+                + ("requirepass %s\n" % sentinel_pass if sentinel_pass else ""))
             p = procs.spawn("sentinel-%d" % i, [REDIS_BIN, str(conf), "--sentinel"])
             wait_port("127.0.0.1", port, 10, p)
             self.sentinels.append(p)
@@ -64,8 +66,19 @@ class Cluster:
         wait_port("127.0.0.1", port, 10, p)
         return p
 
+    def sentinel_cmd(self, port, *args):
+        if not self.sentinel_pass:
+            return redis_cmd(port, *args)
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            f = s.makefile("rb")
+            for cmd in (("AUTH", self.sentinel_pass), args):
+                s.sendall(b"*%d\r\n" % len(cmd) + b"".join(
+                    b"$%d\r\n%s\r\n" % (len(str(a)), str(a).encode()) for a in cmd))
+                out = _resp_read(f)
+            return out
+
     def sentinel_master(self, port):
-        flat = redis_cmd(port, "SENTINEL", "master", MASTER)
+        flat = self.sentinel_cmd(port, "SENTINEL", "master", MASTER)
         return dict(zip(flat[::2], flat[1::2]))
 
     def settled(self):
@@ -84,12 +97,13 @@ class Cluster:
         return (["127.0.0.1:%d" % free_port()] if dead_first else []) + out
 
 
-def agent_with_sentinel(procs, tmp, agent_bin, cl, name="agent"):
+def agent_with_sentinel(procs, tmp, agent_bin, cl, name="agent", **sentinel):
     from conftest import Agent
     port = free_port()
     cfg = agent_config("127.0.0.1:%d" % port, "127.0.0.1:1", limits=LIMITS, tiers=TIERS)
     cfg["redis"].pop("address")
-    cfg["redis"].update({"sentinel": {"addresses": cl.addresses(), "master": MASTER},
+    cfg["redis"].update({"sentinel": dict({"addresses": cl.addresses(), "master": MASTER},
+                                          **sentinel),
                          "connect_timeout_ms": 300})
     return Agent(procs, tmp, cfg, name=name)
 
@@ -119,6 +133,27 @@ def test_master_found_through_the_sentinels(procs, tmp, agent_bin):
         c.hello()
         wait_until(lambda: c.request(101, 1, [sc.rl_message(key="sn-blocked")])["allow"] == 0,
                    5, 0.1, "the block applied")
+
+
+def test_sentinels_with_a_password_file(procs, tmp, agent_bin):
+    """Sentinels that require a password: read from redis.sentinel.password_file (0600);
+    without it every Sentinel refuses (NOAUTH) and the agent says so."""
+    cl = Cluster(procs, tmp, sentinel_pass="sn-secret")
+    pw = tmp / "sentinel-password"
+    pw.write_text("sn-secret\n")
+    pw.chmod(0o600)
+    a = agent_with_sentinel(procs, tmp, agent_bin, cl, password_file=str(pw))
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        v = c.request(1, 1, [sc.rl_message(key="sn-auth")])
+    assert v["allow"] == 1 and not v.get("degraded"), v
+    from conftest import Agent
+    cfg = agent_config("127.0.0.1:%d" % free_port(), "127.0.0.1:1", limits=LIMITS, tiers=TIERS)
+    cfg["redis"].pop("address")
+    cfg["redis"]["sentinel"] = {"addresses": cl.addresses(dead_first=False), "master": MASTER}
+    b = Agent(procs, tmp, cfg, name="noauth", wait_redis=False)
+    wait_until(lambda: "no Sentinel answered" in b.proc.log_text(), 10, 0.1, "NOAUTH logged")
+    assert "NOAUTH" in b.proc.log_text() or "Authentication" in b.proc.log_text()
 
 
 def test_failover_under_load(procs, tmp, agent_bin):

@@ -224,7 +224,8 @@ static void load_sentinel(struct loader *ld, const config_setting_t *s)
 	if (!g)
 		return;
 	if (!config_setting_is_group(g)) {
-		add_err(ld, line_of(g), "redis.sentinel: a group { addresses = [...]; master = \"name\"; }");
+		add_err(ld, line_of(g),
+			"redis.sentinel: a group { addresses = [...]; master = \"name\"; }");
 		return;
 	}
 	check_known(ld, g, "redis.sentinel", known);

@@ -445,6 +445,14 @@ def agent_config(listen, redis_address=None, **over):
     return cfg
 
 
+def check_config(tmp, cfg):
+    """`spoa-ratelimit -c` on the config dict <cfg>, written to <tmp>/check.conf."""
+    path = tmp / "check.conf"
+    path.write_text(to_libconfig(cfg))
+    return subprocess.run([str(SPOA_BIN), "-c", "-f", str(path)], capture_output=True,
+                          text=True, timeout=10)
+
+
 def parse_listen(listen):
     """Agent listen string -> socket address: ("127.0.0.1", p), ("::1", p) or "/path"."""
     if listen.startswith("unix:"):

@@ -14,14 +14,14 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import threading
 import time
 
 import pytest
 
 import spop_client as sc
-from conftest import SPOA_BIN, Redis, free_port, redis_cmd, wait_port, wait_until
+from conftest import (Redis, agent_config, check_config, free_port, redis_cmd, wait_port,
+                      wait_until)
 
 DNSMASQ = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"
 pytestmark = pytest.mark.skipif(not os.path.exists(DNSMASQ),
@@ -221,13 +221,9 @@ def test_a_silent_dns_server_does_not_block_the_loop(procs, tmp, agent):
     ({"address": "redis.test:6379", "nameservers": ["127.0.0.1,127.0.0.2"]}, False),
 ])
 def test_config_names_and_nameservers(tmp, redis_cfg, ok):
-    from conftest import agent_config, to_libconfig
     cfg = agent_config("127.0.0.1:1", "127.0.0.1:6379")
     cfg["redis"].update(redis_cfg)
-    path = tmp / "c.conf"
-    path.write_text(to_libconfig(cfg))
-    r = subprocess.run([str(SPOA_BIN), "-c", "-f", str(path)], capture_output=True, text=True,
-                       timeout=10)
+    r = check_config(tmp, cfg)
     assert (r.returncode == 0) == ok, r.stdout + r.stderr
     if not ok:
         assert "redis" in r.stderr and ("address" in r.stderr or "nameservers" in r.stderr)

@@ -19,8 +19,8 @@ import time
 import pytest
 
 import spop_client as sc
-from conftest import (REDIS_BIN, SPOA_BIN, _resp_read, agent_config, free_port, free_ports,
-                      redis_cmd, to_libconfig, wait_port, wait_until)
+from conftest import (REDIS_BIN, SPOA_BIN, _resp_read, agent_config, check_config, free_port,
+                      free_ports, redis_cmd, wait_port, wait_until)
 
 MASTER = "rlmaster"
 LIMITS = {"big": {"rate": 1000000, "period": "1d", "algorithm": "fixed_window"}, "anon_rpm": {"rate": 3, "period": "1m"}}
@@ -257,10 +257,7 @@ def test_config(tmp, sentinel, extra, ok, msg):
     cfg["redis"].pop("address")
     cfg["redis"]["sentinel"] = sentinel
     cfg["redis"].update(extra)
-    path = tmp / "c.conf"
-    path.write_text(to_libconfig(cfg))
-    r = subprocess.run([str(SPOA_BIN), "-c", "-f", str(path)], capture_output=True, text=True,
-                       timeout=10)
+    r = check_config(tmp, cfg)
     assert (r.returncode == 0) == ok, r.stdout + r.stderr
     if msg:
         assert "sentinel" in r.stderr and msg in r.stderr, r.stderr

@@ -24,15 +24,6 @@ struct agent_opts {
 	unsigned worker;                /* this process's slot in it */
 };
 
-/* Decision outcomes, counted. */
-enum agent_outcome {
-	OUT_ALLOWED   = 0,
-	OUT_DENIED    = 1,
-	OUT_DEGRADED  = 2,      /* Redis not consulted or failed: fail-open */
-	OUT_IGNORED   = 3,      /* no message of ours in the NOTIFY */
-	OUT_COUNT               /* sentinel */
-};
-
 int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts *opts,
 	      struct agent **out) MUSTCHECK;
 void agent_note_reload(struct agent *a, bool ok, uint64_t generation);
@@ -42,7 +33,5 @@ const struct ruleset *agent_rules(const struct agent *a);
 void agent_drain(struct agent *a);
 size_t agent_pending(const struct agent *a);
 void agent_log_stats(const struct agent *a);
-
-int64_t now_us_real(void);
 
 #endif /* AGENT_AGENT_H */

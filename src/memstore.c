@@ -430,7 +430,8 @@ static int64_t mul_clamp(int64_t c, int64_t units)
 }
 
 /*
- * Decides query <q> at <now_us> and fills <res> (allowed, n, now_us, v[0..n)),
+ * Decides the limits of <q> as one policy at <now_us> and fills <res> (allowed,
+ * n, now_us, v[0..n)),
  * as lua/decide.lua would against a Redis holding this table's keys: each
  * q->keys[i] (read up to its NUL, at most STORE_KEY_MAX bytes) is looked up,
  * an expired or missing one counts as a zero state, limit_decide() decides
@@ -443,8 +444,8 @@ static int64_t mul_clamp(int64_t c, int64_t units)
  * free expired entries and evict live ones (see memstore_evictions()); never
  * fails, invokes no callback, keeps no reference to <q> or <res>.
  */
-void memstore_decide(struct memstore *m, const struct store_query *q, int64_t now_us,
-		     struct store_result *res)
+static void decide_policy(struct memstore *m, const struct store_query *q, int64_t now_us,
+			  struct store_result *res)
 {
 	struct limit_state st[STORE_MAX_LIMITS];
 	struct memstore_entry *ent[STORE_MAX_LIMITS]; /* by first occurrence; ref */
@@ -538,6 +539,52 @@ void memstore_decide(struct memstore *m, const struct store_query *q, int64_t no
 			}
 		}
 	}
+}
+
+/* Copies limits <from> to <from> + <n> (exclusive) of <q> into <cq>, as its own. */
+static void query_slice(struct store_query *cq, const struct store_query *q, size_t from, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		memcpy(cq->keys[i], q->keys[from + i], sizeof(cq->keys[0]));
+		cq->params[i] = q->params[from + i];
+		cq->cost[i] = q->cost[from + i];
+	}
+	cq->n = n;
+}
+
+/*
+ * Decides query <q> at <now_us> and fills <res>, as the script's call would:
+ * its own limits decided as one policy (decide_policy()), then its
+ * candidate's (the last q->ncand, see struct store_query) as a decision of
+ * their own, which changes nothing of the first (res->cand_ok, cand_allowed).
+ */
+void memstore_decide(struct memstore *m, const struct store_query *q, int64_t now_us,
+		     struct store_result *res)
+{
+	size_t ne = q->n - q->ncand, i;
+	struct store_query cq;
+	struct store_result cr;
+
+	if (!q->ncand) {
+		decide_policy(m, q, now_us, res);
+		return;
+	}
+	store_query_init(&cq);
+	query_slice(&cq, q, 0, ne);
+	memset(res, 0, sizeof(*res));
+	res->allowed = true;
+	res->now_us = now_us;
+	if (ne)
+		decide_policy(m, &cq, now_us, res);
+	query_slice(&cq, q, ne, q->ncand);
+	decide_policy(m, &cq, now_us, &cr);
+	for (i = 0; i < q->ncand; i++)
+		res->v[ne + i] = cr.v[i];
+	res->n = q->n;
+	res->cand_ok = true;
+	res->cand_allowed = cr.allowed;
 }
 
 /*

@@ -122,6 +122,15 @@ double mono(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* Microseconds of real time: calendar-aligned windows need the wall clock. */
+int64_t now_us_real(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 /*
  * Writes <v> in decimal into <out> (room for 21 bytes: sign, 19 digits, NUL)
  * and returns its length. The hot path formats a dozen numbers per decision:

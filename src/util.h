@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Allocation wrappers that abort on OOM, small parsing helpers, the monotonic clock. */
+/* Allocation wrappers that abort on OOM, small parsing helpers, the clocks. */
 #ifndef AGENT_UTIL_H
 #define AGENT_UTIL_H
 
@@ -17,6 +17,7 @@ char *xasprintf(const char *fmt, ...) PRINTF(1, 2);
 int parse_duration_ms(const char *s, uint64_t *ms) MUSTCHECK;
 void hex_encode(const uint8_t *in, size_t len, char *out);
 double mono(void);
+int64_t now_us_real(void);
 size_t fmt_i64(char *out, int64_t v);
 size_t str_cat(char *dst, size_t cap, size_t len, const char *src);
 int host_is_numeric(const char *host);

@@ -1,0 +1,225 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Charges after the answer: refunds (a request one part of its decision
+ * denied, charged by another part) and post-charges (what a response cost
+ * beyond its request's cost, charged once it is known).
+ *
+ * DESIGN
+ * Refunds. The principal's limits and an endpoint's global limits live in
+ * different Redis slots, so no single script sees both: a request the second
+ * part denies was charged by the first. That charge is taken back, so a
+ * denied request leaves no limit charged; the candidate policy's charges
+ * likewise, when the candidate denied in another part. A refund is a query
+ * of negative costs; one Redis did not take is counted, the charge stays.
+ *
+ * Post-charges. The cost of some requests is known only once they are served
+ * (rows scanned, bytes sent, time taken). HAProxy sends a second message on
+ * the response (post_charge.message, "rl-res"), with the request's
+ * arguments, the endpoint its ACK named, and the response's cost: `charge` (a
+ * header the application sets), `bytes` or `time`, the one post_charge.from
+ * names (per endpoint, or the top level's). It is answered at once with an
+ * empty ACK: the client has its response, nothing waits for the charge
+ * (notify.c reads it).
+ *
+ * The cost in tokens, ceil(value / per) clamped to post_charge.max, replaces
+ * the request's own cost (what it was charged at request time: the endpoint's
+ * cost or HAProxy's `cost`); limits with a cost of their own (limit_costs)
+ * keep it. The same principal and limits as the request's get the difference
+ * in one report per part (lua/decide.lua's report: charged whatever is left,
+ * so a bucket goes into debt and a window past its limit; a refund when the
+ * response cost less). Later requests wait until the debt is repaid, and
+ * their Retry-After and RateLimit fields say so. A failure is counted and
+ * otherwise ignored: no failure ladder, no retry (the charge may have run).
+ */
+#include "charge.h"
+
+#include <string.h>
+
+#include "agent_int.h"
+#include "decision.h"
+#include "memstore.h"
+#include "quota.h"
+#include "rules.h"
+#include "store.h"
+#include "util.h"
+
+static void refund_done_cb(enum store_status st, const struct store_result *res, void *arg)
+{
+	struct agent *a = arg;
+
+	(void)res;
+	a->pending--;
+	if (st != STORE_OK)
+		a->refunds_lost++;
+}
+
+/*
+ * Fills <rq> with the refund of what limits <from> to <to> (exclusive) of
+ * <pt>'s query charged: those that admitted it, at minus their cost.
+ * Returns the number of limits to refund.
+ */
+static size_t refund_query(const struct part *pt, size_t from, size_t to, struct store_query *rq)
+{
+	size_t i;
+
+	store_query_init(rq);
+	for (i = from; i < to; i++) {
+		if (!pt->res.v[i].allowed || pt->q.cost[i] <= 0)
+			continue;
+		memcpy(rq->keys[rq->n], pt->q.keys[i], sizeof(rq->keys[0]));
+		rq->params[rq->n] = pt->q.params[i];
+		rq->cost[rq->n] = -pt->q.cost[i];
+		rq->n++;
+	}
+	return rq->n;
+}
+
+/*
+ * A request denied by one part was charged by the other (the two live in
+ * different Redis slots, so no single script can see both): take that charge
+ * back, so a denied request leaves no limit charged.
+ */
+void refund(struct decision *d)
+{
+	struct agent *a = d->a;
+	int p;
+
+	for (p = 0; p < NPARTS; p++) {
+		struct part *pt = &d->parts[p];
+		struct store_query rq;
+		struct store_result rr;
+
+		if (!pt->used || !part_enforced(pt) || pt->st != STORE_OK || !pt->res.allowed)
+			continue;
+		/* answered locally: taken back locally, not charged in Redis yet
+		 * (a pre-check) or charged as part of a lease that gets it back */
+		if (a->quota && pt->w.local && quota_undo(a->quota, pt->h, &pt->q, pt->w.local,
+							       pt->w.lease_end)) {
+			a->refunds++;
+			continue;
+		}
+		if (!refund_query(pt, 0, pt->q.n - pt->q.ncand, &rq))
+			continue;
+		a->refunds++;
+		if (a->mem)
+			memstore_decide(a->mem, &rq, now_us_real(), &rr);
+		else if (a->store) {
+			/* counted in pending: a drain waits for it */
+			a->pending++;
+			if (store_decide(a->store, &rq, refund_done_cb, a) < 0) {
+				a->pending--;
+				a->refunds_lost++;
+			}
+		}
+	}
+}
+
+static void cand_refund_cb(enum store_status st, const struct store_result *res, void *arg)
+{
+	struct agent *a = arg;
+
+	(void)st;
+	(void)res;
+	a->pending--;
+}
+
+/*
+ * The candidate admitted the request in part <pt> and charged it there, but
+ * denied it in the other: take the charge back, as refund() does for the
+ * enforced policy.
+ */
+void cand_refund(struct decision *d, const struct part *pt)
+{
+	struct agent *a = d->a;
+	size_t base = pt->q.n - pt->q.ncand;
+	struct store_query rq;
+	struct store_result rr;
+
+	if (!refund_query(pt, base, pt->q.n, &rq))
+		return;
+	if (a->mem) {
+		memstore_decide(a->mem, &rq, now_us_real(), &rr);
+	} else if (a->store) {
+		a->pending++;
+		if (store_decide(a->store, &rq, cand_refund_cb, a) < 0)
+			a->pending--;
+	}
+}
+
+static void post_done_cb(enum store_status st, const struct store_result *res, void *arg)
+{
+	struct decision *d = arg;
+	struct agent *a = d->a;
+
+	(void)res;
+	a->pending--;
+	if (st != STORE_OK)
+		a->post[POST_FAILED]++;
+	if (!--d->waiting)
+		decision_free(d);
+}
+
+/*
+ * Charges (or refunds) post-charge <d>, its limits built as the request's:
+ * for each part, one report of what the response cost beyond the request's
+ * cost, per limit; frees <d> once every call answered.
+ */
+void post_send(struct decision *d)
+{
+	struct agent *a = d->a;
+	struct store_query q;
+	struct store_result rr;
+	bool sent = false;
+	size_t i;
+	int p;
+
+	for (p = 0; p < NPARTS; p++) {
+		struct part *pt = &d->parts[p];
+		int64_t units = 0;
+
+		if (!pt->used)
+			continue;
+		store_query_init(&q);
+		q.want = 1;
+		q.batch = BATCH_REPORT;
+		for (i = 0; i < d->n; i++) {
+			const struct applied *ap = &d->ap[i];
+			size_t idx = (size_t)(ap->l - d->rs->limits);
+			int64_t pre = pt->q.cost[ap->slot];
+
+			if (ap->part != p || (d->ep && d->ep->limit_cost[idx] >= 0) ||
+			    d->post_cost == pre)
+				continue;
+			memcpy(q.keys[q.n], pt->q.keys[ap->slot], sizeof(q.keys[0]));
+			q.params[q.n] = pt->q.params[ap->slot];
+			q.cost[q.n++] = d->post_cost - pre;
+			/* in requests of this kind, for the local quota of the key */
+			units = pre > 0 ? (d->post_cost - pre + (d->post_cost > pre ? pre - 1 : 0)) / pre
+					: d->post_cost;
+		}
+		if (!q.n)
+			continue;
+		sent = true;
+		a->post[q.cost[0] > 0 ? POST_CHARGED : POST_REFUNDED]++;
+		if (a->mem) {
+			memstore_decide(a->mem, &q, now_us_real(), &rr);
+			continue;
+		}
+		if (!a->store)
+			continue;
+		/* a local quota of the key knows less is left (or more) */
+		if (a->quota)
+			quota_note_charge(a->quota, query_hash(&pt->q), &pt->q, units);
+		a->pending++;
+		d->waiting++;
+		if (store_decide(a->store, &q, post_done_cb, d) < 0) {
+			a->pending--;
+			d->waiting--;
+			a->post[POST_FAILED]++;
+		}
+	}
+	if (!sent)
+		a->post[POST_UNCHANGED]++;
+	if (!d->waiting)
+		decision_free(d);
+}

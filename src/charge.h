@@ -1,0 +1,13 @@
+/* SPDX-License-Identifier: MIT */
+/* Charges after the answer: refunds of a split denial, post-charges. */
+#ifndef AGENT_CHARGE_H
+#define AGENT_CHARGE_H
+
+struct decision;
+struct part;
+
+void refund(struct decision *d);
+void cand_refund(struct decision *d, const struct part *pt);
+void post_send(struct decision *d);
+
+#endif /* AGENT_CHARGE_H */

@@ -1,0 +1,20 @@
+/* SPDX-License-Identifier: MIT */
+/* The decision object: its pool, what a request costs a limit, a query's hash. */
+#ifndef AGENT_DECISION_H
+#define AGENT_DECISION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct agent;
+struct decision;
+struct rule_endpoint;
+struct store_query;
+
+struct decision *decision_new(struct agent *a);
+void decision_free(struct decision *d);
+void decisions_free_unused(struct agent *a);
+int64_t request_cost(const struct decision *d, const struct rule_endpoint *ep, size_t li);
+uint64_t query_hash(const struct store_query *q);
+
+#endif /* AGENT_DECISION_H */

@@ -1,0 +1,23 @@
+/* SPDX-License-Identifier: MIT */
+/* Who is asking: API key digests, masked addresses, the Redis keys of a principal's limits. */
+#ifndef AGENT_PRINCIPAL_H
+#define AGENT_PRINCIPAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct decision;
+struct digest_slot;
+struct ruleset;
+struct spop_data;
+
+struct digest_slot *principal_cache_new(void);
+void limit_key(char *k, size_t cap, const char *prefix, const char *principal, const char *sep,
+	       const char *name, const char *sfx);
+bool principal_ip(const struct ruleset *rs, const struct spop_data *ip, char *out, size_t outlen);
+void client_ip(const struct ruleset *rs, const struct spop_data *ip, char *out, size_t outlen);
+size_t ip_bytes(const struct spop_data *ip, const uint8_t **b);
+void principal_key(struct decision *d, const char *key, size_t key_len);
+
+#endif /* AGENT_PRINCIPAL_H */

@@ -990,40 +990,99 @@ static void load_listen(struct loader *ld, const config_setting_t *s)
 	}
 }
 
-static void load_root(struct loader *ld, config_t *lc)
+/*
+ * One integer, duration, boolean or string setting of a group: its name, its
+ * bounds (integers, durations in ms) and its default, and where it goes.
+ */
+struct cfg_key {
+	const char *name;
+	enum { KT_UINT, KT_DURATION, KT_BOOL, KT_STR } kind;
+	long long lo, hi;
+	long long dflt;                 /* KT_UINT, KT_DURATION, KT_BOOL */
+	unsigned *u;                    /* KT_UINT, KT_DURATION */
+	bool *b;                        /* KT_BOOL */
+	char **s;                       /* KT_STR: owned copy, default NULL */
+};
+
+#define KEY_UINT(n, lo, hi, d, p)     {(n), KT_UINT, (lo), (hi), (d), (p), NULL, NULL}
+#define KEY_DURATION(n, lo, hi, d, p) {(n), KT_DURATION, (lo), (hi), (d), (p), NULL, NULL}
+#define KEY_BOOL(n, d, p)             {(n), KT_BOOL, 0, 0, (d), NULL, (p), NULL}
+#define KEY_STR(n, p)                 {(n), KT_STR, 0, 0, 0, NULL, NULL, (p)}
+
+/* Sets the defaults of <keys>, in order, then reads those group <g> (NULL: none) has. */
+static void load_keys(struct loader *ld, const config_setting_t *g, const struct cfg_key *keys,
+		      size_t n)
 {
-	static const char *const known_root[] = {
-		"listen", "log_level", "store", "message", "max_frame_size", "max_inflight", "redis",
-		"limits", "tiers", "default_tier", "anonymous", "response", "endpoints",
-		"unknown_keys", "tier_lookup", "reload", "fallback", "workers", "metrics", "blocked_cache",
-		"local_quota", "overrides", "max_connections", "idle_timeout", "spoe_timeout",
-		"candidate", "post_charge", NULL};
-	static const char *const known_redis[] = {"address", "user", "password", "key_prefix",
-						  "connect_timeout_ms", "command_timeout_ms",
-						  "max_pending", "breaker_failures",
-						  "breaker_cooldown_ms", "queue_timeout_ms",
-						  "max_concurrency", "batch_max", "password_file",
-						  "nameservers", "resolve_timeout_ms", "sentinel",
-						  NULL};
-	static const char *const known_resp[] = {"legacy_headers", NULL};
-	struct agent_config *cfg = ld->cfg;
-	config_setting_t *root = config_root_setting(lc);
-	config_setting_t *s;
-	char *str;
+	size_t i;
 
-	check_known(ld, root, "the top level", known_root);
-	load_listen(ld, config_setting_get_member(root, "listen"));
+	for (i = 0; i < n; i++) {
+		const struct cfg_key *k = &keys[i];
 
-	str = get_str(ld, root, "log_level", "notice");
-	cfg->log_level = log_level_parse(str);
-	if (cfg->log_level < 0) {
+		switch (k->kind) {
+		case KT_UINT:
+			*k->u = (unsigned)k->dflt;
+			get_uint(ld, g, k->name, k->lo, k->hi, k->u);
+			break;
+		case KT_DURATION:
+			*k->u = (unsigned)k->dflt;
+			get_duration(ld, g, k->name, (uint64_t)k->lo, (uint64_t)k->hi, k->u);
+			break;
+		case KT_BOOL:
+			*k->b = k->dflt != 0;
+			get_bool(ld, g, k->name, k->b);
+			break;
+		case KT_STR:
+			*k->s = get_str(ld, g, k->name, NULL);
+			break;
+		}
+	}
+}
+
+/*
+ * Group <name> of <root>, made of <keys> alone: an error if it is not a group
+ * ("'<name>' must be a group<example>"), its unknown settings reported, its
+ * keys read (their defaults when it is absent or not a group). Returns the
+ * group, or NULL.
+ */
+static const config_setting_t *load_group(struct loader *ld, const config_setting_t *root,
+					  const char *name, const char *example,
+					  const struct cfg_key *keys, size_t n)
+{
+	const config_setting_t *s = config_setting_get_member(root, name);
+	const char *known[16];
+	size_t i;
+
+	if (s && !config_setting_is_group(s)) {
+		add_err(ld, line_of(s), "'%s' must be a group%s", name, example);
+		s = NULL;
+	} else if (s) {
+		for (i = 0; i < n && i < ARRAY_SIZE(known) - 1; i++)
+			known[i] = keys[i].name;
+		known[i] = NULL;
+		check_known(ld, s, name, known);
+	}
+	load_keys(ld, s, keys, n);
+	return s;
+}
+
+static void load_log_level(struct loader *ld, const config_setting_t *root)
+{
+	char *str = get_str(ld, root, "log_level", "notice");
+
+	ld->cfg->log_level = log_level_parse(str);
+	if (ld->cfg->log_level < 0) {
 		add_err(ld, line_of(config_setting_get_member(root, "log_level")),
 			"log_level '%s': use err, warn, notice, info or debug", str);
-		cfg->log_level = LOG_NOTICE;
+		ld->cfg->log_level = LOG_NOTICE;
 	}
 	free(str);
+}
 
-	str = get_str(ld, root, "store", "redis");
+static void load_store_kind(struct loader *ld, const config_setting_t *root)
+{
+	struct agent_config *cfg = ld->cfg;
+	char *str = get_str(ld, root, "store", "redis");
+
 	if (strcmp(str, "redis") == 0)
 		cfg->store = STORE_KIND_REDIS;
 	else if (strcmp(str, "allow") == 0)
@@ -1034,6 +1093,12 @@ static void load_root(struct loader *ld, config_t *lc)
 		add_err(ld, line_of(config_setting_get_member(root, "store")),
 			"store '%s': use \"redis\", \"memory\" or \"allow\"", str);
 	free(str);
+}
+
+/* The request's message, and the post-charge's (post_charge), which must differ. */
+static void load_messages(struct loader *ld, config_setting_t *root)
+{
+	struct agent_config *cfg = ld->cfg;
 
 	cfg->message = get_str(ld, root, "message", "rl-req");
 	cfg->post_message = xstrdup("rl-res");
@@ -1041,23 +1106,51 @@ static void load_root(struct loader *ld, config_t *lc)
 	if (strcmp(cfg->post_message, cfg->message) == 0)
 		add_err(ld, line_of(config_setting_get_member(root, "post_charge")),
 			"post_charge.message '%s' is the request's message", cfg->post_message);
-	cfg->max_frame_size = 65532;
-	get_uint(ld, root, "max_frame_size", 16380, 1 << 24, &cfg->max_frame_size);
-	cfg->blocked_cache = true;
-	get_bool(ld, root, "blocked_cache", &cfg->blocked_cache);
-	cfg->workers = 1;
-	get_uint(ld, root, "workers", 1, 64, &cfg->workers);
-	cfg->max_inflight = 256;
-	get_uint(ld, root, "max_inflight", 1, 65536, &cfg->max_inflight);
-	/* SPOP connections: how many, how long idle, how old a NOTIFY may get */
-	cfg->max_conns = 4096;
-	get_uint(ld, root, "max_connections", 1, 1000000, &cfg->max_conns);
-	cfg->idle_timeout_ms = 300000;
-	get_duration(ld, root, "idle_timeout", 100, 86400000, &cfg->idle_timeout_ms);
-	cfg->spoe_timeout_ms = 0;
-	get_duration(ld, root, "spoe_timeout", 0, 600000, &cfg->spoe_timeout_ms);
+}
 
-	s = config_setting_get_member(root, "redis");
+/* The settings of the top level that are plain numbers, durations or booleans. */
+static void load_root_keys(struct loader *ld, const config_setting_t *root)
+{
+	struct agent_config *c = ld->cfg;
+	const struct cfg_key keys[] = {
+		KEY_UINT("max_frame_size", 16380, 1 << 24, 65532, &c->max_frame_size),
+		KEY_BOOL("blocked_cache", true, &c->blocked_cache),
+		KEY_UINT("workers", 1, 64, 1, &c->workers),
+		KEY_UINT("max_inflight", 1, 65536, 256, &c->max_inflight),
+		/* SPOP connections: how many, how long idle, how old a NOTIFY may get */
+		KEY_UINT("max_connections", 1, 1000000, 4096, &c->max_conns),
+		KEY_DURATION("idle_timeout", 100, 86400000, 300000, &c->idle_timeout_ms),
+		KEY_DURATION("spoe_timeout", 0, 600000, 0, &c->spoe_timeout_ms),
+	};
+
+	load_keys(ld, root, keys, ARRAY_SIZE(keys));
+}
+
+/* redis { ... }: where Redis is, how the agent logs in, its timeouts and bounds. */
+static void load_redis(struct loader *ld, const config_setting_t *root)
+{
+	static const char *const known_redis[] = {"address", "user", "password", "key_prefix",
+						  "connect_timeout_ms", "command_timeout_ms",
+						  "max_pending", "breaker_failures",
+						  "breaker_cooldown_ms", "queue_timeout_ms",
+						  "max_concurrency", "batch_max", "password_file",
+						  "nameservers", "resolve_timeout_ms", "sentinel",
+						  NULL};
+	struct agent_config *cfg = ld->cfg;
+	const config_setting_t *s = config_setting_get_member(root, "redis");
+	const struct cfg_key keys[] = {
+		KEY_UINT("connect_timeout_ms", 1, 60000, 200, &cfg->redis.connect_timeout_ms),
+		KEY_UINT("command_timeout_ms", 1, 60000, 5, &cfg->redis.command_timeout_ms),
+		KEY_UINT("max_pending", 1, 1000000, 10000, &cfg->redis.max_pending),
+		/* 0: the command timeout */
+		KEY_UINT("queue_timeout_ms", 1, 60000, 0, &cfg->redis.queue_timeout_ms),
+		KEY_UINT("max_concurrency", 2, 100000, 256, &cfg->redis.max_concurrency),
+		/* 64: STORE_BATCH_MAX, the most the store sends in one call */
+		KEY_UINT("batch_max", 1, 64, 32, &cfg->redis.batch_max),
+		KEY_UINT("breaker_failures", 1, 1000000, 5, &cfg->breaker_failures),
+		KEY_UINT("breaker_cooldown_ms", 1, 600000, 500, &cfg->breaker_cooldown_ms),
+	};
+
 	if (s && !config_setting_is_group(s))
 		add_err(ld, line_of(s), "'redis' must be a group");
 	else if (s)
@@ -1076,122 +1169,81 @@ static void load_root(struct loader *ld, config_t *lc)
 	cfg->redis.key_prefix = get_str(ld, s, "key_prefix", "rl");
 	if (!name_ok(cfg->redis.key_prefix) || strlen(cfg->redis.key_prefix) > 32)
 		add_err(ld, line_of(s), "redis key_prefix: use at most 32 of [A-Za-z0-9_.-]");
-	cfg->redis.connect_timeout_ms = 200;
-	cfg->redis.command_timeout_ms = 5;
-	cfg->redis.max_pending = 10000;
-	get_uint(ld, s, "connect_timeout_ms", 1, 60000, &cfg->redis.connect_timeout_ms);
-	get_uint(ld, s, "command_timeout_ms", 1, 60000, &cfg->redis.command_timeout_ms);
-	get_uint(ld, s, "max_pending", 1, 1000000, &cfg->redis.max_pending);
-	/* 0: the command timeout */
-	cfg->redis.queue_timeout_ms = 0;
-	cfg->redis.max_concurrency = 256;
-	get_uint(ld, s, "queue_timeout_ms", 1, 60000, &cfg->redis.queue_timeout_ms);
-	get_uint(ld, s, "max_concurrency", 2, 100000, &cfg->redis.max_concurrency);
-	cfg->redis.batch_max = 32;
-	/* 64: STORE_BATCH_MAX, the most the store sends in one call */
-	get_uint(ld, s, "batch_max", 1, 64, &cfg->redis.batch_max);
-	cfg->breaker_failures = 5;
-	cfg->breaker_cooldown_ms = 500;
-	get_uint(ld, s, "breaker_failures", 1, 1000000, &cfg->breaker_failures);
-	get_uint(ld, s, "breaker_cooldown_ms", 1, 600000, &cfg->breaker_cooldown_ms);
+	load_keys(ld, s, keys, ARRAY_SIZE(keys));
+}
 
+/*
+ * The groups made of plain settings: fallback, local_quota, metrics,
+ * overrides, reload, response.
+ */
+static void load_groups(struct loader *ld, const config_setting_t *root)
+{
+	struct agent_config *c = ld->cfg;
+	const struct cfg_key fallback[] = {
+		KEY_UINT("gateways", 1, 100000, 1, &c->gateways),
+		KEY_UINT("deny_status", 400, 599, 503, &c->deny_status),
+	};
+	const struct cfg_key quota[] = {
+		KEY_UINT("lease_ms", 10, 3600000, 1000, &c->quota.lease_ms),
+		KEY_UINT("heartbeat_ms", 100, 60000, 1000, &c->quota.heartbeat_ms),
+		KEY_UINT("flush_ms", 1, 60000, 100, &c->quota.flush_ms),
+		KEY_UINT("horizon", 0, 10, 2, &c->quota.horizon),
+		KEY_UINT("max_keys", 16, 1000000, 8192, &c->quota.max_keys),
+		KEY_BOOL("precheck", true, &c->quota.precheck),
+		KEY_BOOL("leases", true, &c->quota.leases),
+		KEY_BOOL("coalesce", true, &c->quota.coalesce),
+	};
+	const struct cfg_key metrics[] = {
+		KEY_UINT("max_connections", 1, 4096, 64, &c->metrics_max_conns),
+		KEY_DURATION("idle_timeout", 100, 600000, 5000, &c->metrics_idle_timeout_ms),
+		KEY_STR("listen", &c->metrics_listen),
+	};
+	const struct cfg_key overrides[] = {
+		KEY_BOOL("enabled", true, &c->overrides.enabled),
+		KEY_DURATION("poll", 10, 10000, 250, &c->overrides.poll_ms),
+		KEY_UINT("max_entries", 1, 1000000, 10000, &c->overrides.max_entries),
+		KEY_UINT("block_status", 400, 599, 429, &c->overrides.block_status),
+	};
+	const struct cfg_key reload[] = {
+		KEY_BOOL("watch", false, &c->watch),
+	};
+	const struct cfg_key response[] = {
+		KEY_BOOL("legacy_headers", true, &c->legacy_headers),
+	};
+	const config_setting_t *s;
+
+	load_group(ld, root, "fallback", " { gateways = N; }", fallback, ARRAY_SIZE(fallback));
+	load_group(ld, root, "local_quota", " { lease_ms = 1000; }", quota, ARRAY_SIZE(quota));
+	s = load_group(ld, root, "metrics", " { listen = \"127.0.0.1:9100\"; }", metrics,
+		       ARRAY_SIZE(metrics));
+	if (s && c->metrics_listen && strncmp(c->metrics_listen, "unix:", 5) == 0)
+		add_err(ld, line_of(s), "metrics: 'listen' must be ip:port");
+	load_group(ld, root, "overrides", "", overrides, ARRAY_SIZE(overrides));
+	load_group(ld, root, "reload", " { watch = true; }", reload, ARRAY_SIZE(reload));
+	load_group(ld, root, "response", "", response, ARRAY_SIZE(response));
+}
+
+/* The whole file, section by section, in the order its errors are reported. */
+static void load_root(struct loader *ld, config_t *lc)
+{
+	static const char *const known_root[] = {
+		"listen", "log_level", "store", "message", "max_frame_size", "max_inflight", "redis",
+		"limits", "tiers", "default_tier", "anonymous", "response", "endpoints",
+		"unknown_keys", "tier_lookup", "reload", "fallback", "workers", "metrics", "blocked_cache",
+		"local_quota", "overrides", "max_connections", "idle_timeout", "spoe_timeout",
+		"candidate", "post_charge", NULL};
+	config_setting_t *root = config_root_setting(lc);
+
+	check_known(ld, root, "the top level", known_root);
+	load_listen(ld, config_setting_get_member(root, "listen"));
+	load_log_level(ld, root);
+	load_store_kind(ld, root);
+	load_messages(ld, root);
+	load_root_keys(ld, root);
+	load_redis(ld, root);
 	load_policy(ld, root, false);
 	load_tier_lookup(ld, root);
-
-	s = config_setting_get_member(root, "fallback");
-	cfg->gateways = 1;
-	cfg->deny_status = 503;
-	if (s && !config_setting_is_group(s)) {
-		add_err(ld, line_of(s), "'fallback' must be a group { gateways = N; }");
-	} else if (s) {
-		static const char *const known_fb[] = {"gateways", "deny_status", NULL};
-
-		check_known(ld, s, "fallback", known_fb);
-		get_uint(ld, s, "gateways", 1, 100000, &cfg->gateways);
-		get_uint(ld, s, "deny_status", 400, 599, &cfg->deny_status);
-	}
-
-	s = config_setting_get_member(root, "local_quota");
-	cfg->quota.lease_ms = 1000;
-	cfg->quota.heartbeat_ms = 1000;
-	cfg->quota.flush_ms = 100;
-	cfg->quota.horizon = 2;
-	cfg->quota.max_keys = 8192;
-	cfg->quota.precheck = true;
-	cfg->quota.leases = true;
-	cfg->quota.coalesce = true;
-	if (s && !config_setting_is_group(s)) {
-		add_err(ld, line_of(s), "'local_quota' must be a group { lease_ms = 1000; }");
-	} else if (s) {
-		static const char *const known_q[] = {"lease_ms", "heartbeat_ms", "flush_ms",
-						      "horizon", "max_keys", "precheck", "leases",
-						      "coalesce", NULL};
-
-		check_known(ld, s, "local_quota", known_q);
-		get_uint(ld, s, "lease_ms", 10, 3600000, &cfg->quota.lease_ms);
-		get_uint(ld, s, "heartbeat_ms", 100, 60000, &cfg->quota.heartbeat_ms);
-		get_uint(ld, s, "flush_ms", 1, 60000, &cfg->quota.flush_ms);
-		get_uint(ld, s, "horizon", 0, 10, &cfg->quota.horizon);
-		get_uint(ld, s, "max_keys", 16, 1000000, &cfg->quota.max_keys);
-		get_bool(ld, s, "precheck", &cfg->quota.precheck);
-		get_bool(ld, s, "leases", &cfg->quota.leases);
-		get_bool(ld, s, "coalesce", &cfg->quota.coalesce);
-	}
-
-	s = config_setting_get_member(root, "metrics");
-	if (s && !config_setting_is_group(s)) {
-		add_err(ld, line_of(s), "'metrics' must be a group { listen = \"127.0.0.1:9100\"; }");
-	}
-	cfg->metrics_max_conns = 64;
-	cfg->metrics_idle_timeout_ms = 5000;
-	if (s && config_setting_is_group(s)) {
-		static const char *const known_m[] = {"listen", "max_connections", "idle_timeout",
-						      NULL};
-
-		check_known(ld, s, "metrics", known_m);
-		get_uint(ld, s, "max_connections", 1, 4096, &cfg->metrics_max_conns);
-		get_duration(ld, s, "idle_timeout", 100, 600000, &cfg->metrics_idle_timeout_ms);
-		cfg->metrics_listen = get_str(ld, s, "listen", NULL);
-		if (cfg->metrics_listen && strncmp(cfg->metrics_listen, "unix:", 5) == 0)
-			add_err(ld, line_of(s), "metrics: 'listen' must be ip:port");
-	}
-
-	s = config_setting_get_member(root, "overrides");
-	cfg->overrides.enabled = true;
-	cfg->overrides.poll_ms = 250;
-	cfg->overrides.max_entries = 10000;
-	cfg->overrides.block_status = 429;
-	if (s && !config_setting_is_group(s)) {
-		add_err(ld, line_of(s), "'overrides' must be a group");
-	} else if (s) {
-		static const char *const known_o[] = {"enabled", "poll", "max_entries",
-						      "block_status", NULL};
-
-		check_known(ld, s, "overrides", known_o);
-		get_bool(ld, s, "enabled", &cfg->overrides.enabled);
-		get_duration(ld, s, "poll", 10, 10000, &cfg->overrides.poll_ms);
-		get_uint(ld, s, "max_entries", 1, 1000000, &cfg->overrides.max_entries);
-		get_uint(ld, s, "block_status", 400, 599, &cfg->overrides.block_status);
-	}
-
-	s = config_setting_get_member(root, "reload");
-	if (s && !config_setting_is_group(s)) {
-		add_err(ld, line_of(s), "'reload' must be a group { watch = true; }");
-	} else if (s) {
-		static const char *const known_reload[] = {"watch", NULL};
-
-		check_known(ld, s, "reload", known_reload);
-		get_bool(ld, s, "watch", &cfg->watch);
-	}
-
-	s = config_setting_get_member(root, "response");
-	cfg->legacy_headers = true;
-	if (s && !config_setting_is_group(s))
-		add_err(ld, line_of(s), "'response' must be a group");
-	else if (s) {
-		check_known(ld, s, "response", known_resp);
-		get_bool(ld, s, "legacy_headers", &cfg->legacy_headers);
-	}
+	load_groups(ld, root);
 	load_candidate(ld, root);
 }
 

@@ -447,36 +447,41 @@ static void render_candidate(const struct metrics *m, struct http_reply *r)
 	free(rows);
 }
 
-/*
- * Renders every metric, summed over the live workers, in the Prometheus text
- * exposition format.
- */
-void metrics_render(const struct metrics *m, struct http_reply *r)
-{
-	static const char *const results[MR_COUNT] = {"allowed", "denied", "shadow_denied",
-						      "degraded", "local"};
-	struct met_row *rows = xcalloc(MET_ROWS * MET_WORKERS_MAX, sizeof(*rows));
-	struct prom_hist dl, rl;
-	struct merged_top *mt;
-	size_t nrows = 0, i, j, ntop;
-	uint64_t deg[STORE_COUNT] = {0}, errs[SPOP_ST_RES + 1] = {0};
-	unsigned w, live = 0;
+/* ---------------------------------------------------------------- /metrics */
 
-	prom_hist_init_latency(&dl);
-	prom_hist_init_latency(&rl);
+/* The live workers' slots merged: the decision rows, the histograms, the counts by reason. */
+struct merged {
+	struct met_row *rows;           /* owned: nrows of them */
+	size_t nrows;
+	struct prom_hist dl, rl;        /* decision and Redis latencies */
+	uint64_t deg[STORE_COUNT];      /* degraded answers by reason */
+	uint64_t errs[SPOP_ST_RES + 1]; /* AGENT-DISCONNECTs by status */
+	unsigned live;                  /* workers reporting */
+};
+
+/* Merges the live slots of <m> into <mg> (mg->rows to be freed). */
+static void merge_slots(const struct metrics *m, struct merged *mg)
+{
+	struct met_row *rows = xcalloc(MET_ROWS * MET_WORKERS_MAX, sizeof(*rows));
+	size_t nrows = 0, i, j;
+	unsigned w;
+
+	memset(mg, 0, sizeof(*mg));
+	prom_hist_init_latency(&mg->dl);
+	prom_hist_init_latency(&mg->rl);
 	for (w = 0; w < m->nslots; w++) {
 		const struct met_slot *s = &m->slots[w];
 		size_t n;
 
 		if (!slot_live(s))
 			continue;
-		live++;
-		prom_hist_merge(&dl, &s->decision_lat);
-		prom_hist_merge(&rl, &s->redis_lat);
+		mg->live++;
+		prom_hist_merge(&mg->dl, &s->decision_lat);
+		prom_hist_merge(&mg->rl, &s->redis_lat);
 		for (i = 0; i < STORE_COUNT; i++)
-			deg[i] += s->degraded[i];
+			mg->deg[i] += s->degraded[i];
 		for (i = 0; i <= SPOP_ST_RES; i++)
-			errs[i] += s->spop_errors[i];
+			mg->errs[i] += s->spop_errors[i];
 		n = __atomic_load_n(&s->nrows, __ATOMIC_ACQUIRE);
 		for (i = 0; i < n; i++) {
 			const struct met_row *src = &s->rows[i];
@@ -496,17 +501,28 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 			rows[j].local += src->local;
 		}
 	}
+	mg->rows = rows;
+	mg->nrows = nrows;
+}
+
+/* Decisions by tier, rule and result; degraded ones by reason; the two latencies. */
+static void render_decisions(struct http_reply *r, const struct merged *mg)
+{
+	static const char *const results[MR_COUNT] = {"allowed", "denied", "shadow_denied",
+						      "degraded", "local"};
+	size_t i, j;
 
 	prom_family(r, "spoa_ratelimit_decisions_total", PROM_COUNTER,
 		    "Decisions by tier, deciding rule and result.");
-	for (j = 0; j < nrows; j++) {
-		uint64_t v[MR_COUNT] = {rows[j].allowed, rows[j].denied, rows[j].shadow_denied,
-					rows[j].degraded, rows[j].local};
+	for (j = 0; j < mg->nrows; j++) {
+		const struct met_row *row = &mg->rows[j];
+		uint64_t v[MR_COUNT] = {row->allowed, row->denied, row->shadow_denied,
+					row->degraded, row->local};
 		int k;
 
 		for (k = 0; k < MR_COUNT; k++) {
-			struct prom_label l[3] = {{"tier", rows[j].tier},
-						  {"rule", rows[j].rule},
+			struct prom_label l[3] = {{"tier", row->tier},
+						  {"rule", row->rule},
 						  {"result", results[k]}};
 
 			if (v[k])
@@ -519,30 +535,21 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 		struct prom_label l = {"reason", store_status_str((int)i)};
 
 		if (i != STORE_OK)
-			prom_sample_u64(r, "spoa_ratelimit_degraded_total", &l, 1, deg[i]);
+			prom_sample_u64(r, "spoa_ratelimit_degraded_total", &l, 1, mg->deg[i]);
 	}
 	prom_family(r, "spoa_ratelimit_decision_seconds", PROM_HISTOGRAM,
 		    "Time from NOTIFY to ACK inside the agent.");
-	prom_hist_render(r, "spoa_ratelimit_decision_seconds", NULL, 0, &dl);
+	prom_hist_render(r, "spoa_ratelimit_decision_seconds", NULL, 0, &mg->dl);
 	prom_family(r, "spoa_ratelimit_redis_seconds", PROM_HISTOGRAM,
 		    "Round trip of one script call to Redis.");
-	prom_hist_render(r, "spoa_ratelimit_redis_seconds", NULL, 0, &rl);
+	prom_hist_render(r, "spoa_ratelimit_redis_seconds", NULL, 0, &mg->rl);
+}
 
-	family_u64(r, m, "spoa_ratelimit_spop_connections", PROM_GAUGE,
-		   "SPOP connections from HAProxy open now.", MC_CONNS);
-	family_u64(r, m, "spoa_ratelimit_spop_connections_total", PROM_COUNTER,
-		   "SPOP connections accepted.", MC_ACCEPTED);
-	prom_family(r, "spoa_ratelimit_spop_frames_total", PROM_COUNTER, "SPOP frames by type.");
-	{
-		static const struct labelled frames[] = {{"hello", MC_HELLOS},
-							 {"healthcheck", MC_HEALTHCHECKS},
-							 {"notify", MC_NOTIFY},
-							 {"ack", MC_ACKS},
-							 {"haproxy_disconnect", MC_HAPROXY_DISCONNECTS}};
+/* AGENT-DISCONNECT frames by status: those seen, and always 0 (normal), 3 and 4. */
+static void render_spop_errors(struct http_reply *r, const struct merged *mg)
+{
+	size_t i;
 
-		samples_u64(r, m, "spoa_ratelimit_spop_frames_total", "type", frames,
-			    ARRAY_SIZE(frames));
-	}
 	prom_family(r, "spoa_ratelimit_spop_errors_total", PROM_COUNTER,
 		    "AGENT-DISCONNECT frames sent, by SPOP status.");
 	for (i = 0; i <= SPOP_ST_RES; i++) {
@@ -550,203 +557,240 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 		struct prom_label l = {"status", st};
 
 		snprintf(st, sizeof(st), "%zu", i);
-		if (errs[i] || i == SPOP_ST_NORMAL || i == SPOP_ST_TOO_BIG || i == SPOP_ST_INVALID)
-			prom_sample_u64(r, "spoa_ratelimit_spop_errors_total", &l, 1, errs[i]);
+		if (mg->errs[i] || i == SPOP_ST_NORMAL || i == SPOP_ST_TOO_BIG ||
+		    i == SPOP_ST_INVALID)
+			prom_sample_u64(r, "spoa_ratelimit_spop_errors_total", &l, 1, mg->errs[i]);
 	}
-	family_u64(r, m, "spoa_ratelimit_spop_stale_total", PROM_COUNTER,
-		   "NOTIFYs older than spoe_timeout when read (HAProxy had given up on them), "
-		   "answered with an empty ACK without a decision.", MC_SPOP_STALE);
-	prom_family(r, "spoa_ratelimit_spop_connections_closed_total", PROM_COUNTER,
-		    "SPOP connections closed by the agent to stay available, by reason.");
-	{
-		static const struct labelled closed[] = {{"evicted", MC_SPOP_EVICTED},
-							 {"idle_timeout", MC_SPOP_IDLE_TIMEOUTS},
-							 {"refused", MC_SPOP_REFUSED}};
+}
 
-		samples_u64(r, m, "spoa_ratelimit_spop_connections_closed_total", "reason", closed,
-			    ARRAY_SIZE(closed));
-	}
-	family_u64(r, m, "spoa_ratelimit_http_connections_evicted_total", PROM_COUNTER,
-		   "Idle metrics connections closed to admit a new one.", MC_HTTP_EVICTED);
-	family_u64(r, m, "spoa_ratelimit_orphans_total", PROM_COUNTER,
-		   "Decisions completed after HAProxy closed their connection.", MC_ORPHANS);
-	family_u64(r, m, "spoa_ratelimit_refunds_total", PROM_COUNTER,
-		   "Charges taken back after a decision split over two calls was denied.",
-		   MC_REFUNDS);
-	family_u64(r, m, "spoa_ratelimit_refunds_lost_total", PROM_COUNTER,
-		   "Refunds whose Redis call failed (shed, timed out, Redis down): the charge stays.",
-		   MC_REFUNDS_LOST);
-	family_u64(r, m, "spoa_ratelimit_local_decisions_total", PROM_COUNTER,
-		   "Decisions made by local fallback limits while Redis failed.",
-		   MC_LOCAL_DECISIONS);
-	prom_family(r, "spoa_ratelimit_fallback_decisions_total", PROM_COUNTER,
-		    "Decisions Redis could not make, by what the failure ladder answered.");
-	{
-		static const struct labelled fb[] = {{"open", MC_FB_OPEN},
-						     {"local_allowed", MC_FB_LOCAL_ALLOWED},
-						     {"local_denied", MC_FB_LOCAL_DENIED},
-						     {"closed", MC_FB_CLOSED}};
+/*
+ * A family made of counters alone: one counter summed over the workers, or
+ * its highest value among them (max), or one summed counter per value of a
+ * label (label, values).
+ */
+struct family {
+	const char *name;
+	enum prom_type type;
+	const char *help;
+	enum met_counter c;             /* unless labelled */
+	bool max;                       /* the highest value, not the sum */
+	const char *label;              /* NULL: one sample, of c */
+	const struct labelled *values;  /* the label's values and their counters */
+	size_t nvalues;
+};
 
-		samples_u64(r, m, "spoa_ratelimit_fallback_decisions_total", "outcome", fb,
-			    ARRAY_SIZE(fb));
-	}
-	family_u64(r, m, "spoa_ratelimit_invalid_costs_total", PROM_COUNTER,
-		   "Costs from HAProxy that were not an integer in 0..1000000 (charged 1000000).",
-		   MC_INVALID_COSTS);
-	prom_family(r, "spoa_ratelimit_post_charges_total", PROM_COUNTER,
-		    "Response costs (post-charges), by what became of them.");
-	{
-		static const struct labelled pc[] = {{"charged", MC_POST_CHARGED},
-						     {"refunded", MC_POST_REFUNDED},
-						     {"unchanged", MC_POST_UNCHANGED},
-						     {"absent", MC_POST_ABSENT},
-						     {"invalid", MC_POST_INVALID},
-						     {"failed", MC_POST_FAILED}};
+#define FAM_SUM(n, t, h, c)           {(n), (t), (h), (c), false, NULL, NULL, 0}
+#define FAM_MAX(n, h, c)              {(n), PROM_GAUGE, (h), (c), true, NULL, NULL, 0}
+#define FAM_LABELLED(n, t, h, l, v)   {(n), (t), (h), MC_COUNT, false, (l), (v), ARRAY_SIZE(v)}
 
-		samples_u64(r, m, "spoa_ratelimit_post_charges_total", "outcome", pc,
-			    ARRAY_SIZE(pc));
-	}
-	family_u64(r, m, "spoa_ratelimit_post_charge_clamped_total", PROM_COUNTER,
-		   "Response costs above post_charge.max (charged the max).", MC_POST_CLAMPED);
-	family_u64(r, m, "spoa_ratelimit_no_address_total", PROM_COUNTER,
-		   "Anonymous requests without a source address (anonymous.without_address).",
-		   MC_NO_ADDRESS);
-	family_u64(r, m, "spoa_ratelimit_blocked_cache_hits_total", PROM_COUNTER,
-		   "Denials answered locally, without Redis, until their Retry-After.",
-		   MC_BLOCKED_HITS);
-	family_u64(r, m, "spoa_ratelimit_override_blocked_total", PROM_COUNTER,
-		   "Requests denied by a block override (rule \"blocked\"), without Redis.",
-		   MC_OVR_BLOCKED);
-	family_u64(r, m, "spoa_ratelimit_override_limited_total", PROM_COUNTER,
-		   "Decisions made with limits changed by a limit override.", MC_OVR_LIMITED);
-	prom_family(r, "spoa_ratelimit_override_entries", PROM_GAUGE,
-		    "Override entries loaded from Redis (the largest count among workers).");
-	prom_sample_u64(r, "spoa_ratelimit_override_entries", NULL, 0,
-			max_counter(m, MC_OVR_ENTRIES));
-	family_u64(r, m, "spoa_ratelimit_override_loads_total", PROM_COUNTER,
-		   "Override tables loaded (the version in Redis changed).", MC_OVR_LOADS);
-	family_u64(r, m, "spoa_ratelimit_override_skipped_total", PROM_COUNTER,
-		   "Override entries skipped: not parsable, or beyond overrides.max_entries.",
-		   MC_OVR_SKIPPED);
-	family_u64(r, m, "spoa_ratelimit_override_poll_errors_total", PROM_COUNTER,
-		   "Override version checks or loads that failed (the loaded table stays).",
-		   MC_OVR_POLL_ERRORS);
-	family_u64(r, m, "spoa_ratelimit_lease_grants_total", PROM_COUNTER,
-		   "Redis calls that granted a lease of tokens to spend locally.", MC_LEASE_GRANTS);
-	prom_family(r, "spoa_ratelimit_local_quota_requests_total", PROM_COUNTER,
-		    "Requests (units) handled by local quotas, by what happened to them.");
-	{
-		static const struct labelled q[] = {
-			{"leased", MC_LEASE_UNITS},          {"lease_spent", MC_LEASE_SPENT},
-			{"lease_expired", MC_LEASE_EXPIRED}, {"lease_returned", MC_LEASE_RETURNED},
-			{"prechecked", MC_PRECHECK_LOCAL},
-			{"precheck_over", MC_PRECHECK_OVER}, {"report_lost", MC_REPORT_LOST},
-			{"coalesced", MC_COALESCED},         {"undone", MC_UNDONE},
-			{"untracked", MC_QUOTA_FULL}};
+static void render_families(struct http_reply *r, const struct metrics *m,
+			    const struct family *f, size_t n)
+{
+	size_t i;
 
-		samples_u64(r, m, "spoa_ratelimit_local_quota_requests_total", "what", q,
-			    ARRAY_SIZE(q));
+	for (i = 0; i < n; i++, f++) {
+		if (f->label) {
+			prom_family(r, f->name, f->type, f->help);
+			samples_u64(r, m, f->name, f->label, f->values, f->nvalues);
+		} else if (f->max) {
+			prom_family(r, f->name, f->type, f->help);
+			prom_sample_u64(r, f->name, NULL, 0, max_counter(m, f->c));
+		} else {
+			family_u64(r, m, f->name, f->type, f->help, f->c);
+		}
 	}
-	prom_family(r, "spoa_ratelimit_local_quota_error_requests_total", PROM_COUNTER,
-		    "Admission error attributable to local quotas, in requests: under = leased "
-		    "tokens that expired unused, over = pre-checked requests Redis could not fit.");
-	{
-		static const struct labelled dir[] = {{"under", MC_LEASE_EXPIRED},
-						      {"over", MC_PRECHECK_OVER}};
+}
 
-		samples_u64(r, m, "spoa_ratelimit_local_quota_error_requests_total", "direction",
-			    dir, ARRAY_SIZE(dir));
-	}
-	family_u64(r, m, "spoa_ratelimit_precheck_reports_total", PROM_COUNTER,
-		   "Batches of pre-checked usage reported to Redis.", MC_PRECHECK_REPORTS);
-	family_u64(r, m, "spoa_ratelimit_precheck_report_failures_total", PROM_COUNTER,
-		   "Reports that failed (reported again after an error reply; after a timeout "
-		   "or a lost connection the script may have run: counted as report_lost).",
-		   MC_REPORT_FAILED);
-	family_u64(r, m, "spoa_ratelimit_local_quota_keys", PROM_GAUGE,
-		   "Keys tracked for leases, pre-checks and coalescing.", MC_QUOTA_KEYS);
-	family_u64(r, m, "spoa_ratelimit_lease_outstanding", PROM_GAUGE,
-		   "Leased requests held locally, not spent yet.", MC_LEASE_OUTSTANDING);
-	family_u64(r, m, "spoa_ratelimit_precheck_unreported", PROM_GAUGE,
-		   "Pre-checked requests not reported to Redis yet.", MC_UNREPORTED);
-	prom_family(r, "spoa_ratelimit_gateways", PROM_GAUGE,
-		    "Live gateways holding local quotas, from the heartbeats in Redis.");
-	prom_sample_u64(r, "spoa_ratelimit_gateways", NULL, 0, max_counter(m, MC_GATEWAYS));
-	family_u64(r, m, "spoa_ratelimit_tier_cache_hits_total", PROM_COUNTER,
-		   "Tier lookups answered by the local cache.", MC_TIER_HITS);
-	family_u64(r, m, "spoa_ratelimit_tier_cache_misses_total", PROM_COUNTER,
-		   "Tier lookups sent to Redis.", MC_TIER_MISSES);
-	family_u64(r, m, "spoa_ratelimit_redis_commands_total", PROM_COUNTER,
-		   "Commands sent to Redis.", MC_REDIS_SENT);
-	family_u64(r, m, "spoa_ratelimit_redis_late_replies_total", PROM_COUNTER,
-		   "Replies that arrived after their deadline (discarded).", MC_REDIS_LATE);
-	family_u64(r, m, "spoa_ratelimit_redis_pending", PROM_GAUGE,
-		   "Commands in flight to Redis.", MC_REDIS_PENDING);
-	family_u64(r, m, "spoa_ratelimit_redis_breaker_open", PROM_GAUGE,
-		   "Workers whose Redis circuit breaker is open.", MC_BREAKER_OPEN);
-	family_u64(r, m, "spoa_ratelimit_redis_breaker_opened_total", PROM_COUNTER,
-		   "Times a circuit breaker opened.", MC_BREAKER_OPENED);
-	family_u64(r, m, "spoa_ratelimit_redis_concurrency_limit", PROM_GAUGE,
-		   "Adaptive limits on commands in flight, summed over Redis nodes and workers.",
-		   MC_REDIS_CONCURRENCY);
-	family_u64(r, m, "spoa_ratelimit_redis_queued", PROM_GAUGE,
-		   "Commands waiting for room under the concurrency limit.", MC_REDIS_QUEUED);
-	family_u64(r, m, "spoa_ratelimit_redis_shed_total", PROM_COUNTER,
-		   "Commands not sent within their queue budget (answered by the failure ladder, "
-		   "reason overload).",
-		   MC_REDIS_SHED);
-	family_u64(r, m, "spoa_ratelimit_redis_batch_calls_total", PROM_COUNTER,
-		   "Script calls that carried several decisions (redis.batch_max).",
-		   MC_REDIS_BATCH_CALLS);
-	family_u64(r, m, "spoa_ratelimit_redis_batched_decisions_total", PROM_COUNTER,
-		   "Decisions sent in those calls.", MC_REDIS_BATCHED);
-	prom_family(r, "spoa_ratelimit_redis_errors_total", PROM_COUNTER,
-		    "Redis error replies (and replies of the wrong shape), by class.");
-	{
-		static const struct labelled ec[] = {
-			{"oom", MC_REDIS_ERR_OOM},         {"busy", MC_REDIS_ERR_BUSY},
-			{"loading", MC_REDIS_ERR_LOADING}, {"readonly", MC_REDIS_ERR_READONLY},
-			{"other", MC_REDIS_ERR_OTHER}};
+static const struct labelled spop_frames[] = {{"hello", MC_HELLOS},
+					      {"healthcheck", MC_HEALTHCHECKS},
+					      {"notify", MC_NOTIFY},
+					      {"ack", MC_ACKS},
+					      {"haproxy_disconnect", MC_HAPROXY_DISCONNECTS}};
 
-		samples_u64(r, m, "spoa_ratelimit_redis_errors_total", "class", ec, ARRAY_SIZE(ec));
-	}
-	prom_family(r, "spoa_ratelimit_local_keys", PROM_GAUGE,
-		    "Entries kept in process memory, by store.");
-	{
-		struct prom_label l1 = {"store", "memory"}, l2 = {"store", "fallback"};
-		uint64_t v;
+/* The SPOP connections and frames, before their errors. */
+static const struct family spop_families[] = {
+	FAM_SUM("spoa_ratelimit_spop_connections", PROM_GAUGE,
+		"SPOP connections from HAProxy open now.", MC_CONNS),
+	FAM_SUM("spoa_ratelimit_spop_connections_total", PROM_COUNTER,
+		"SPOP connections accepted.", MC_ACCEPTED),
+	FAM_LABELLED("spoa_ratelimit_spop_frames_total", PROM_COUNTER, "SPOP frames by type.",
+		     "type", spop_frames),
+};
 
-		sum_counter(m, MC_MEMORY_KEYS, &v);
-		prom_sample_u64(r, "spoa_ratelimit_local_keys", &l1, 1, v);
-		sum_counter(m, MC_LOCAL_KEYS, &v);
-		prom_sample_u64(r, "spoa_ratelimit_local_keys", &l2, 1, v);
-	}
-	prom_family(r, "spoa_ratelimit_config_generation", PROM_GAUGE,
-		    "Generation of the configuration in force (highest among workers).");
-	prom_sample_u64(r, "spoa_ratelimit_config_generation", NULL, 0,
-			max_counter(m, MC_GENERATION));
-	prom_family(r, "spoa_ratelimit_reloads_total", PROM_COUNTER, "Reloads by result.");
-	{
-		struct prom_label ok = {"result", "ok"}, ko = {"result", "failed"};
-		uint64_t v;
+static const struct labelled spop_closed[] = {{"evicted", MC_SPOP_EVICTED},
+					      {"idle_timeout", MC_SPOP_IDLE_TIMEOUTS},
+					      {"refused", MC_SPOP_REFUSED}};
+static const struct labelled fallback_outcomes[] = {{"open", MC_FB_OPEN},
+						    {"local_allowed", MC_FB_LOCAL_ALLOWED},
+						    {"local_denied", MC_FB_LOCAL_DENIED},
+						    {"closed", MC_FB_CLOSED}};
+static const struct labelled post_outcomes[] = {{"charged", MC_POST_CHARGED},
+						{"refunded", MC_POST_REFUNDED},
+						{"unchanged", MC_POST_UNCHANGED},
+						{"absent", MC_POST_ABSENT},
+						{"invalid", MC_POST_INVALID},
+						{"failed", MC_POST_FAILED}};
+static const struct labelled quota_requests[] = {
+	{"leased", MC_LEASE_UNITS},          {"lease_spent", MC_LEASE_SPENT},
+	{"lease_expired", MC_LEASE_EXPIRED}, {"lease_returned", MC_LEASE_RETURNED},
+	{"prechecked", MC_PRECHECK_LOCAL},
+	{"precheck_over", MC_PRECHECK_OVER}, {"report_lost", MC_REPORT_LOST},
+	{"coalesced", MC_COALESCED},         {"undone", MC_UNDONE},
+	{"untracked", MC_QUOTA_FULL}};
+static const struct labelled quota_errors[] = {{"under", MC_LEASE_EXPIRED},
+					       {"over", MC_PRECHECK_OVER}};
+static const struct labelled redis_errors[] = {
+	{"oom", MC_REDIS_ERR_OOM},         {"busy", MC_REDIS_ERR_BUSY},
+	{"loading", MC_REDIS_ERR_LOADING}, {"readonly", MC_REDIS_ERR_READONLY},
+	{"other", MC_REDIS_ERR_OTHER}};
+static const struct labelled local_keys[] = {{"memory", MC_MEMORY_KEYS},
+					     {"fallback", MC_LOCAL_KEYS}};
+static const struct labelled reloads[] = {{"ok", MC_RELOADS_OK}, {"failed", MC_RELOADS_FAILED}};
 
-		sum_counter(m, MC_RELOADS_OK, &v);
-		prom_sample_u64(r, "spoa_ratelimit_reloads_total", &ok, 1, v);
-		sum_counter(m, MC_RELOADS_FAILED, &v);
-		prom_sample_u64(r, "spoa_ratelimit_reloads_total", &ko, 1, v);
-	}
-	family_u64(r, m, "spoa_ratelimit_metric_rows_overflow_total", PROM_COUNTER,
-		   "Decisions not counted by tier and rule because the row table was full.",
-		   MC_ROWS_OVERFLOW);
+/* Every other family of counters, in the order of the exposition. */
+static const struct family families[] = {
+	FAM_SUM("spoa_ratelimit_spop_stale_total", PROM_COUNTER,
+		"NOTIFYs older than spoe_timeout when read (HAProxy had given up on them), "
+		"answered with an empty ACK without a decision.", MC_SPOP_STALE),
+	FAM_LABELLED("spoa_ratelimit_spop_connections_closed_total", PROM_COUNTER,
+		     "SPOP connections closed by the agent to stay available, by reason.",
+		     "reason", spop_closed),
+	FAM_SUM("spoa_ratelimit_http_connections_evicted_total", PROM_COUNTER,
+		"Idle metrics connections closed to admit a new one.", MC_HTTP_EVICTED),
+	FAM_SUM("spoa_ratelimit_orphans_total", PROM_COUNTER,
+		"Decisions completed after HAProxy closed their connection.", MC_ORPHANS),
+	FAM_SUM("spoa_ratelimit_refunds_total", PROM_COUNTER,
+		"Charges taken back after a decision split over two calls was denied.",
+		MC_REFUNDS),
+	FAM_SUM("spoa_ratelimit_refunds_lost_total", PROM_COUNTER,
+		"Refunds whose Redis call failed (shed, timed out, Redis down): the charge stays.",
+		MC_REFUNDS_LOST),
+	FAM_SUM("spoa_ratelimit_local_decisions_total", PROM_COUNTER,
+		"Decisions made by local fallback limits while Redis failed.",
+		MC_LOCAL_DECISIONS),
+	FAM_LABELLED("spoa_ratelimit_fallback_decisions_total", PROM_COUNTER,
+		     "Decisions Redis could not make, by what the failure ladder answered.",
+		     "outcome", fallback_outcomes),
+	FAM_SUM("spoa_ratelimit_invalid_costs_total", PROM_COUNTER,
+		"Costs from HAProxy that were not an integer in 0..1000000 (charged 1000000).",
+		MC_INVALID_COSTS),
+	FAM_LABELLED("spoa_ratelimit_post_charges_total", PROM_COUNTER,
+		     "Response costs (post-charges), by what became of them.", "outcome",
+		     post_outcomes),
+	FAM_SUM("spoa_ratelimit_post_charge_clamped_total", PROM_COUNTER,
+		"Response costs above post_charge.max (charged the max).", MC_POST_CLAMPED),
+	FAM_SUM("spoa_ratelimit_no_address_total", PROM_COUNTER,
+		"Anonymous requests without a source address (anonymous.without_address).",
+		MC_NO_ADDRESS),
+	FAM_SUM("spoa_ratelimit_blocked_cache_hits_total", PROM_COUNTER,
+		"Denials answered locally, without Redis, until their Retry-After.",
+		MC_BLOCKED_HITS),
+	FAM_SUM("spoa_ratelimit_override_blocked_total", PROM_COUNTER,
+		"Requests denied by a block override (rule \"blocked\"), without Redis.",
+		MC_OVR_BLOCKED),
+	FAM_SUM("spoa_ratelimit_override_limited_total", PROM_COUNTER,
+		"Decisions made with limits changed by a limit override.", MC_OVR_LIMITED),
+	FAM_MAX("spoa_ratelimit_override_entries",
+		"Override entries loaded from Redis (the largest count among workers).",
+		MC_OVR_ENTRIES),
+	FAM_SUM("spoa_ratelimit_override_loads_total", PROM_COUNTER,
+		"Override tables loaded (the version in Redis changed).", MC_OVR_LOADS),
+	FAM_SUM("spoa_ratelimit_override_skipped_total", PROM_COUNTER,
+		"Override entries skipped: not parsable, or beyond overrides.max_entries.",
+		MC_OVR_SKIPPED),
+	FAM_SUM("spoa_ratelimit_override_poll_errors_total", PROM_COUNTER,
+		"Override version checks or loads that failed (the loaded table stays).",
+		MC_OVR_POLL_ERRORS),
+	FAM_SUM("spoa_ratelimit_lease_grants_total", PROM_COUNTER,
+		"Redis calls that granted a lease of tokens to spend locally.", MC_LEASE_GRANTS),
+	FAM_LABELLED("spoa_ratelimit_local_quota_requests_total", PROM_COUNTER,
+		     "Requests (units) handled by local quotas, by what happened to them.", "what",
+		     quota_requests),
+	FAM_LABELLED("spoa_ratelimit_local_quota_error_requests_total", PROM_COUNTER,
+		     "Admission error attributable to local quotas, in requests: under = leased "
+		     "tokens that expired unused, over = pre-checked requests Redis could not fit.",
+		     "direction", quota_errors),
+	FAM_SUM("spoa_ratelimit_precheck_reports_total", PROM_COUNTER,
+		"Batches of pre-checked usage reported to Redis.", MC_PRECHECK_REPORTS),
+	FAM_SUM("spoa_ratelimit_precheck_report_failures_total", PROM_COUNTER,
+		"Reports that failed (reported again after an error reply; after a timeout "
+		"or a lost connection the script may have run: counted as report_lost).",
+		MC_REPORT_FAILED),
+	FAM_SUM("spoa_ratelimit_local_quota_keys", PROM_GAUGE,
+		"Keys tracked for leases, pre-checks and coalescing.", MC_QUOTA_KEYS),
+	FAM_SUM("spoa_ratelimit_lease_outstanding", PROM_GAUGE,
+		"Leased requests held locally, not spent yet.", MC_LEASE_OUTSTANDING),
+	FAM_SUM("spoa_ratelimit_precheck_unreported", PROM_GAUGE,
+		"Pre-checked requests not reported to Redis yet.", MC_UNREPORTED),
+	FAM_MAX("spoa_ratelimit_gateways",
+		"Live gateways holding local quotas, from the heartbeats in Redis.", MC_GATEWAYS),
+	FAM_SUM("spoa_ratelimit_tier_cache_hits_total", PROM_COUNTER,
+		"Tier lookups answered by the local cache.", MC_TIER_HITS),
+	FAM_SUM("spoa_ratelimit_tier_cache_misses_total", PROM_COUNTER,
+		"Tier lookups sent to Redis.", MC_TIER_MISSES),
+	FAM_SUM("spoa_ratelimit_redis_commands_total", PROM_COUNTER,
+		"Commands sent to Redis.", MC_REDIS_SENT),
+	FAM_SUM("spoa_ratelimit_redis_late_replies_total", PROM_COUNTER,
+		"Replies that arrived after their deadline (discarded).", MC_REDIS_LATE),
+	FAM_SUM("spoa_ratelimit_redis_pending", PROM_GAUGE,
+		"Commands in flight to Redis.", MC_REDIS_PENDING),
+	FAM_SUM("spoa_ratelimit_redis_breaker_open", PROM_GAUGE,
+		"Workers whose Redis circuit breaker is open.", MC_BREAKER_OPEN),
+	FAM_SUM("spoa_ratelimit_redis_breaker_opened_total", PROM_COUNTER,
+		"Times a circuit breaker opened.", MC_BREAKER_OPENED),
+	FAM_SUM("spoa_ratelimit_redis_concurrency_limit", PROM_GAUGE,
+		"Adaptive limits on commands in flight, summed over Redis nodes and workers.",
+		MC_REDIS_CONCURRENCY),
+	FAM_SUM("spoa_ratelimit_redis_queued", PROM_GAUGE,
+		"Commands waiting for room under the concurrency limit.", MC_REDIS_QUEUED),
+	FAM_SUM("spoa_ratelimit_redis_shed_total", PROM_COUNTER,
+		"Commands not sent within their queue budget (answered by the failure ladder, "
+		"reason overload).",
+		MC_REDIS_SHED),
+	FAM_SUM("spoa_ratelimit_redis_batch_calls_total", PROM_COUNTER,
+		"Script calls that carried several decisions (redis.batch_max).",
+		MC_REDIS_BATCH_CALLS),
+	FAM_SUM("spoa_ratelimit_redis_batched_decisions_total", PROM_COUNTER,
+		"Decisions sent in those calls.", MC_REDIS_BATCHED),
+	FAM_LABELLED("spoa_ratelimit_redis_errors_total", PROM_COUNTER,
+		     "Redis error replies (and replies of the wrong shape), by class.", "class",
+		     redis_errors),
+	FAM_LABELLED("spoa_ratelimit_local_keys", PROM_GAUGE,
+		     "Entries kept in process memory, by store.", "store", local_keys),
+	FAM_MAX("spoa_ratelimit_config_generation",
+		"Generation of the configuration in force (highest among workers).",
+		MC_GENERATION),
+	FAM_LABELLED("spoa_ratelimit_reloads_total", PROM_COUNTER, "Reloads by result.", "result",
+		     reloads),
+	FAM_SUM("spoa_ratelimit_metric_rows_overflow_total", PROM_COUNTER,
+		"Decisions not counted by tier and rule because the row table was full.",
+		MC_ROWS_OVERFLOW),
+};
+
+/*
+ * Renders every metric, summed over the live workers, in the Prometheus text
+ * exposition format.
+ */
+void metrics_render(const struct metrics *m, struct http_reply *r)
+{
+	struct merged_top *mt;
+	struct merged mg;
+	size_t ntop;
+
+	merge_slots(m, &mg);
+	render_decisions(r, &mg);
+	render_families(r, m, spop_families, ARRAY_SIZE(spop_families));
+	render_spop_errors(r, &mg);
+	render_families(r, m, families, ARRAY_SIZE(families));
 	prom_family(r, "spoa_ratelimit_workers", PROM_GAUGE, "Worker processes reporting.");
-	prom_sample_u64(r, "spoa_ratelimit_workers", NULL, 0, live);
+	prom_sample_u64(r, "spoa_ratelimit_workers", NULL, 0, mg.live);
 
 	ntop = merge_tops(m, &mt);
 	render_tops(r, mt, ntop, false);
 	render_candidate(m, r);
 	render_tops(r, mt, ntop, true);
 	free(mt);
-	free(rows);
+	free(mg.rows);
 }
 
 /* Renders the merged top offenders as JSON (the /top view). */

@@ -203,6 +203,11 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory replay
 	$(Q)$(MAKE) --no-print-directory itest
 
+# the map of src/ in doc/development.md against the #include lines: layers, no cycles
+.PHONY: check-layers
+check-layers:
+	$(PYTHON) tests/check_layers.py
+
 # ---- fuzzing (clang + libFuzzer) ------------------------------------------
 # `clang` is the release's default (14 on Debian 12, 19 on Debian 13); libFuzzer
 # comes with libclang-rt-dev on both.

@@ -2,6 +2,7 @@
 doc/*.md and the other READMEs names a file that exists (and, for a `#anchor` into a
 Markdown file, a heading of that file), and every `doc/<name>.md` a source or sample file
 mentions exists. Runs no process: cheap, and it keeps the README and doc/ split honest."""
+import importlib.util
 import re
 
 from conftest import REPO
@@ -71,3 +72,12 @@ def test_doc_files_named_in_sources_exist():
             if not (REPO / "doc" / m.group(1)).exists():
                 bad.append("%s: doc/%s" % (p.relative_to(REPO), m.group(1)))
     assert not bad, "\n".join(bad)
+
+
+def test_src_map_matches_includes(capsys):
+    """doc/development.md's map of src/ (make check-layers): every file of src/ in one row, and
+    every #include goes to a lower layer, as the row's "Calls" says."""
+    spec = importlib.util.spec_from_file_location("check_layers", REPO / "tests" / "check_layers.py")
+    check_layers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_layers)
+    assert check_layers.main() == 0, capsys.readouterr().err

@@ -92,7 +92,7 @@ enum met_counter {
 	MC_FB_CLOSED,           /* ... denied by a fail-closed limit */
 	MC_INVALID_COSTS,       /* costs from HAProxy out of range, charged the maximum */
 	MC_NO_ADDRESS,          /* anonymous requests without a source address */
-	MC_POST_CHARGED,        /* post-charges by outcome (agent.c, enum post_outcome order) */
+	MC_POST_CHARGED,        /* post-charges by outcome (agent_int.h, enum post_outcome order) */
 	MC_POST_REFUNDED,
 	MC_POST_UNCHANGED,
 	MC_POST_ABSENT,

@@ -530,7 +530,7 @@ def captured_argv(h, args, aport, rport, timeout=5.0):
 
 
 def principal_key(api_key):
-    """The agent's Redis key of <api_key> for the bench limit (src/agent.c)."""
+    """The agent's Redis key of <api_key> for the bench limit (src/principal.c)."""
     return "%s:{k:%s}:%s" % (KEY_PREFIX, hashlib.sha256(api_key.encode()).hexdigest()[:32],
                              LIMIT)
 

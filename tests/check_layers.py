@@ -98,7 +98,8 @@ def main():
             to = files.get(dest)
             if to is None:
                 bad.append("%s: includes %s, which is not in the map" % (path, dest))
-            elif to is row:
+                continue
+            if to is row:
                 continue
             elif to.layer >= row.layer:
                 bad.append("%s (layer %d) includes %s (layer %d): a layer %s"

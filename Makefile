@@ -64,7 +64,7 @@ AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/stor
             src/memstore.c src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c \
             src/normalize.c src/overrides.c src/ctl.c \
             src/notify.c src/prepare.c src/parts.c src/candidate.c src/charge.c src/answer.c \
-            src/principal.c src/blocked.c src/decision.c
+            src/principal.c src/blocked.c src/decision.c src/config_read.c src/config_policy.c
 SPOA_OBJ  = $(SPOA_SRC:%.c=$(BUILD)/%.o)
 AGENT_OBJ = $(AGENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/scripts.o
 AGENT_SRC += src/secret.c
@@ -152,7 +152,8 @@ $(BUILD)/test_obs: tests/unit/test_obs.c $(BUILD)/src/http.o $(BUILD)/src/prom.o
 
 $(BUILD)/test_normalize: tests/unit/test_normalize.c $(BUILD)/src/normalize.o $(BUILD)/src/rules.o \
                          $(BUILD)/src/config.o $(BUILD)/src/limiter.o $(BUILD)/src/util.o \
-                         $(BUILD)/src/log.o $(BUILD)/spoa/spop.o $(BUILD)/src/secret.o
+                         $(BUILD)/src/log.o $(BUILD)/spoa/spop.o $(BUILD)/src/secret.o \
+                         $(BUILD)/src/config_read.o $(BUILD)/src/config_policy.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lcmocka -lm
 
@@ -173,7 +174,8 @@ $(BUILD)/spop-load: tests/tools/spop_load.c $(LIBSPOA)
 $(BUILD)/fuzz_config_replay: tests/fuzz/fuzz_config.c tests/fuzz/replay.c $(BUILD)/src/config.o \
                              $(BUILD)/src/rules.o $(BUILD)/src/util.o $(BUILD)/src/log.o \
                              $(BUILD)/src/limiter.o $(BUILD)/src/normalize.o $(BUILD)/spoa/spop.o \
-                             $(BUILD)/src/secret.o
+                             $(BUILD)/src/secret.o $(BUILD)/src/config_read.o \
+                             $(BUILD)/src/config_policy.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lm
 
@@ -217,7 +219,8 @@ FUZZ_BUILD = build-fuzz
 fuzz: $(FUZZ_BUILD)/fuzz_spop_frame $(FUZZ_BUILD)/fuzz_config
 
 FUZZ_CONFIG_SRC = tests/fuzz/fuzz_config.c src/config.c src/rules.c src/util.c src/log.c \
-                  src/limiter.c src/normalize.c spoa/spop.c src/secret.c
+                  src/limiter.c src/normalize.c spoa/spop.c src/secret.c src/config_read.c \
+                  src/config_policy.c
 $(FUZZ_BUILD)/fuzz_config: $(FUZZ_CONFIG_SRC) src/config.h src/rules.h
 	@mkdir -p $(FUZZ_BUILD)
 	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \

@@ -175,10 +175,16 @@ static redisReplyObjectFunctions reply_fns = {
 	.freeObject    = free_object,
 };
 
+/* The functions above, for a reader's ->fn: the connections' and the fuzz target's. */
+redisReplyObjectFunctions *reply_functions(void)
+{
+	return &reply_fns;
+}
+
 /* Makes <ac> build its replies with these functions; before its first reply. */
 void reply_attach(redisAsyncContext *ac)
 {
-	ac->c.reader->fn = &reply_fns;
+	ac->c.reader->fn = reply_functions();
 }
 
 /* Gives the free list back to the allocator (at exit, for leak checkers). */

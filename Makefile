@@ -221,13 +221,13 @@ $(FUZZ_BUILD)/fuzz_config: $(FUZZ_CONFIG_SRC) src/config.h src/rules.h
 	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \
 	  $(PKG_CFLAGS) -o $@ $(FUZZ_CONFIG_SRC) -lconfig -lm
 
-$(FUZZ_BUILD)/fuzz_spop_frame: tests/fuzz/fuzz_spop_frame.c spoa/spop.c spoa/spop.h
+$(FUZZ_BUILD)/fuzz_spop_frame: tests/fuzz/fuzz_spop_frame.c tests/fuzz/fuzz.h spoa/spop.c spoa/spop.h
 	@mkdir -p $(FUZZ_BUILD)
 	$(CLANG) -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -Ispoa -o $@ \
 	  tests/fuzz/fuzz_spop_frame.c spoa/spop.c
 
 # the reply reader with the agent's reply objects (src/store_reply.c)
-$(FUZZ_BUILD)/fuzz_resp: tests/fuzz/fuzz_resp.c src/store_reply.c src/store_int.h
+$(FUZZ_BUILD)/fuzz_resp: tests/fuzz/fuzz_resp.c tests/fuzz/fuzz.h src/store_reply.c src/store_int.h
 	@mkdir -p $(FUZZ_BUILD)
 	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \
 	  $(PKG_CFLAGS) -o $@ tests/fuzz/fuzz_resp.c src/store_reply.c -lhiredis

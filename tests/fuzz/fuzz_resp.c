@@ -25,19 +25,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz.h"
 #include "store_int.h"
 
 #define FUZZ_MAX_INPUT (1U << 16)
 #define BYTEWISE_MAX   4096     /* a long line is scanned again each feed: quadratic */
 #define ARRAY_MAX      (1U << 22) /* store_reply.c's cap on an array header */
-
-#define CHECK(c)                                                                                  \
-	do {                                                                                      \
-		if (!(c))                                                                         \
-			abort();                                                                  \
-	} while (0)
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* What one way of feeding gave: the replies, flattened, and how it ended. */
 struct outcome {

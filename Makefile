@@ -8,7 +8,7 @@
 #   make bench-script    Redis CPU per decision of the script, single and multi (~1 min)
 #   make accuracy        20 agents on one Redis: admitted / limit, exact vs local-only
 #   make attack          attacks on two gateways, one row each with PASS/FAIL (~2 min)
-#   make fuzz-smoke      libFuzzer (clang) on the frame decoder for ~60 s
+#   make fuzz-smoke      libFuzzer (clang): frame decoder, config loader, reply reader (~2 min)
 #   make matrix          the tests on Debian 13, HAProxy 3.2/3.4, Valkey (root, ~15 min)
 #   make deb             Debian package (dpkg-buildpackage + lintian) into build/deb/
 #   make test-deb        build it, install it, run it, purge it (root; tests/package/)
@@ -179,6 +179,10 @@ $(BUILD)/fuzz_config_replay: tests/fuzz/fuzz_config.c tests/fuzz/replay.c $(BUIL
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lm
 
+$(BUILD)/fuzz_resp_replay: tests/fuzz/fuzz_resp.c tests/fuzz/replay.c $(BUILD)/src/store_reply.o
+	@echo "  LD      $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS)
+
 $(REPLAY): tests/fuzz/fuzz_spop_frame.c tests/fuzz/replay.c $(LIBSPOA)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ tests/fuzz/fuzz_spop_frame.c tests/fuzz/replay.c \
@@ -190,9 +194,10 @@ unit: $(UNIT_BINS)
 # The fuzz corpus is replayed as a regression test under ASan/UBSan.
 replay:
 	$(Q)$(MAKE) --no-print-directory SANITIZE=address,undefined build-asan/fuzz_replay \
-	  build-asan/fuzz_config_replay
+	  build-asan/fuzz_config_replay build-asan/fuzz_resp_replay
 	build-asan/fuzz_replay tests/fuzz/corpus/spop_frame
 	build-asan/fuzz_config_replay tests/fuzz/corpus/config
+	build-asan/fuzz_resp_replay tests/fuzz/corpus/resp
 
 SPOA_BIN ?= $(abspath $(BIN))
 itest: $(BIN) $(MODEL) $(BUILD)/gen/ratelimit.lua
@@ -216,7 +221,7 @@ check-layers:
 CLANG ?= clang
 
 FUZZ_BUILD = build-fuzz
-fuzz: $(FUZZ_BUILD)/fuzz_spop_frame $(FUZZ_BUILD)/fuzz_config
+fuzz: $(FUZZ_BUILD)/fuzz_spop_frame $(FUZZ_BUILD)/fuzz_config $(FUZZ_BUILD)/fuzz_resp
 
 FUZZ_CONFIG_SRC = tests/fuzz/fuzz_config.c src/config.c src/rules.c src/util.c src/log.c \
                   src/limiter.c src/normalize.c spoa/spop.c src/secret.c src/config_read.c \
@@ -226,18 +231,26 @@ $(FUZZ_BUILD)/fuzz_config: $(FUZZ_CONFIG_SRC) src/config.h src/rules.h
 	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \
 	  $(PKG_CFLAGS) -o $@ $(FUZZ_CONFIG_SRC) -lconfig -lm
 
-$(FUZZ_BUILD)/fuzz_spop_frame: tests/fuzz/fuzz_spop_frame.c spoa/spop.c spoa/spop.h
+$(FUZZ_BUILD)/fuzz_spop_frame: tests/fuzz/fuzz_spop_frame.c tests/fuzz/fuzz.h spoa/spop.c spoa/spop.h
 	@mkdir -p $(FUZZ_BUILD)
 	$(CLANG) -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -Ispoa -o $@ \
 	  tests/fuzz/fuzz_spop_frame.c spoa/spop.c
 
+# the reply reader with the agent's reply objects (src/store_reply.c)
+$(FUZZ_BUILD)/fuzz_resp: tests/fuzz/fuzz_resp.c tests/fuzz/fuzz.h src/store_reply.c src/store_int.h
+	@mkdir -p $(FUZZ_BUILD)
+	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \
+	  $(PKG_CFLAGS) -o $@ tests/fuzz/fuzz_resp.c src/store_reply.c -lhiredis
+
 fuzz-smoke: fuzz
-	@mkdir -p $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/corpus-config
+	@mkdir -p $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/corpus-config $(FUZZ_BUILD)/corpus-resp
 	$(FUZZ_BUILD)/fuzz_spop_frame -max_total_time=60 -max_len=65536 \
 	  -dict=tests/fuzz/spop.dict $(FUZZ_BUILD)/corpus tests/fuzz/corpus/spop_frame
 	# libconfig 1.5 leaks a few bytes on some syntax errors: not ours, not counted
 	ASAN_OPTIONS=detect_leaks=0 $(FUZZ_BUILD)/fuzz_config -max_total_time=30 -max_len=4096 \
 	  $(FUZZ_BUILD)/corpus-config tests/fuzz/corpus/config
+	$(FUZZ_BUILD)/fuzz_resp -max_total_time=30 -max_len=65536 -dict=tests/fuzz/resp.dict \
+	  $(FUZZ_BUILD)/corpus-resp tests/fuzz/corpus/resp
 
 # ---- the main job and the benchmark ----------------------------------------
 

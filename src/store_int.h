@@ -197,6 +197,7 @@ struct store {
 };
 
 /* store_reply.c */
+redisReplyObjectFunctions *reply_functions(void);
 void reply_attach(redisAsyncContext *ac);
 void reply_cache_free(void);
 

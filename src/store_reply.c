@@ -20,7 +20,10 @@
  * calloc(), whose fresh pages are neither written nor, when the array is
  * freed half built, read: a header alone (its elements never sent) costs
  * address space, not resident memory. One source serves hiredis 0.14 (Debian
- * 12) and 1.x (Debian 13): only createArray's count type differs.
+ * 12) and 1.x (Debian 13): createArray's count type differs, and 1.x reads
+ * RESP3's doubles and booleans, which a server may send unasked: without
+ * functions of ours for them, hiredis would hand their type over as the
+ * reply's pointer (and leave its slot in an array empty).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -62,8 +65,7 @@ static redisReply *reply_new(const redisReadTask *task, int type)
 	if (task->parent) {
 		redisReply *parent = task->parent->obj;
 
-		BUG_ON(parent->type != REDIS_REPLY_ARRAY || task->idx < 0 ||
-		       (size_t)task->idx >= parent->elements);
+		BUG_ON(task->idx < 0 || (size_t)task->idx >= parent->elements);
 		parent->element[task->idx] = r;
 	}
 	return r;
@@ -114,7 +116,7 @@ static void *create_array(const redisReadTask *task, reply_count_t elements)
 		if (!vec)
 			return NULL;
 	}
-	r = reply_new(task, REDIS_REPLY_ARRAY);
+	r = reply_new(task, task->type);        /* an array, or RESP3's map, set or push */
 	if (!r) {
 		free(vec);
 		return NULL;
@@ -140,6 +142,26 @@ static void *create_nil(const redisReadTask *task)
 	return reply_new(task, REDIS_REPLY_NIL);
 }
 
+#if defined(HIREDIS_MAJOR) && HIREDIS_MAJOR >= 1
+static void *create_double(const redisReadTask *task, double value, char *str, size_t len)
+{
+	redisReply *r = create_string(task, str, len);  /* the text as sent, as hiredis keeps it */
+
+	if (r)
+		r->dval = value;
+	return r;
+}
+
+static void *create_bool(const redisReadTask *task, int value)
+{
+	redisReply *r = reply_new(task, REDIS_REPLY_BOOL);
+
+	if (r)
+		r->integer = value != 0;
+	return r;
+}
+#endif
+
 static void free_object(void *obj)
 {
 	redisReply *r = obj;
@@ -147,7 +169,7 @@ static void free_object(void *obj)
 
 	if (!r)
 		return;
-	if (r->type == REDIS_REPLY_ARRAY && r->element) {
+	if (r->element) {
 		/* the reader builds elements in order and none is NULL: the built ones are
 		 * a prefix. An array cut short is freed without reading the slots past it,
 		 * so a header alone never touches (or, on some kernels, makes resident)
@@ -172,13 +194,23 @@ static redisReplyObjectFunctions reply_fns = {
 	.createArray   = create_array,
 	.createInteger = create_integer,
 	.createNil     = create_nil,
+#if defined(HIREDIS_MAJOR) && HIREDIS_MAJOR >= 1
+	.createDouble  = create_double,
+	.createBool    = create_bool,
+#endif
 	.freeObject    = free_object,
 };
+
+/* The functions above, for a reader's ->fn: the connections' and the fuzz target's. */
+redisReplyObjectFunctions *reply_functions(void)
+{
+	return &reply_fns;
+}
 
 /* Makes <ac> build its replies with these functions; before its first reply. */
 void reply_attach(redisAsyncContext *ac)
 {
-	ac->c.reader->fn = &reply_fns;
+	ac->c.reader->fn = reply_functions();
 }
 
 /* Gives the free list back to the allocator (at exit, for leak checkers). */

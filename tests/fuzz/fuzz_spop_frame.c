@@ -22,18 +22,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz.h"
 #include "spop.h"
 
 #define FUZZ_MAX_INPUT (1U << 20)
 #define WBUF_SIZE      1024    /* bounded re-encoding buffer */
-
-#define CHECK(c)                                                                                  \
-	do {                                                                                      \
-		if (!(c))                                                                         \
-			abort();                                                                  \
-	} while (0)
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* ---- helpers ---- */
 

@@ -258,13 +258,15 @@ def test_out_of_range_integers_in_script_reply_are_errors(agent):
 
 def agent_first_reply(agent, first, command_timeout_ms):
     """An agent (metrics on, <command_timeout_ms>) on a fake Redis whose first script reply
-    is the raw bytes <first>, the others ordinary ones, once its store is ready. Returns
-    (agent, the fake Redis to close, the script calls so far)."""
+    is the raw bytes <first> (or <first>(nkeys)), the others ordinary ones, once its store
+    is ready. Returns (agent, the fake Redis to close, the script calls so far)."""
     calls = []
 
     def script(nkeys, argv):
         calls.append(nkeys)
-        return first if len(calls) == 1 else script_reply(nkeys)
+        if len(calls) > 1:
+            return script_reply(nkeys)
+        return first(nkeys) if callable(first) else first
 
     fr = FakeRedis(script=script)
     try:
@@ -342,6 +344,30 @@ def test_an_array_header_past_the_cap_is_an_error_of_the_connection(agent):
             assert time.monotonic() - t0 < 2.0
             assert "stalled" not in a.proc.log_text()
             wait_until(lambda: "allow" in c.request(3, 1, [sc.rl_message(key="cap")]) and
+                       len(calls) >= 2, 10, 0.1, "decided by Redis again")
+        assert a.alive()
+    finally:
+        fr.close()
+
+
+@pytest.mark.parametrize("first", [
+    b"#t\r\n", b",1.5\r\n",
+    lambda n: b"*%d\r\n#t\r\n:%d\r\n,-inf\r\n" % (3 + 4 * n, n) + b":0\r\n" * (4 * n)],
+    ids=["bool", "double", "in-array"])
+def test_resp3_replies_never_asked_for_are_errors(agent, first):
+    """A script reply that is a RESP3 boolean or double, or an array of them (the agent never
+    sends HELLO 3, but a reply is the server's word): the decision is answered by the failure
+    ladder, the next one by Redis. hiredis 1.x (Debian 13) reads these types, and the store's
+    reply functions had none for them: hiredis then handed the type over as the reply's
+    pointer (0x8), or left the array's slot NULL (in a reply of the expected length), and
+    the agent crashed. hiredis 0.14 (Debian 12) refuses them as a protocol error."""
+    a, fr, calls = agent_first_reply(agent, first, 5000)
+    try:
+        with sc.SpopClient(a.addr, timeout=10) as c:
+            c.hello()
+            v = c.request(1, 1, [sc.rl_message(key="resp3")])
+            assert v.get("degraded") == 1, v
+            wait_until(lambda: "allow" in c.request(3, 1, [sc.rl_message(key="resp3")]) and
                        len(calls) >= 2, 10, 0.1, "decided by Redis again")
         assert a.alive()
     finally:

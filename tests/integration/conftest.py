@@ -215,8 +215,24 @@ class Proc:
         return self.p.poll() if self.p else None
 
     def signal(self, sig):
-        if self.alive():
-            self.p.send_signal(sig)
+        """Sends <sig>. SIGSTOP and SIGCONT return once they took effect (the process is
+        stopped, or running again): a signal is delivered asynchronously, and on a busy
+        machine a test's next step could otherwise meet a process still running."""
+        if not self.alive():
+            return
+        self.p.send_signal(sig)
+        if sig in (signal.SIGSTOP, signal.SIGCONT):
+            want_stopped = sig == signal.SIGSTOP
+            wait_until(lambda: (self._state() in ("T", "t")) == want_stopped or not self.alive(),
+                       5, 0.001, "%s %s" % (self.name, "stopped" if want_stopped else "resumed"))
+
+    def _state(self):
+        """The process state letter from /proc/<pid>/stat ("" if it is gone)."""
+        try:
+            with open("/proc/%d/stat" % self.p.pid) as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return ""
 
     def kill(self):
         """SIGKILL, as a crash would; the exit status is then not checked."""

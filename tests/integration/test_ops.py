@@ -519,7 +519,7 @@ def test_rolling_worker_restart_through_haproxy(stack):
     """-w 2 behind HAProxy with traffic from 2 clients: SIGTERM one worker, then the other
     (the master restarts each). No request is ever refused or degraded. A request whose
     NOTIFY HAProxy sent in the instant the worker said AGENT-DISCONNECT passes unchecked
-    with txn.rl.err = 256 (SPOP 2.0 has no graceful go-away and HAProxy 2.6 does not
+    with txn.rl.err = 256 or 257 (SPOP 2.0 has no graceful go-away and HAProxy 2.6 does not
     retry): at most one per client and restart, i.e. bounded by the requests in flight."""
     s = stack(limits=HOURLY, args=("-w", "2"))
     a = s.agent
@@ -554,7 +554,9 @@ def test_rolling_worker_restart_through_haproxy(stack):
     assert all(r[0] == 200 for r in results), [r for r in results if r[0] != 200][:5]
     assert not any(r[3] for r in results)                          # never degraded
     unchecked = [r for r in results if not r[1]]
-    assert all(r[2] in agent_errors(256, 1) for r in unchecked), unchecked
+    # 256 (the DISCONNECT read), 257 (the close seen first: an I/O error; seen on 2.6
+    # too, with the slower ASan agent) or 1 (timeout): the same event, never a decision
+    assert all(r[2] in agent_errors(256, 257, 1) for r in unchecked), unchecked
     assert len(unchecked) <= 2 * 2, unchecked                      # clients x restarts
     assert len(log_lines(a, r"exited with status 0")) == 1         # the master's lines
     assert len(log_lines(a, r"worker \d restarted")[a.proc.pid]) == 2

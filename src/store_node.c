@@ -279,11 +279,9 @@ static void load_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	n->breaker_until = 0;
 	n->backoff_ms = BACKOFF_MIN_MS;
 	s->stats.connects++;
-	if (n->sentineled)
-		LOG(LOG_NOTICE, "redis %s connected (%s:%d), script %s", n->name, n->addr,
-		    n->dial_port, s->sha);
-	else if (n->named)
-		LOG(LOG_NOTICE, "redis %s connected (%s), script %s", n->name, n->addr, s->sha);
+	if (n->addr[0]) /* a name or a master under Sentinel: which address it was */
+		LOG(LOG_NOTICE, "redis %s connected (%s%s%.0d), script %s", n->name, n->addr,
+		    n->dial_port ? ":" : "", n->dial_port, s->sha);
 	else
 		LOG(LOG_NOTICE, "redis %s connected, script %s", n->name, s->sha);
 	/* the seed of a single (or unknown) Redis: is it a cluster now? */
@@ -317,15 +315,16 @@ static void role_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	struct store_node *n = ac->data;
 	redisReply *rep = reply;
 
+	const char *role;
+
 	(void)privdata;
 	if (!rep || n->ac != ac)
 		return;
-	if (rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
-	    rep->element[0]->type == REDIS_REPLY_STRING && strcmp(rep->element[0]->str, "master") == 0)
+	role = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
+	       rep->element[0]->type == REDIS_REPLY_STRING ? rep->element[0]->str : "no role";
+	if (strcmp(role, "master") == 0)
 		return;
-	store_log_trouble(n, "ROLE", rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
-					     rep->element[0]->type == REDIS_REPLY_STRING
-					     ? rep->element[0]->str : "no answer as a master");
+	store_log_trouble(n, "ROLE", role);
 	node_error(n, STORE_EC_READONLY);
 	redisAsyncDisconnect(ac);
 }

@@ -283,5 +283,11 @@ def test_multi_in_real_time_matches_the_models(conn):
     for j, (r, m) in enumerate(zip(replies, model)):
         assert [r[0]] + r[3:] == m, "decision %d: script %r model %r" % (j, r, m)
     assert {r[0] for r in replies} == {0, 1}
+    # The fixed window's key expires at its window's end (epoch-aligned): when the last call
+    # ran just before a second's boundary, the key may be gone by the time PTTL reads it.
     ttl = conn.cmd("PTTL", keys[1])
-    assert 0 < ttl <= 1001, ttl
+    if ttl == -2:
+        sec, usec = conn.cmd("TIME")
+        assert int(sec) > replies[-1][2] // 10**6, (sec, usec, replies[-1][2])
+    else:
+        assert 0 < ttl <= 1001, ttl

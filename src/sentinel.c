@@ -23,8 +23,8 @@
  * locates again whenever its connection is lost, ROLE says the server is no
  * master, or a reply says READONLY.
  *
- * Addresses are numeric ("ip:port", "[ip6]:port"): hiredis would resolve a
- * name with a blocking getaddrinfo(). The Sentinels' own answers are numeric
+ * Addresses are numeric ("ip:port", "[ip6]:port"): a name would need the
+ * store's resolver here too (not done yet). The Sentinels' own answers are numeric
  * unless they are run with `resolve-hostnames yes`; a name there is refused
  * with a clear error.
  */
@@ -32,13 +32,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <hiredis/adapters/libev.h>
-#include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 
 #include "list.h"
 #include "log.h"
+#include "rconn.h"
 #include "sentinel.h"
+#include "tls.h"
 #include "util.h"
 
 #define WATCH_RETRY_S 1.0
@@ -50,6 +50,7 @@ struct sentinel {
 	size_t n;
 	char *master;                   /* owned */
 	char *user, *password;          /* owned or NULL */
+	struct tls_ctx *tls;            /* a reference, or NULL: clear text */
 	double timeout_s;
 	sentinel_switch_fn *on_switch;
 	void *arg;
@@ -57,7 +58,7 @@ struct sentinel {
 	/* locate */
 	sentinel_addr_fn *lcb;          /* NULL: no locate going on */
 	void *larg;
-	redisAsyncContext *lac;         /* the Sentinel asked now, or NULL */
+	struct rconn *lac;              /* the Sentinel asked now, or NULL */
 	size_t lidx;                    /* ... its index */
 	size_t ltried;                  /* Sentinels asked in this locate */
 	size_t preferred;               /* the one that answered last */
@@ -65,7 +66,7 @@ struct sentinel {
 	char lerr[160];                 /* why the last one did not answer */
 
 	/* watch */
-	redisAsyncContext *wac;         /* SUBSCRIBEd connection, or NULL */
+	struct rconn *wac;              /* SUBSCRIBEd connection, or NULL */
 	size_t widx;
 	ev_timer wtimer;                /* reconnect */
 };
@@ -74,27 +75,22 @@ static void locate_next(struct sentinel *sn);
 static void watch_start(struct sentinel *sn);
 
 /* A new connection to Sentinel <i>, AUTHed when configured; NULL if it fails at once. */
-static redisAsyncContext *sentinel_dial(struct sentinel *sn, size_t i, redisConnectCallback *ccb,
-					redisDisconnectCallback *dcb)
+static struct rconn *sentinel_dial(struct sentinel *sn, size_t i, rconn_event_fn *ccb,
+				   rconn_event_fn *dcb)
 {
-	redisAsyncContext *ac = redisAsyncConnect(sn->hosts[i], sn->ports[i]);
+	struct rconn_opts o = {.loop = sn->loop, .data = sn, .on_connect = ccb,
+			       .on_disconnect = dcb, .tls = sn->tls, .keepalive = true};
+	char err[256];
+	struct rconn *ac = rconn_connect(&o, sn->hosts[i], sn->ports[i], NULL, err, sizeof(err));
 
-	if (!ac)
-		return NULL;
-	if (ac->err) {
-		snprintf(sn->lerr, sizeof(sn->lerr), "%s:%d: %s", sn->hosts[i], sn->ports[i],
-			 ac->errstr);
-		redisAsyncFree(ac);
+	if (!ac) {
+		snprintf(sn->lerr, sizeof(sn->lerr), "%s:%d: %s", sn->hosts[i], sn->ports[i], err);
 		return NULL;
 	}
-	ac->data = sn;
-	redisLibevAttach(sn->loop, ac);
-	redisAsyncSetConnectCallback(ac, ccb);
-	redisAsyncSetDisconnectCallback(ac, dcb);
 	if (sn->password) {
 		const char *argv[3] = {"AUTH", sn->user ? sn->user : sn->password, sn->password};
 
-		redisAsyncCommandArgv(ac, NULL, NULL, sn->user ? 3 : 2, argv, NULL);
+		(void)rconn_command(ac, NULL, NULL, sn->user ? 3 : 2, argv, NULL);
 	}
 	return ac;
 }
@@ -104,13 +100,13 @@ static redisAsyncContext *sentinel_dial(struct sentinel *sn, size_t i, redisConn
 static void locate_done(struct sentinel *sn, const char *ip, int port, const char *err)
 {
 	sentinel_addr_fn *cb = sn->lcb;
-	redisAsyncContext *ac = sn->lac;
+	struct rconn *ac = sn->lac;
 
 	sn->lcb = NULL;
 	sn->lac = NULL;
 	ev_timer_stop(sn->loop, &sn->ltimer);
 	if (ac)
-		redisAsyncDisconnect(ac); /* safe from its own callbacks */
+		rconn_disconnect(ac); /* safe from its own callbacks */
 	if (cb)
 		cb(sn->larg, ip, port, err);
 }
@@ -118,13 +114,13 @@ static void locate_done(struct sentinel *sn, const char *ip, int port, const cha
 /* The attempt on the current Sentinel failed (<why>): the next one. */
 static void locate_fail(struct sentinel *sn, const char *why)
 {
-	redisAsyncContext *ac = sn->lac;
+	struct rconn *ac = sn->lac;
 
 	snprintf(sn->lerr, sizeof(sn->lerr), "%s:%d: %s", sn->hosts[sn->lidx], sn->ports[sn->lidx],
 		 why);
 	sn->lac = NULL;
 	if (ac)
-		redisAsyncDisconnect(ac);
+		rconn_disconnect(ac);
 	sn->lidx = (sn->lidx + 1) % sn->n;
 	/* from the loop, not from within this Sentinel's callbacks */
 	ev_timer_stop(sn->loop, &sn->ltimer);
@@ -132,9 +128,9 @@ static void locate_fail(struct sentinel *sn, const char *why)
 	ev_timer_start(sn->loop, &sn->ltimer);
 }
 
-static void addr_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+static void addr_reply_cb(struct rconn *ac, void *reply, void *privdata)
 {
-	struct sentinel *sn = ac->data;
+	struct sentinel *sn = rconn_data(ac);
 	redisReply *r = reply;
 	char host[64];
 	long port;
@@ -144,7 +140,7 @@ static void addr_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	if (ac != sn->lac || !sn->lcb)
 		return;
 	if (!r) {
-		locate_fail(sn, ac->errstr[0] ? ac->errstr : "connection lost");
+		locate_fail(sn, rconn_errstr(ac)[0] ? rconn_errstr(ac) : "connection lost");
 		return;
 	}
 	if (r->type == REDIS_REPLY_ERROR) {
@@ -170,19 +166,19 @@ static void addr_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	locate_done(sn, host, (int)port, NULL);
 }
 
-static void locate_connect_cb(const redisAsyncContext *cac, int status)
+static void locate_connect_cb(struct rconn *cac, int status)
 {
-	struct sentinel *sn = cac->data;
+	struct sentinel *sn = rconn_data(cac);
 
-	if (cac != sn->lac || status == REDIS_OK)
+	if (cac != sn->lac || status == 0)
 		return;
-	sn->lac = NULL; /* hiredis frees it after this callback */
-	locate_fail(sn, cac->errstr);
+	sn->lac = NULL; /* freed after this callback */
+	locate_fail(sn, rconn_errstr(cac));
 }
 
-static void locate_disconnect_cb(const redisAsyncContext *cac, int status)
+static void locate_disconnect_cb(struct rconn *cac, int status)
 {
-	struct sentinel *sn = cac->data;
+	struct sentinel *sn = rconn_data(cac);
 
 	(void)status;
 	if (cac != sn->lac)
@@ -208,7 +204,7 @@ static void locate_next(struct sentinel *sn)
 		locate_fail(sn, sn->lerr[0] ? sn->lerr : "out of memory");
 		return;
 	}
-	redisAsyncCommandArgv(sn->lac, addr_reply_cb, NULL, 3, argv, NULL);
+	(void)rconn_command(sn->lac, addr_reply_cb, NULL, 3, argv, NULL);
 	ev_timer_stop(sn->loop, &sn->ltimer);
 	ev_timer_set(&sn->ltimer, sn->timeout_s, 0.);
 	ev_timer_start(sn->loop, &sn->ltimer);
@@ -217,7 +213,7 @@ static void locate_next(struct sentinel *sn)
 static void ltimer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	struct sentinel *sn = container_of(t, struct sentinel, ltimer);
-	redisAsyncContext *ac = sn->lac;
+	struct rconn *ac = sn->lac;
 
 	(void)loop;
 	(void)revents;
@@ -227,8 +223,8 @@ static void ltimer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 		locate_next(sn);
 		return;
 	}
-	sn->lac = NULL; /* its callbacks, called from redisAsyncFree(), are ignored */
-	redisAsyncFree(ac);
+	sn->lac = NULL; /* its callbacks, called from rconn_free(), are ignored */
+	rconn_free(ac);
 	locate_fail(sn, "timed out");
 }
 
@@ -251,13 +247,12 @@ void sentinel_locate(struct sentinel *sn, sentinel_addr_fn *cb, void *arg)
 /* The locate going on, if any, will not call back. */
 void sentinel_cancel(struct sentinel *sn)
 {
-	redisAsyncContext *ac = sn->lac;
+	struct rconn *ac = sn->lac;
 
 	sn->lcb = NULL;
 	sn->lac = NULL;
 	ev_timer_stop(sn->loop, &sn->ltimer);
-	if (ac)
-		redisAsyncFree(ac); /* never called from its callbacks: see store_node.c */
+	rconn_free(ac); /* deferred when called from its own callbacks */
 }
 
 /* ---- watch -------------------------------------------------------------- */
@@ -272,9 +267,9 @@ static void watch_retry(struct sentinel *sn)
 }
 
 /* "+switch-master" messages: "<name> <old ip> <old port> <new ip> <new port>". */
-static void switch_msg_cb(redisAsyncContext *ac, void *reply, void *privdata)
+static void switch_msg_cb(struct rconn *ac, void *reply, void *privdata)
 {
-	struct sentinel *sn = ac->data;
+	struct sentinel *sn = rconn_data(ac);
 	redisReply *r = reply;
 	char name[128], oip[64], nip[64];
 	int oport, nport;
@@ -285,7 +280,7 @@ static void switch_msg_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	if (r->type == REDIS_REPLY_ERROR) {
 		LOG(LOG_WARN, "sentinel %s:%d: SUBSCRIBE: %s", sn->hosts[sn->widx], sn->ports[sn->widx],
 		    r->str);
-		redisAsyncDisconnect(ac);
+		rconn_disconnect(ac);
 		return;
 	}
 	if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
@@ -300,18 +295,18 @@ static void switch_msg_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	sn->on_switch(sn->arg, nip, nport);
 }
 
-static void watch_connect_cb(const redisAsyncContext *cac, int status)
+static void watch_connect_cb(struct rconn *cac, int status)
 {
-	struct sentinel *sn = cac->data;
+	struct sentinel *sn = rconn_data(cac);
 
-	if (cac != sn->wac || status == REDIS_OK)
+	if (cac != sn->wac || status == 0)
 		return;
-	watch_retry(sn); /* hiredis frees it after this callback */
+	watch_retry(sn); /* freed after this callback */
 }
 
-static void watch_disconnect_cb(const redisAsyncContext *cac, int status)
+static void watch_disconnect_cb(struct rconn *cac, int status)
 {
-	struct sentinel *sn = cac->data;
+	struct sentinel *sn = rconn_data(cac);
 
 	(void)status;
 	if (cac == sn->wac)
@@ -327,7 +322,7 @@ static void watch_start(struct sentinel *sn)
 		watch_retry(sn);
 		return;
 	}
-	redisAsyncCommandArgv(sn->wac, switch_msg_cb, NULL, 2, argv, NULL);
+	(void)rconn_subscribe(sn->wac, switch_msg_cb, NULL, 2, argv);
 }
 
 static void wtimer_cb(struct ev_loop *loop, ev_timer *t, int revents)
@@ -365,6 +360,7 @@ struct sentinel *sentinel_new(struct ev_loop *loop, const struct sentinel_opts *
 	sn->master = xstrdup(o->master);
 	sn->user = o->user && *o->user ? xstrdup(o->user) : NULL;
 	sn->password = o->password && *o->password ? xstrdup(o->password) : NULL;
+	sn->tls = tls_ctx_ref(o->tls);
 	sn->timeout_s = (o->timeout_ms ? o->timeout_ms : 200) / 1000.;
 	sn->on_switch = on_switch;
 	sn->arg = arg;
@@ -376,7 +372,7 @@ struct sentinel *sentinel_new(struct ev_loop *loop, const struct sentinel_opts *
 
 void sentinel_free(struct sentinel *sn)
 {
-	redisAsyncContext *ac;
+	struct rconn *ac;
 	size_t i;
 
 	if (!sn)
@@ -385,12 +381,19 @@ void sentinel_free(struct sentinel *sn)
 	ev_timer_stop(sn->loop, &sn->wtimer);
 	ac = sn->wac;
 	sn->wac = NULL;
-	if (ac)
-		redisAsyncFree(ac);
+	rconn_free(ac);
+	tls_ctx_free(sn->tls);
 	for (i = 0; i < sn->n; i++)
 		free(sn->hosts[i]);
 	free(sn->master);
 	free(sn->user);
 	free(sn->password);
 	free(sn);
+}
+
+/* The TLS (a reference is taken, NULL: clear text) of the connections made from now on. */
+void sentinel_set_tls(struct sentinel *sn, struct tls_ctx *tls)
+{
+	tls_ctx_free(sn->tls);
+	sn->tls = tls_ctx_ref(tls);
 }

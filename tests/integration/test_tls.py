@@ -275,3 +275,103 @@ def test_tls_cluster_of_three_masters(agent, procs, tmp, pki):
     log = a.proc.log_text()
     for m in cl.masters():
         assert "redis 127.0.0.1:%d connected" % tls_ports[m.port] in log, log[-3000:]
+
+
+def tls_cmd(port, ca, *args, timeout=2.0):
+    """One command over TLS (the CA verifies the server; its name is not checked here)."""
+    import socket
+    import ssl
+    from conftest import _resp_read
+    ctx = ssl.create_default_context(cafile=str(ca))
+    ctx.check_hostname = False
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw:
+        with ctx.wrap_socket(raw) as s:
+            s.sendall(b"*%d\r\n" % len(args) + b"".join(
+                b"$%d\r\n%s\r\n" % (len(str(a)), str(a).encode()) for a in args))
+            return _resp_read(s.makefile("rb"))
+
+
+class TLSSentinels:
+    """A master, a replica and three Sentinels speaking TLS only (port 0): replication,
+    the Sentinels' links and their clients all over TLS."""
+
+    def __init__(self, procs, tmp, pki, master="rltls"):
+        from conftest import free_ports
+        self.procs, self.pki, self.name = procs, pki, master
+        self.crt, self.key = pki.issue("node")
+        self.master_port, self.replica_port = free_ports(2)
+        self.sentinel_ports = free_ports(3)
+        self.master = self.server("master", self.master_port)
+        self.replica = self.server("replica", self.replica_port, "--replicaof", "127.0.0.1",
+                                   str(self.master_port))
+        for i, port in enumerate(self.sentinel_ports):
+            d = tmp / ("tls-sentinel-%d" % i)
+            d.mkdir()
+            conf = d / "sentinel.conf"
+            conf.write_text(
+                "port 0\ntls-port %d\nbind 127.0.0.1\ndaemonize no\ndir %s\n"
+                "protected-mode no\ntls-cert-file %s\ntls-key-file %s\ntls-ca-cert-file %s\n"
+                "tls-auth-clients no\ntls-replication yes\n"
+                "sentinel monitor %s 127.0.0.1 %d 2\n"
+                "sentinel down-after-milliseconds %s 1000\n"
+                "sentinel failover-timeout %s 10000\n"
+                % (port, d, self.crt, self.key, pki.ca_crt, master, self.master_port,
+                   master, master))
+            p = procs.spawn("tls-sentinel-%d" % i, [REDIS_BIN, str(conf), "--sentinel"])
+            wait_port("127.0.0.1", port, 10, p)
+        wait_until(self.settled, 30, 0.2, "Sentinels know each other and the replica")
+
+    def server(self, name, port, *extra):
+        d = self.procs.tmp / ("tls-" + name)
+        d.mkdir(exist_ok=True)
+        p = self.procs.spawn("tls-" + name, [
+            REDIS_BIN, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+            "--save", "", "--appendonly", "no", "--dir", str(d), "--protected-mode", "no",
+            "--tls-cert-file", str(self.crt), "--tls-key-file", str(self.key),
+            "--tls-ca-cert-file", str(self.pki.ca_crt), "--tls-auth-clients", "no",
+            "--tls-replication", "yes"] + list(extra))
+        wait_port("127.0.0.1", port, 10, p)
+        return p
+
+    def cmd(self, port, *args):
+        return tls_cmd(port, self.pki.ca_crt, *args)
+
+    def settled(self):
+        try:
+            if "master_link_status:up" not in self.cmd(self.replica_port, "INFO",
+                                                        "replication"):
+                return False
+            for p in self.sentinel_ports:
+                flat = self.cmd(p, "SENTINEL", "master", self.name)
+                m = dict(zip(flat[::2], flat[1::2]))
+                if int(m["num-other-sentinels"]) != 2 or int(m["num-slaves"]) != 1:
+                    return False
+            return True
+        except (OSError, KeyError, ValueError, RuntimeError):
+            return False
+
+
+def test_tls_sentinels_and_failover(agent, procs, tmp, pki):
+    """Sentinels, master and replica on TLS only: the master found by asking the Sentinels
+    over TLS, decisions exact; the master killed, the replica promoted: the agent hears
+    +switch-master on its TLS subscription and decides exactly on the new master."""
+    import signal
+    cl = TLSSentinels(procs, tmp, pki)
+    from conftest import Agent
+    cfg = agent_config("127.0.0.1:%d" % free_port(), "127.0.0.1:1")
+    cfg["redis"].pop("address")
+    cfg["redis"].update({
+        "sentinel": {"addresses": ["127.0.0.1:%d" % p for p in cl.sentinel_ports],
+                     "master": cl.name},
+        "tls": {"ca_file": str(pki.ca_crt)}, "connect_timeout_ms": 300})
+    a = Agent(procs, tmp, cfg, name="agent-sn")
+    assert decide(a, "tls-sn", 6) == EXACT
+    log = a.proc.log_text()
+    assert "redis master %s connected (127.0.0.1:%d)" % (cl.name, cl.master_port) in log, log
+    cl.master.signal(signal.SIGKILL)
+    wait_until(lambda: "+switch-master %s" % cl.name in a.proc.log_text(), 30, 0.1,
+               "+switch-master heard by the agent")
+    wait_until(lambda: "connected (127.0.0.1:%d)" % cl.replica_port in a.proc.log_text(), 10,
+               0.1, "the agent on the promoted replica")
+    a.wait_store(timeout=10)
+    assert decide(a, "tls-sn-after", 6, sid0=201) == EXACT

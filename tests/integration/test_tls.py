@@ -122,13 +122,21 @@ def tls_agent(agent, redis, wait_redis=True, **tls):
 
 def test_tls_decisions_exact(agent, procs, tmp, pki):
     """Server-authenticated TLS to 127.0.0.1 (the certificate's IP address is verified):
-    exact decisions, the state in Redis; the log says the connection is up."""
+    exact decisions, the state in Redis; the log says the connection is up; `ctl` writes an
+    override over TLS too."""
     crt, key = pki.issue("redis")
     r = TLSRedis(procs, tmp, crt, key, pki.ca_crt)
     a = tls_agent(agent, r, ca_file=str(pki.ca_crt))
     assert decide(a, "tls-a", 6) == EXACT
     assert r.cmd("DBSIZE") >= 1
     assert "redis %s connected" % r.address in a.proc.log_text()
+    # `ctl` speaks TLS with the same settings: a block written through it reaches the agent
+    from test_overrides import ctl_ok
+    ctl_ok(a, "block", "key:tls-blocked", "--for", "10m")
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        wait_until(lambda: c.request(301, 1, [sc.rl_message(key="tls-blocked")])["allow"] == 0,
+                   5, 0.1, "the block applied")
 
 
 def test_tls_by_name_and_sni(agent, procs, tmp, pki):

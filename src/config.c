@@ -192,7 +192,7 @@ static void load_sentinel(struct loader *ld, const config_setting_t *s)
 		    ? config_setting_length(list) : 0;
 	if (n < 1 || n > 16) {
 		add_err(ld, line_of(list ? list : g),
-			"redis.sentinel.addresses: a list of 1 to 16 \"ip:port\"");
+			"redis.sentinel.addresses: a list of 1 to 16 \"host:port\"");
 		return;
 	}
 	cfg->redis.sentinels = xcalloc((size_t)n, sizeof(char *));
@@ -200,12 +200,13 @@ static void load_sentinel(struct loader *ld, const config_setting_t *s)
 		const config_setting_t *e = config_setting_get_elem(list, (unsigned)i);
 		const char *v = config_setting_type(e) == CONFIG_TYPE_STRING
 					? config_setting_get_string(e) : "";
-		char host[64];
+		char host[256];
 		int port;
 
-		if (hostport_split(v, host, sizeof(host), &port) < 0 || !host_is_numeric(host)) {
-			add_err(ld, line_of(list), "redis.sentinel.addresses: '%s' is no ip:port or "
-				"[ipv6]:port", v);
+		if (hostport_split(v, host, sizeof(host), &port) < 0 ||
+		    !(host_is_numeric(host) || (v[0] != '[' && host_name_ok(host)))) {
+			add_err(ld, line_of(list), "redis.sentinel.addresses: '%s' is no host:port, "
+				"ip:port or [ipv6]:port", v);
 			continue;
 		}
 		cfg->redis.sentinels[cfg->redis.nsentinels++] = xstrdup(v);

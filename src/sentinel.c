@@ -23,10 +23,11 @@
  * locates again whenever its connection is lost, ROLE says the server is no
  * master, or a reply says READONLY.
  *
- * Addresses are numeric ("ip:port", "[ip6]:port"): a name would need the
- * store's resolver here too (not done yet). The Sentinels' own answers are numeric
- * unless they are run with `resolve-hostnames yes`; a name there is refused
- * with a clear error.
+ * A Sentinel's address may be a host name: it is resolved on the loop
+ * (resolve.c) when the client starts and again when its TTL runs out, and a
+ * Sentinel whose name has no address yet is passed over like one that is
+ * down. The Sentinels' own answers are numeric unless they run with
+ * `resolve-hostnames yes`; a name there is resolved before it is handed on.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,17 +38,34 @@
 #include "list.h"
 #include "log.h"
 #include "rconn.h"
+#include "resolve.h"
 #include "sentinel.h"
 #include "tls.h"
 #include "util.h"
 
 #define WATCH_RETRY_S 1.0
 
+/* The argument of one Sentinel's name lookup. */
+struct sentinel_lookup {
+	struct sentinel *sn;
+	size_t i;
+};
+
 struct sentinel {
 	struct ev_loop *loop;           /* ref */
-	char *hosts[SENTINEL_MAX];      /* owned: numeric */
+	char *hosts[SENTINEL_MAX];      /* owned: numeric, or a name */
 	int ports[SENTINEL_MAX];
+	char ips[SENTINEL_MAX][INET6_ADDRSTRLEN]; /* a name's last address, "" none yet */
+	double ip_until[SENTINEL_MAX];  /* mono(): that answer's TTL runs out */
+	struct resolve_req *rqs[SENTINEL_MAX]; /* lookups in flight */
+	struct sentinel_lookup lk[SENTINEL_MAX]; /* ... their arguments */
 	size_t n;
+	struct resolver *resolver;      /* owned, made at the first name, or NULL */
+	struct resolver_opts resolver_opts; /* nameservers: a reference (the store's) */
+	bool names;                     /* some Sentinel is given by name */
+	ev_timer rtimer;                /* the names' TTLs */
+	struct resolve_req *mrq;        /* a master's name being resolved (locate) */
+	int mport;
 	char *master;                   /* owned */
 	char *user, *password;          /* owned or NULL */
 	struct tls_ctx *tls;            /* a reference, or NULL: clear text */
@@ -74,15 +92,90 @@ struct sentinel {
 static void locate_next(struct sentinel *sn);
 static void watch_start(struct sentinel *sn);
 
+/* ---- names --------------------------------------------------------------- */
+
+/* The resolver, made when first needed; NULL (logged) when it cannot be. */
+static struct resolver *sentinel_resolver(struct sentinel *sn)
+{
+	char err[256];
+
+	if (!sn->resolver) {
+		sn->resolver = resolver_new(sn->loop, &sn->resolver_opts, err, sizeof(err));
+		if (!sn->resolver)
+			LOG(LOG_ERR, "sentinel: resolver: %s", err);
+	}
+	return sn->resolver;
+}
+
+static void name_resolved(void *arg, const struct resolve_result *res)
+{
+	struct sentinel_lookup *l = arg;
+	struct sentinel *sn = l->sn;
+	size_t i = l->i;
+
+	sn->rqs[i] = NULL;
+	if (res->ok) {
+		snprintf(sn->ips[i], sizeof(sn->ips[i]), "%s", res->addrs[0]);
+		sn->ip_until[i] = mono() + res->ttl_s;
+	} else {
+		LOG(LOG_WARN, "sentinel %s:%d: resolve: %s", sn->hosts[i], sn->ports[i], res->error);
+		sn->ip_until[i] = mono() + RESOLVE_TTL_MIN_S;
+	}
+}
+
+/* Looks up every name whose answer is missing or expired (no more than one at a time each). */
+static void names_refresh(struct sentinel *sn)
+{
+	double now = mono();
+	size_t i;
+
+	for (i = 0; i < sn->n && sn->resolver; i++) {
+		if (host_is_numeric(sn->hosts[i]) || sn->rqs[i] ||
+		    (sn->ips[i][0] && now < sn->ip_until[i]))
+			continue;
+		sn->lk[i].sn = sn;
+		sn->lk[i].i = i;
+		sn->rqs[i] = resolver_lookup(sn->resolver, sn->hosts[i], name_resolved, &sn->lk[i]);
+	}
+}
+
+static void rtimer_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)loop;
+	(void)revents;
+	names_refresh(container_of(t, struct sentinel, rtimer));
+}
+
+/* Sentinel <i>'s address to dial now: numeric, or its name's last answer (NULL: none yet). */
+static const char *sentinel_ip(struct sentinel *sn, size_t i)
+{
+	if (host_is_numeric(sn->hosts[i]))
+		return sn->hosts[i];
+	if (!sn->ips[i][0]) {
+		names_refresh(sn);
+		return NULL;
+	}
+	return sn->ips[i];
+}
+
 /* A new connection to Sentinel <i>, AUTHed when configured; NULL if it fails at once. */
 static struct rconn *sentinel_dial(struct sentinel *sn, size_t i, rconn_event_fn *ccb,
 				   rconn_event_fn *dcb)
 {
 	struct rconn_opts o = {.loop = sn->loop, .data = sn, .on_connect = ccb,
 			       .on_disconnect = dcb, .tls = sn->tls, .keepalive = true};
+	const char *ip = sentinel_ip(sn, i);
 	char err[256];
-	struct rconn *ac = rconn_connect(&o, sn->hosts[i], sn->ports[i], NULL, err, sizeof(err));
+	struct rconn *ac;
 
+	if (!ip) {
+		snprintf(sn->lerr, sizeof(sn->lerr), "%s:%d: its name has no address yet",
+			 sn->hosts[i], sn->ports[i]);
+		return NULL;
+	}
+	if (ip != sn->hosts[i])
+		o.server_name = sn->hosts[i];
+	ac = rconn_connect(&o, ip, sn->ports[i], NULL, err, sizeof(err));
 	if (!ac) {
 		snprintf(sn->lerr, sizeof(sn->lerr), "%s:%d: %s", sn->hosts[i], sn->ports[i], err);
 		return NULL;
@@ -118,6 +211,10 @@ static void locate_fail(struct sentinel *sn, const char *why)
 
 	snprintf(sn->lerr, sizeof(sn->lerr), "%s:%d: %s", sn->hosts[sn->lidx], sn->ports[sn->lidx],
 		 why);
+	if (sn->mrq) {
+		resolve_cancel(sn->mrq);
+		sn->mrq = NULL;
+	}
 	sn->lac = NULL;
 	if (ac)
 		rconn_disconnect(ac);
@@ -126,6 +223,23 @@ static void locate_fail(struct sentinel *sn, const char *why)
 	ev_timer_stop(sn->loop, &sn->ltimer);
 	ev_timer_set(&sn->ltimer, 0., 0.);
 	ev_timer_start(sn->loop, &sn->ltimer);
+}
+
+/* The master's name, answered by a Sentinel, resolved: the locate is done. */
+static void master_resolved(void *arg, const struct resolve_result *res)
+{
+	struct sentinel *sn = arg;
+	char why[200];
+
+	sn->mrq = NULL;
+	if (!sn->lcb)
+		return;
+	if (res->ok) {
+		locate_done(sn, res->addrs[0], sn->mport, NULL);
+		return;
+	}
+	snprintf(why, sizeof(why), "the master's name: %s", res->error);
+	locate_fail(sn, why);
 }
 
 static void addr_reply_cb(struct rconn *ac, void *reply, void *privdata)
@@ -158,11 +272,19 @@ static void addr_reply_cb(struct rconn *ac, void *reply, void *privdata)
 		return;
 	}
 	memcpy(host, r->element[0]->str, r->element[0]->len + 1);
-	if (!host_is_numeric(host)) {
-		locate_fail(sn, "answered a host name (resolve-hostnames): numeric addresses only");
+	sn->preferred = sn->lidx;
+	if (!host_is_numeric(host)) { /* resolve-hostnames yes: the master's name */
+		if (!host_name_ok(host) || !sentinel_resolver(sn)) {
+			locate_fail(sn, "answered a name that is no host name");
+			return;
+		}
+		ev_timer_stop(sn->loop, &sn->ltimer); /* the lookup has its own deadline */
+		sn->mport = (int)port;
+		sn->mrq = resolver_lookup(sn->resolver, host, master_resolved, sn);
+		if (!sn->mrq)
+			locate_fail(sn, "cannot resolve the master's name");
 		return;
 	}
-	sn->preferred = sn->lidx;
 	locate_done(sn, host, (int)port, NULL);
 }
 
@@ -252,6 +374,10 @@ void sentinel_cancel(struct sentinel *sn)
 	sn->lcb = NULL;
 	sn->lac = NULL;
 	ev_timer_stop(sn->loop, &sn->ltimer);
+	if (sn->mrq) {
+		resolve_cancel(sn->mrq);
+		sn->mrq = NULL;
+	}
 	rconn_free(ac); /* deferred when called from its own callbacks */
 }
 
@@ -336,8 +462,8 @@ static void wtimer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 
 /*
  * A client of the Sentinels <o> on <loop>; it starts watching for
- * +switch-master at once (<on_switch>(<arg>, ...)). The addresses must be
- * numeric "ip:port" (checked by the configuration).
+ * +switch-master at once (<on_switch>(<arg>, ...)). The addresses are
+ * "host:port", "ip:port" or "[ip6]:port" (checked by the configuration).
  */
 struct sentinel *sentinel_new(struct ev_loop *loop, const struct sentinel_opts *o,
 			      sentinel_switch_fn *on_switch, void *arg)
@@ -346,15 +472,19 @@ struct sentinel *sentinel_new(struct ev_loop *loop, const struct sentinel_opts *
 	size_t i;
 
 	sn->loop = loop;
+	if (o->resolver)
+		sn->resolver_opts = *o->resolver;
 	for (i = 0; i < o->naddrs && sn->n < SENTINEL_MAX; i++) {
-		char host[64];
+		char host[256];
 		int port;
 
 		if (hostport_split(o->addrs[i], host, sizeof(host), &port) < 0 ||
-		    !host_is_numeric(host))
+		    !(host_is_numeric(host) || host_name_ok(host)))
 			continue;
 		sn->hosts[sn->n] = xstrdup(host);
 		sn->ports[sn->n++] = port;
+		if (!host_is_numeric(host))
+			sn->names = true;
 	}
 	BUG_ON(!sn->n);
 	sn->master = xstrdup(o->master);
@@ -366,6 +496,11 @@ struct sentinel *sentinel_new(struct ev_loop *loop, const struct sentinel_opts *
 	sn->arg = arg;
 	ev_timer_init(&sn->ltimer, ltimer_cb, 0., 0.);
 	ev_timer_init(&sn->wtimer, wtimer_cb, 0., 0.);
+	ev_timer_init(&sn->rtimer, rtimer_cb, RESOLVE_TTL_MIN_S, RESOLVE_TTL_MIN_S);
+	if (sn->names && sentinel_resolver(sn)) {
+		names_refresh(sn);
+		ev_timer_start(loop, &sn->rtimer);
+	}
 	watch_start(sn);
 	return sn;
 }
@@ -379,6 +514,11 @@ void sentinel_free(struct sentinel *sn)
 		return;
 	sentinel_cancel(sn);
 	ev_timer_stop(sn->loop, &sn->wtimer);
+	ev_timer_stop(sn->loop, &sn->rtimer);
+	for (i = 0; i < sn->n; i++)
+		if (sn->rqs[i])
+			resolve_cancel(sn->rqs[i]);
+	resolver_free(sn->resolver);
 	ac = sn->wac;
 	sn->wac = NULL;
 	rconn_free(ac);

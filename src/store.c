@@ -1504,7 +1504,7 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 			.addrs = opts->sentinels, .naddrs = opts->nsentinels,
 			.master = opts->sentinel_master, .user = opts->sentinel_user,
 			.password = opts->sentinel_password, .timeout_ms = s->connect_timeout_ms,
-			.tls = opts->sentinel_tls,
+			.tls = opts->sentinel_tls, .resolver = &s->resolver_opts,
 		};
 
 		s->sentinel = sentinel_new(loop, &so, node_master_switched, s);

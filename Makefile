@@ -7,7 +7,8 @@
 #   make bench           CPU per decision, the Redis ceiling (-P 32), targets (~2 min)
 #   make bench-script    Redis CPU per decision of the script, single and multi (~1 min)
 #   make accuracy        20 agents on one Redis: admitted / limit, exact vs local-only
-#   make attack          attacks on two gateways, one row each with PASS/FAIL (~2 min)
+#   make attack          attacks on two gateways, one row each with PASS/FAIL (~2 min);
+#                        ATTACKS=sigstop,stall runs those rows only
 #   make fuzz-smoke      libFuzzer (clang): frame decoder, config loader, reply reader (~2 min)
 #   make matrix          the tests on Debian 13, HAProxy 3.2/3.4, Valkey (root, ~15 min)
 #   make deb             Debian package (dpkg-buildpackage + lintian) into build/deb/
@@ -274,7 +275,8 @@ accuracy: deps
 
 attack: deps
 	$(Q)$(MAKE) --no-print-directory all
-	$(PYTHON) tests/tools/attack.py --agent $(abspath $(BIN)) --load $(abspath $(BUILD)/spop-load)
+	$(PYTHON) tests/tools/attack.py --agent $(abspath $(BIN)) --load $(abspath $(BUILD)/spop-load) \
+	  $(if $(ATTACKS),--attacks $(ATTACKS))
 
 # ---- checks ----------------------------------------------------------------
 

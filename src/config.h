@@ -130,7 +130,7 @@ struct agent_config {
 		char *sentinel_password;  /* owned or NULL: written here, or read from ... */
 		char *sentinel_password_file; /* owned or NULL: ... this file */
 		unsigned connect_timeout_ms;
-		unsigned command_timeout_ms;
+		unsigned command_timeout_ms; /* 0: derived (config_command_timeout_ms()) */
 		unsigned max_pending;
 		unsigned queue_timeout_ms; /* longest wait for room to send (0: command timeout) */
 		unsigned max_concurrency;  /* ceiling of a node's adaptive concurrency limit */
@@ -194,7 +194,17 @@ struct cfg_errors {
 	size_t n;
 };
 
+/*
+ * With spoe_timeout set, a decision is answered by the time this share of
+ * HAProxy's processing budget has passed since its NOTIFY arrived (by the
+ * failure ladder if Redis has not answered): the rest is for the ACK's way
+ * back and HAProxy's own queueing.
+ */
+#define CFG_ANSWER_SHARE 0.8
+
 int config_load(const char *file, struct agent_config **out, struct cfg_errors *errs) MUSTCHECK;
+unsigned config_answer_budget_ms(const struct agent_config *cfg);
+unsigned config_command_timeout_ms(const struct agent_config *cfg);
 void config_free(struct agent_config *cfg);
 void cfg_errors_release(struct cfg_errors *errs);
 bool config_password_advice(const struct agent_config *cfg, char *buf, size_t len);

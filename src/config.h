@@ -180,6 +180,17 @@ struct agent_config {
 		bool coalesce;          /* one Redis call for decisions of one key in flight */
 	} quota;
 	/*
+	 * In the candidate's own configuration: its mode. Exact, every decision
+	 * carries it (to Redis: no local quota, no blocked-key cache); sampled,
+	 * only the decisions of a share of the clients (chosen by a hash of the
+	 * principal, the same on every gateway), the others decided as without
+	 * a candidate.
+	 */
+	struct {
+		bool sampled;           /* mode = "sampled" */
+		double share;           /* clients evaluated, (0, 1]: 1 when exact */
+	} cand_mode;
+	/*
 	 * The candidate policy (section "candidate"), or NULL: its own limits,
 	 * tiers, default tier, anonymous limits and endpoints, evaluated next to
 	 * these and never enforced. Only those fields are set; everything else

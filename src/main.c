@@ -532,9 +532,14 @@ int main(int argc, char **argv)
 			fprintf(stderr, "%s\n", advice);
 		printf("%s: configuration is valid (%zu tiers, %zu limits, %zu endpoints)\n", file,
 		       rs->ntiers, rs->cfg->nlimits, rs->nendpoints);
-		if (rs->cand)
-			printf("%s: candidate policy (%zu tiers, %zu limits, %zu endpoints)\n", file,
-			       rs->cand->ntiers, rs->cand->cfg->nlimits, rs->cand->nendpoints);
+		if (rs->cand && rs->cand->cfg->cand_mode.sampled)
+			printf("%s: candidate policy (%zu tiers, %zu limits, %zu endpoints), "
+			       "sampled: %g%% of the clients\n", file, rs->cand->ntiers,
+			       rs->cand->cfg->nlimits, rs->cand->nendpoints,
+			       rs->cand->cfg->cand_mode.share * 100);
+		else if (rs->cand)
+			printf("%s: candidate policy (%zu tiers, %zu limits, %zu endpoints), exact\n",
+			       file, rs->cand->ntiers, rs->cand->cfg->nlimits, rs->cand->nendpoints);
 		check_notes(rs);
 		deadline_notes(rs->cfg);
 		ruleset_unref(rs);

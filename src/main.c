@@ -461,7 +461,7 @@ static void check_notes(const struct ruleset *rs)
  * HAProxy's budget (its share, CFG_ANSWER_SHARE) whatever command_timeout_ms
  * says; command_timeout_ms, derived unless set, bounds the other commands.
  */
-static void deadline_notes(const struct agent_config *c)
+static void deadline_notes(const char *file, const struct agent_config *c)
 {
 	unsigned budget = config_answer_budget_ms(c), cmd = config_command_timeout_ms(c);
 	const char *how = c->redis.command_timeout_ms ? "set"
@@ -471,13 +471,13 @@ static void deadline_notes(const struct agent_config *c)
 	if (c->store != STORE_KIND_REDIS)
 		return;
 	if (budget)
-		printf("note: redis deadlines: decisions %u ms after their NOTIFY arrived "
+		printf("%s: redis deadlines: decisions %u ms after their NOTIFY arrived "
 		       "(%.0f%% of spoe_timeout), other commands %u ms after they are sent "
 		       "(command_timeout_ms, %s)\n",
-		       budget, CFG_ANSWER_SHARE * 100, cmd, how);
+		       file, budget, CFG_ANSWER_SHARE * 100, cmd, how);
 	else
-		printf("note: redis deadlines: commands %u ms after they are sent "
-		       "(command_timeout_ms, %s)\n", cmd, how);
+		printf("%s: redis deadlines: commands %u ms after they are sent "
+		       "(command_timeout_ms, %s)\n", file, cmd, how);
 }
 
 int main(int argc, char **argv)
@@ -541,7 +541,7 @@ int main(int argc, char **argv)
 			printf("%s: candidate policy (%zu tiers, %zu limits, %zu endpoints), exact\n",
 			       file, rs->cand->ntiers, rs->cand->cfg->nlimits, rs->cand->nendpoints);
 		check_notes(rs);
-		deadline_notes(rs->cfg);
+		deadline_notes(file, rs->cfg);
 		ruleset_unref(rs);
 		return 0;
 	}

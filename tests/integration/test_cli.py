@@ -61,7 +61,7 @@ def test_check_says_the_redis_deadlines(agent_bin, tmp, spoe, cmd, says):
     p.write_text(to_libconfig(cfg))
     r = run(agent_bin, "-c", "-f", p)
     assert r.returncode == 0, r
-    assert "note: redis deadlines: " + says + "\n" in r.stdout, r.stdout
+    assert "%s: redis deadlines: %s\n" % (p, says) in r.stdout, r.stdout
 
 
 BAD = '''listen = "127.0.0.1:1";

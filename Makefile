@@ -7,7 +7,10 @@
 #   make bench           CPU per decision, the Redis ceiling (-P 32), targets (~2 min)
 #   make bench-script    Redis CPU per decision of the script, single and multi (~1 min)
 #   make accuracy        20 agents on one Redis: admitted / limit, exact vs local-only
-#   make attack          attacks on two gateways, one row each with PASS/FAIL (~2 min)
+#   make candidate-cost  Redis commands per decision and would-be denials, candidate
+#                        modes exact and sampled on one replayed load (~1 min)
+#   make attack          attacks on two gateways, one row each with PASS/FAIL (~2 min);
+#                        ATTACKS=sigstop,stall runs those rows only
 #   make fuzz-smoke      libFuzzer (clang): frame decoder, config loader, reply reader (~2 min)
 #   make matrix          the tests on Debian 13, HAProxy 3.2/3.4, Valkey (root, ~15 min)
 #   make deb             Debian package (dpkg-buildpackage + lintian) into build/deb/
@@ -82,13 +85,13 @@ REPLAY    = $(BUILD)/fuzz_replay
 # a recipe that fails leaves no half-written target behind
 .DELETE_ON_ERROR:
 
-.PHONY: all deps unit replay itest test demo bench bench-script accuracy attack fuzz fuzz-smoke \
+.PHONY: all deps unit replay itest test demo bench bench-script accuracy attack candidate-cost fuzz fuzz-smoke \
         check-config matrix install uninstall clean help deb deb-deps test-deb version check-version
 
 all: $(BIN) $(LIBSPOA) $(BUILD)/spop-load
 
 help:
-	@sed -n '1,18p' Makefile
+	@sed -n '1,20p' Makefile
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -273,9 +276,14 @@ accuracy: deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(PYTHON) tests/tools/accuracy.py --agent $(abspath $(BIN)) --load $(abspath $(BUILD)/spop-load)
 
+candidate-cost: deps
+	$(Q)$(MAKE) --no-print-directory all
+	$(PYTHON) tests/tools/candidate_cost.py --agent $(abspath $(BIN))
+
 attack: deps
 	$(Q)$(MAKE) --no-print-directory all
-	$(PYTHON) tests/tools/attack.py --agent $(abspath $(BIN)) --load $(abspath $(BUILD)/spop-load)
+	$(PYTHON) tests/tools/attack.py --agent $(abspath $(BIN)) --load $(abspath $(BUILD)/spop-load) \
+	  $(if $(ATTACKS),--attacks $(ATTACKS))
 
 # ---- checks ----------------------------------------------------------------
 

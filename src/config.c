@@ -466,7 +466,8 @@ static void load_redis(struct loader *ld, const config_setting_t *root)
 	const config_setting_t *s = config_setting_get_member(root, "redis");
 	const struct cfg_key keys[] = {
 		KEY_UINT("connect_timeout_ms", 1, 60000, 200, &cfg->redis.connect_timeout_ms),
-		KEY_UINT("command_timeout_ms", 1, 60000, 5, &cfg->redis.command_timeout_ms),
+		/* 0: derived, config_command_timeout_ms() */
+		KEY_UINT("command_timeout_ms", 1, 60000, 0, &cfg->redis.command_timeout_ms),
 		KEY_UINT("max_pending", 1, 1000000, 10000, &cfg->redis.max_pending),
 		/* 0: the command timeout */
 		KEY_UINT("queue_timeout_ms", 1, 60000, 0, &cfg->redis.queue_timeout_ms),
@@ -576,6 +577,34 @@ static void load_root(struct loader *ld, config_t *lc)
 	load_tier_lookup(ld, root);
 	load_groups(ld, root);
 	load_candidate(ld, root);
+}
+
+/*
+ * The share of spoe_timeout a decision's Redis reply gets, in whole ms (at
+ * least 1), or 0 when spoe_timeout is not set: decisions are answered by
+ * then, whatever redis.command_timeout_ms says.
+ */
+unsigned config_answer_budget_ms(const struct agent_config *cfg)
+{
+	unsigned ms = (unsigned)(cfg->spoe_timeout_ms * CFG_ANSWER_SHARE);
+
+	if (!cfg->spoe_timeout_ms)
+		return 0;
+	return ms ? ms : 1;
+}
+
+/*
+ * The deadline of a Redis command no NOTIFY waits on (and of every command
+ * without spoe_timeout): redis.command_timeout_ms if set, else derived from
+ * HAProxy's budget (config_answer_budget_ms()), else 5 ms.
+ */
+unsigned config_command_timeout_ms(const struct agent_config *cfg)
+{
+	unsigned budget = config_answer_budget_ms(cfg);
+
+	if (cfg->redis.command_timeout_ms)
+		return cfg->redis.command_timeout_ms;
+	return budget ? budget : 5;
 }
 
 /*

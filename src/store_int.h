@@ -125,7 +125,8 @@ struct store_node {
 
 /* One query, from store_decide()/store_hget() to its answer and its reply. */
 struct store_cmd {
-	struct list node;               /* in store.waiting until answered or expired */
+	struct list node;               /* in store.waiting(_by) until answered or expired,
+					 * in store.queued while queued */
 	struct list park;               /* in store_node.parked while parked, or in
 					 * store_node.queue while queued */
 	struct store *s;                /* ref: owner */
@@ -168,7 +169,7 @@ struct store {
 	struct list nodes;              /* store_node.link, owned */
 	struct store_node **slots;      /* owned array of CRC16_SLOTS refs: owner or NULL */
 	struct store_node **scratch;    /* owned array of CRC16_SLOTS: next map */
-	ev_timer cmd_timer;             /* deadline of the oldest waiting command */
+	ev_timer cmd_timer;             /* earliest deadline of the FIFOs' heads */
 	ev_timer tick;                  /* housekeeping */
 	struct list flushq;             /* store_node.flush_node: output to send */
 	ev_prepare flusher;             /* sends flushq's output before each poll */
@@ -178,9 +179,13 @@ struct store {
 	double busy;                    /* seconds the loop spent in turns (not polling) */
 	double turn_end_at;             /* mono() the last turn ended (its poll began) */
 	char sha[41];                   /* digest of the script, from SCRIPT LOAD */
-	struct list waiting;            /* store_cmd.node, oldest first */
+	struct list waiting;            /* store_cmd.node, sent, deadline command_timeout_ms
+					 * from the send: oldest first */
+	struct list waiting_by;         /* store_cmd.node, sent, deadline the query's answer_by:
+					 * in the order of the NOTIFYs (nearly) */
 	struct list queued;             /* store_cmd.node of queued commands, oldest first */
 	double queue_s;                 /* queue budget of a command */
+	double answer_budget_s;         /* HAProxy's share a decision's reply gets, 0: unknown */
 	unsigned max_concurrency;       /* ceiling of the nodes' limits */
 	unsigned batch_max;             /* decisions per script call (1: no batching) */
 	struct store_stats stats;

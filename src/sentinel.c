@@ -81,7 +81,7 @@ struct sentinel {
 	size_t ltried;                  /* Sentinels asked in this locate */
 	size_t preferred;               /* the one that answered last */
 	ev_timer ltimer;                /* 0: start; then the attempt's deadline */
-	char lerr[160];                 /* why the last one did not answer */
+	char lerr[256];                 /* why the last one did not answer */
 
 	/* watch */
 	struct rconn *wac;              /* SUBSCRIBEd connection, or NULL */
@@ -169,7 +169,7 @@ static struct rconn *sentinel_dial(struct sentinel *sn, size_t i, rconn_event_fn
 	struct rconn *ac;
 
 	if (!ip) {
-		snprintf(sn->lerr, sizeof(sn->lerr), "%s:%d: its name has no address yet",
+		snprintf(sn->lerr, sizeof(sn->lerr), "%.60s:%d: its name has no address yet",
 			 sn->hosts[i], sn->ports[i]);
 		return NULL;
 	}
@@ -177,7 +177,7 @@ static struct rconn *sentinel_dial(struct sentinel *sn, size_t i, rconn_event_fn
 		o.server_name = sn->hosts[i];
 	ac = rconn_connect(&o, ip, sn->ports[i], NULL, err, sizeof(err));
 	if (!ac) {
-		snprintf(sn->lerr, sizeof(sn->lerr), "%s:%d: %s", sn->hosts[i], sn->ports[i], err);
+		snprintf(sn->lerr, sizeof(sn->lerr), "%.60s:%d: %.160s", sn->hosts[i], sn->ports[i], err);
 		return NULL;
 	}
 	if (sn->password) {
@@ -209,7 +209,7 @@ static void locate_fail(struct sentinel *sn, const char *why)
 {
 	struct rconn *ac = sn->lac;
 
-	snprintf(sn->lerr, sizeof(sn->lerr), "%s:%d: %s", sn->hosts[sn->lidx], sn->ports[sn->lidx],
+	snprintf(sn->lerr, sizeof(sn->lerr), "%.60s:%d: %.160s", sn->hosts[sn->lidx], sn->ports[sn->lidx],
 		 why);
 	if (sn->mrq) {
 		resolve_cancel(sn->mrq);
@@ -314,7 +314,7 @@ static void locate_next(struct sentinel *sn)
 	const char *argv[3] = {"SENTINEL", "get-master-addr-by-name", sn->master};
 
 	if (sn->ltried >= sn->n) {
-		char err[200];
+		char err[320];
 
 		snprintf(err, sizeof(err), "no Sentinel answered (last: %s)", sn->lerr);
 		locate_done(sn, NULL, 0, err);

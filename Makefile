@@ -63,7 +63,7 @@ Q = @
 endif
 
 SPOA_SRC  = spoa/spop.c spoa/server.c
-AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/store_node.c \
+AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/store_node.c src/store_cmd.c \
             src/store_cluster.c src/store_batch.c src/store_reply.c src/rconn.c src/tls.c src/resolve.c src/sentinel.c src/limiter.c src/digest.c src/log.c src/util.c \
             src/memstore.c src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c \
             src/normalize.c src/overrides.c src/ctl.c \
@@ -241,7 +241,7 @@ $(FUZZ_BUILD)/fuzz_spop_frame: tests/fuzz/fuzz_spop_frame.c tests/fuzz/fuzz.h sp
 	  tests/fuzz/fuzz_spop_frame.c spoa/spop.c
 
 # the reply reader with the agent's reply objects (src/store_reply.c)
-$(FUZZ_BUILD)/fuzz_resp: tests/fuzz/fuzz_resp.c tests/fuzz/fuzz.h src/store_reply.c src/store_int.h
+$(FUZZ_BUILD)/fuzz_resp: tests/fuzz/fuzz_resp.c tests/fuzz/fuzz.h src/store_reply.c src/store_reply.h
 	@mkdir -p $(FUZZ_BUILD)
 	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \
 	  $(PKG_CFLAGS) -o $@ tests/fuzz/fuzz_resp.c src/store_reply.c -lhiredis

@@ -1,7 +1,38 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Redis store on hiredis 0.14.1's async API and its libev adapter: a single
- * Redis, or a Redis Cluster found from any one of its nodes.
+ * Redis store on the agent's own transport (rconn.c: a socket, TLS, hiredis'
+ * reply reader): a single Redis, a master under Sentinel, or a Redis Cluster
+ * found from any one of its nodes.
+ *
+ * LAYERS
+ * The store is a stack; each file calls only the layers below it, and what
+ * must come back up goes through a callback the lower layer declares:
+ *
+ *   store.c          the API (store.h): admission and routing by slot, the
+ *                    housekeeping tick, the flusher, store_new()/store_free();
+ *                    registers the callbacks below. Calls every layer.
+ *   store_batch.c    several decisions in one script call (a single Redis);
+ *   store_cluster.c  the mode, slot map, CLUSTER SLOTS, MOVED/ASK. These two
+ *                    are beside each other; both call the command and node
+ *                    layers.
+ *   store_cmd.c      commands: pool, deadlines, loop turns, queue under the
+ *                    node's limit, parked commands, RESP written, replies
+ *                    parsed, NOSCRIPT. Calls the node layer. Goes up through
+ *                    struct cmd_ops: batch (every decision sent: batch_take()),
+ *                    redirect (an error reply: cmd_redirect()), refresh
+ *                    (CLUSTERDOWN: refresh_request()).
+ *   store_node.c     one Redis: connect, AUTH, ROLE, SCRIPT LOAD, reconnect,
+ *                    names, Sentinels; breaker, error classes, adaptive limit.
+ *                    Calls the transport, resolve.c, sentinel.c. Goes up
+ *                    through struct node_ops: ready (parked commands sent, the
+ *                    topology asked), closing (the batch answered), lost
+ *                    (parked and queued commands answered, the topology asked).
+ *   store_int.h      the data the layers share: nodes, commands, the store;
+ *   store_types.h    the API's types (store.h includes them); no functions.
+ *   store_reply.c    the reply objects the transport's reader builds.
+ *
+ * A lower layer may read fields an upper one keeps (the mode and a node's
+ * slots for the floor of its limit and its reconnect backoff), never call it.
  *
  * DESIGN
  * Nodes. Every Redis we talk to is a node with its own connection, state,
@@ -10,8 +41,9 @@
  *
  * Node states: DISCONNECTED -> CONNECTING -> LOADING -> READY, back to
  * DISCONNECTED on any failure, and a reconnect timer with a capped backoff.
- *  - CONNECTING: our connect timer bounds it (hiredis 0.14.1 has no async
- *    connect timeout); on expiry the context is freed and we retry later.
+ *  - CONNECTING: our connect timer bounds it (the lookup of a name or the
+ *    Sentinels' answer included); on expiry the connection is freed and we
+ *    retry later.
  *  - LOADING: AUTH (if configured) and SCRIPT LOAD are pipelined; the node is
  *    ready when SCRIPT LOAD returns the digest. New queries for it are refused
  *    (DOWN) until then, so they are answered by the fail policy at once rather
@@ -56,7 +88,7 @@
  * still come (a MOVED among them is followed), and it is closed once idle (or
  * stalled).
  *
- * Admission: each node has an adaptive concurrency limit (see limit_sample())
+ * Admission: each node has an adaptive concurrency limit (see limit_sample(), store_node.c)
  * on the commands out on its connection. A new command is sent at once when
  * its node has room and nothing queued; otherwise it joins the node's FIFO
  * queue and the store's FIFO of queue deadlines (queue_s after it arrived).
@@ -81,7 +113,7 @@
  * of order is answered at most one timeout late. When it
  * expires the caller is answered STORE_TIMEOUT at once, the node's limit is
  * cut (when the time went to waiting for Redis, not to this agent's turns),
- * and the command is marked abandoned: hiredis still owns its callback, which
+ * and the command is marked abandoned: its connection still owes its callback, which
  * later frees it without calling anyone ("late" replies); a parked command is
  * freed at once.
  *
@@ -89,8 +121,10 @@
  * for stall_s, seen by two ticks in a row: the breaker opens, the connection is dropped, its waiters
  * answered DOWN, a reconnect starts), retired nodes closed once idle, refresh
  * schedule.
- * Connections are only ever closed from timers, never from inside a hiredis
- * callback.
+ * A connection is freed (node_close()) only from timers and from the answers
+ * of the resolver and the Sentinels, never from inside one of its own
+ * callbacks; there it is asked to close (rconn_disconnect()), which the
+ * transport carries out when the callback returns.
  *
  * Circuit breaker, per node: <breaker_failures> consecutive Redis failures of
  * queries sent to one node (error replies, lost connections; a missed deadline
@@ -118,17 +152,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 #include "crc16.h"
 #include "log.h"
-#include "scripts.h"
 #include "sentinel.h"
+#include "store_batch.h"
+#include "store_cluster.h"
+#include "store_cmd.h"
 #include "store_int.h"
+#include "store_node.h"
+#include "store_reply.h"
 #include "tls.h"
 #include "util.h"
-
-static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval);
-static void cmd_reply_cb(struct rconn *rc, void *reply, void *privdata);
 
 const char *store_status_str(int st)
 {
@@ -151,880 +185,50 @@ const char *store_errclass_str(int ec)
 	return names[ec];
 }
 
-/* ---- circuit breaker (per node) ---------------------------------------- */
+/* ---- the layers wired ---------------------------------------------------- */
 
-void breaker_set(struct store_node *n, bool open)
+/* node_ops.ready: <n> loaded the script. */
+static void on_node_ready(struct store_node *n)
 {
 	struct store *s = n->s;
 
-	if (n->breaker_open == open)
-		return;
-	n->breaker_open = open;
-	if (open)
-		s->breakers_open++;
+	/* the seed of a single (or unknown) Redis: is it a cluster now? */
+	if (n->seed && s->mode != MODE_CLUSTER)
+		refresh_request(s);
 	else
-		s->breakers_open--;
-	s->stats.breaker_open = s->breakers_open > 0;
+		refresh_kick(s); /* one may have waited for a ready node */
+	node_send_parked(n);
 }
 
-/* Opens <n>'s breaker now (or again) for a cool-down, logging <why>. */
-static void breaker_open_now(struct store_node *n, const char *why)
+/* node_ops.lost: <n>'s connection is gone, a reconnect scheduled. */
+static void on_node_lost(struct store_node *n)
 {
 	struct store *s = n->s;
 
-	if (!n->breaker_open) {
-		s->stats.breaker_opened++;
-		LOG(LOG_WARN, "redis %s breaker open: %s", n->name, why);
-	}
-	breaker_set(n, true);
-	n->probing = false;
-	n->breaker_until = mono() + s->breaker_cooldown_s;
+	if (n->nslots && s->mode == MODE_CLUSTER)
+		refresh_request(s);
+	node_fail_parked(n, STORE_DOWN);
+	node_fail_queue(n, STORE_DOWN);
 }
 
-/*
- * Records the outcome <st> of a query sent to <n>. Only Redis failures count:
- * <breaker_failures> consecutive error replies or connection losses open the
- * breaker; while open, queries for it fail at once (STORE_BREAKER) instead of
- * going to a sick Redis. A missed deadline (TIMEOUT) or a shed query
- * (OVERLOAD) says the node is slow or we are busy, not that it is broken: it
- * neither counts nor resets, except for the probe of an open breaker, which
- * must be answered in time. After the cool-down one query goes through as a
- * probe: its success closes the breaker, its failure opens it again.
- */
-void breaker_record(struct store_node *n, enum store_status st)
-{
-	struct store *s = n->s;
-	char why[64];
-
-	if (st == STORE_OK) {
-		if (n->breaker_open)
-			LOG(LOG_NOTICE, "redis %s breaker closed", n->name);
-		n->failures = 0;
-		n->probing = false;
-		breaker_set(n, false);
-		return;
-	}
-	if (n->probing && (st == STORE_TIMEOUT || st == STORE_ERROR || st == STORE_DOWN)) {
-		breaker_open_now(n, "probe failed");
-		return;
-	}
-	if (n->probing) {
-		/* the probe was not tried (shed): another one may go */
-		n->probing = false;
-		return;
-	}
-	if (st != STORE_ERROR && st != STORE_DOWN)
-		return;
-	n->failures++;
-	if (!n->breaker_open && n->failures >= s->breaker_failures) {
-		snprintf(why, sizeof(why), "%u consecutive failures", n->failures);
-		breaker_open_now(n, why);
-	}
-}
-
-/*
- * <n> stopped answering (a stall): open its breaker at once, whatever the
- * count of failures; its connection is being dropped.
- */
-void breaker_trip(struct store_node *n, const char *why)
-{
-	n->failures++;
-	breaker_open_now(n, why);
-}
-
-/* May a query be sent to <n> now? Lets one probe through once the cool-down ended. */
-static bool breaker_allows(struct store_node *n)
-{
-	if (!n->breaker_open)
-		return true;
-	if (n->probing || mono() < n->breaker_until)
-		return false;
-	n->probing = true;
-	return true;
-}
-
-/* True when <err> starts with the error code <word> (then a space or its end). */
-static bool error_is(const char *err, const char *word)
-{
-	size_t l = strlen(word);
-
-	return strncmp(err, word, l) == 0 && (err[l] == ' ' || !err[l]);
-}
-
-/*
- * The class of the Redis error reply <err>: its code, or for an "ERR" the
- * code of the error a script ran into (older Redis: "ERR Error running
- * script ...: -OOM command not allowed ...").
- */
-enum store_errclass error_class(const char *err)
-{
-	static const struct {
-		const char *word;
-		enum store_errclass ec;
-	} words[] = {
-		{"OOM", STORE_EC_OOM},           {"BUSY", STORE_EC_BUSY},
-		{"LOADING", STORE_EC_LOADING},   {"READONLY", STORE_EC_READONLY},
-		{"MASTERDOWN", STORE_EC_READONLY},
-	};
-	const char *inner = error_is(err, "ERR") ? strstr(err, " -") : NULL;
-	size_t i;
-
-	for (i = 0; i < ARRAY_SIZE(words); i++)
-		if (error_is(err, words[i].word) || (inner && error_is(inner + 2, words[i].word)))
-			return words[i].ec;
-	return STORE_EC_OTHER;
-}
-
-/* Counts an error reply (or a reply of the wrong shape) of class <ec> from <n>. */
-void node_error(struct store_node *n, enum store_errclass ec)
-{
-	n->s->stats.errors[ec]++;
-	n->err_class = (int)ec;
-	n->err_at = mono();
-	/* a READONLY outside a cluster: this is a replica now (a master demoted by a
-	 * failover, a moved name); a new connection finds the master again */
-	if (ec == STORE_EC_READONLY && n->s->mode != MODE_CLUSTER && n->rc &&
-	    (n->sentineled || n->named)) {
-		store_log_trouble(n, "READONLY", "no longer the master, reconnecting");
-		rconn_disconnect(n->rc); /* safe inside its callbacks */
-	}
-}
-
-/* ---- overload: adaptive concurrency limit (per node) -------------------- */
-
-/*
- * Each node has a limit on the commands out on its connection (sent, reply
- * still owed, late ones included: they still keep Redis busy). It follows the
- * wait of replies (from the send to the reply, less the time this agent spent
- * in its own loop turns meanwhile: see "Loop turns" below), AIMD style:
- *  - a reply within max(2 x the lowest latency seen, budget / 8), while at
- *    least half the limit is in use, raises the limit: by one per reply
- *    during slow start (doubling per round trip), by 1/limit once congestion
- *    was seen (one per round trip);
- *  - a wait longer than half the budget (a "late" reply), or a command whose
- *    deadline passed after such a wait, cuts it by LIMIT_DECREASE, at most
- *    once per budget (one congestion event, one cut);
- *  - in between it holds.
- * The budget is what decisions get for their reply (reply_budget()): HAProxy's
- * share when spoe_timeout is known, else the command timeout; "late" thus
- * means the same thing as the deadlines decisions are answered by.
- * It stays within [limit_floor(), max_concurrency]. The lowest latency is
- * re-learnt every RTT_WINDOW_S (Redis may have moved).
- */
-
-/* Sets <n>'s limit to <v>, keeping the published sum right (0 when <n> goes away). */
-void limit_set(struct store_node *n, double v)
-{
-	struct store *s = n->s;
-
-	s->stats.concurrency_limit -= (uint64_t)n->limit;
-	n->limit = v;
-	s->stats.concurrency_limit += (uint64_t)n->limit;
-}
-
-/* Starts <n>'s limit afresh: the initial value, slow start, no latency known. */
-void limit_reset(struct store_node *n)
-{
-	limit_set(n, LIMIT_INITIAL < n->s->max_concurrency ? LIMIT_INITIAL : n->s->max_concurrency);
-	n->slow_start = true;
-	n->rtt_min = n->rtt_min_next = 0;
-	n->rtt_window_end = mono() + RTT_WINDOW_S;
-}
-
-/*
- * The lowest a limit goes: LIMIT_MIN, or one full script call when decisions
- * are batched (a single Redis). Below that each round trip carries fewer
- * decisions and Redis pays its per-call cost for fewer of them, lowering its
- * capacity exactly when it is short; latency that does not come from our own
- * commands (a Redis starved of CPU by its neighbours) would otherwise cut the
- * limit to almost nothing and the agent's goodput with it.
- */
-static double limit_floor(const struct store *s)
-{
-	unsigned f = s->mode == MODE_SINGLE && s->batch_max > LIMIT_MIN ? s->batch_max : LIMIT_MIN;
-
-	return f < s->max_concurrency ? f : s->max_concurrency;
-}
-
-/*
- * Seconds a decision's reply is given: HAProxy's share of its budget when the
- * agent knows it (decisions are answered by then), else the command timeout.
- */
-static double reply_budget(const struct store *s)
-{
-	return s->answer_budget_s > 0 ? s->answer_budget_s : s->command_timeout_ms / 1000.;
-}
-
-/* Congestion at <n> (a missed deadline, a slow reply): cut the limit once per budget. */
-static void limit_decrease(struct store_node *n, double now)
-{
-	struct store *s = n->s;
-	double floor = limit_floor(s);
-
-	n->slow_start = false;
-	if (now - n->last_decrease < reply_budget(s))
-		return;
-	n->last_decrease = now;
-	limit_set(n, n->limit * LIMIT_DECREASE < floor ? floor : n->limit * LIMIT_DECREASE);
-}
-
-/* A reply from <n> took <rtt> seconds. */
-void limit_sample(struct store_node *n, double rtt, double now)
-{
-	struct store *s = n->s;
-	double timeout = reply_budget(s), good, v;
-
-	if (now >= n->rtt_window_end) {
-		if (n->rtt_min_next > 0)
-			n->rtt_min = n->rtt_min_next;
-		n->rtt_min_next = 0;
-		n->rtt_window_end = now + RTT_WINDOW_S;
-	}
-	if (n->rtt_min_next <= 0 || rtt < n->rtt_min_next)
-		n->rtt_min_next = rtt;
-	if (n->rtt_min <= 0 || rtt < n->rtt_min)
-		n->rtt_min = rtt;
-	if (rtt > timeout / 2) {
-		limit_decrease(n, now);
-		return;
-	}
-	good = 2 * n->rtt_min > timeout / 8 ? 2 * n->rtt_min : timeout / 8;
-	if (rtt > good || n->limit >= s->max_concurrency || (n->out + 1) * 2 < n->limit)
-		return;
-	v = n->limit + (n->slow_start ? 1. : 1. / n->limit);
-	limit_set(n, v > s->max_concurrency ? s->max_concurrency : v);
-}
-
-/* True when <n> has room under its limit for one more command. */
-static bool limit_room(const struct store_node *n)
-{
-	return n->out < (unsigned)n->limit;
-}
-
-/*
- * Loop turns. A reply read late because this agent was busy (a turn spent
- * decoding a thousand NOTIFYs, a process stopped and resumed) says nothing of
- * Redis. The store counts the time the loop spends in its turns (from the
- * check after a poll to the prepare before the next one): a command's wait is
- * the time since it was sent less the turns' time meanwhile, i.e. the time
- * the loop spent polling for it. The limit follows waits, not wall-clock
- * latencies, so a busy agent does not shrink its own concurrency and shed
- * what Redis could have decided (congestion collapse under a burst); a slow
- * Redis still shows: the loop is then idle, polling. Deadlines stay
- * wall-clock: they are promises to HAProxy.
- *
- * The store's timers (deadlines, housekeeping) have the lowest priority, so
- * the replies read in the same turn are seen first: a deadline or a stall
- * check that expired while the process was busy or stopped never fires for a
- * reply that is already there.
- */
-static double store_busy(const struct store *s, double now)
-{
-	return s->busy + (s->turn_start > 0 ? now - s->turn_start : 0.);
-}
-
-/* Seconds <c> (sent) has waited for its reply with the loop polling, at <now>. */
-double cmd_wait(const struct store_cmd *c, double now)
-{
-	double w = (now - c->sent_at) - (store_busy(c->s, now) - c->busy_at);
-
-	return w > 0 ? w : 0.;
-}
-
-static void turn_begin_cb(struct ev_loop *loop, ev_check *w, int revents)
-{
-	struct store *s = w->data;
-
-	(void)loop;
-	(void)revents;
-	s->turn_start = mono();
-	/* the tick is always armed, so no poll lasts much longer than TICK_S: a
-	 * longer gap is a process that was stopped or not scheduled, not one
-	 * waiting for Redis */
-	if (s->turn_end_at > 0 && s->turn_start - s->turn_end_at > 2 * TICK_S)
-		s->busy += s->turn_start - s->turn_end_at;
-}
-
-static void turn_end_cb(struct ev_loop *loop, ev_prepare *w, int revents)
-{
-	struct store *s = w->data;
-
-	(void)loop;
-	(void)revents;
-	s->turn_end_at = mono();
-	if (s->turn_start > 0)
-		s->busy += s->turn_end_at - s->turn_start;
-	s->turn_start = 0;
-}
-
-/* ---- commands ------------------------------------------------------------ */
-
-/*
- * A command is allocated per decision and freed at its answer. Those of up to
- * CMD_POOL_KEYS keys (nearly all) share one size and are kept for reuse: the
- * allocator served them from its slow path (over a kilobyte each, calloc()
- * bypasses glibc's per-thread cache), a visible share of the agent's time.
- */
-#define CMD_POOL_KEYS 4
-#define CMD_POOL_SIZE (offsetof(struct store_cmd, q) + offsetof(struct store_query, keys) + \
-		       CMD_POOL_KEYS * STORE_KEY_MAX)
-#define CMD_POOL_MAX  1024      /* kept at most: about 2 MB */
-
-/*
- * A new command of <kind>; <qsize> bytes of room for its query (a decision:
- * STORE_QUERY_SIZE, up to its last key), 0 for the others.
- */
-static struct store_cmd *cmd_new(struct store *s, enum cmd_kind kind, size_t qsize)
-{
-	size_t size = offsetof(struct store_cmd, q) + qsize;
-	struct store_cmd *c;
-
-	if (size <= CMD_POOL_SIZE && s->cmd_pool) {
-		c = s->cmd_pool;
-		s->cmd_pool = c->next_free;
-		s->ncmd_pool--;
-		pool_unpoison(c, CMD_POOL_SIZE);
-	} else {
-		c = xmalloc(size <= CMD_POOL_SIZE ? CMD_POOL_SIZE : size);
-	}
-	/* the query is the caller's to fill */
-	memset(c, 0, offsetof(struct store_cmd, q));
-	c->pooled = size <= CMD_POOL_SIZE;
-	c->s = s;
-	c->kind = kind;
-	list_init(&c->node);
-	list_init(&c->park);
-	s->stats.pending++;
-	return c;
-}
-
-/* Frees <c>, which is on no list any more and owed by no hiredis callback. */
-void cmd_free(struct store_cmd *c)
-{
-	BUG_ON(c->parked || c->queued || c->batched);
-	c->s->stats.pending--;
-	free(c->hkey);
-	free(c->hfield);
-	if (c->pooled && !c->s->freeing && c->s->ncmd_pool < CMD_POOL_MAX) {
-		struct store *s = c->s;
-
-		c->next_free = s->cmd_pool;
-		s->cmd_pool = c;
-		s->ncmd_pool++;
-		pool_poison(c, CMD_POOL_SIZE, &c->next_free);
-		return;
-	}
-	free(c);
-}
-
-/* True while <c>'s caller has not been answered. */
-bool cmd_live(const struct store_cmd *c)
-{
-	return c->cb || c->str_cb;
-}
-
-/* The deadline at the head of FIFO <l>, or <at> if empty or later. */
-static double head_deadline(const struct list *l, double at)
-{
-	double d;
-
-	if (list_empty(l))
-		return at;
-	d = LIST_ELEM(l->next, struct store_cmd, node)->deadline;
-	return at > 0 && at < d ? at : d;
-}
-
-/*
- * Arms the command timer for the earliest deadline: the oldest waiting
- * command's of either FIFO or the oldest queued one's. Stalls are the tick's
- * business.
- */
-static void cmd_timer_arm(struct store *s)
-{
-	double now = mono(), at;
-
-	ev_timer_stop(s->loop, &s->cmd_timer);
-	if (s->freeing || (list_empty(&s->waiting) && list_empty(&s->waiting_by) &&
-			   list_empty(&s->queued)))
-		return;
-	at = head_deadline(&s->queued, head_deadline(&s->waiting_by,
-						     head_deadline(&s->waiting, 0)));
-	ev_timer_set(&s->cmd_timer, at > now ? at - now : 0., 0.);
-	ev_timer_start(s->loop, &s->cmd_timer);
-}
-
-/*
- * Answers <c>'s caller once (a decision with <r>, a lookup with <val>/<len>);
- * the command itself stays with whoever owns it (hiredis, or the caller of
- * this function for a parked or never-sent one). Invokes user callbacks.
- */
-static void cmd_answer_full(struct store_cmd *c, enum store_status st,
-			    const struct store_result *r, const char *val, size_t len)
-{
-	struct store *s = c->s;
-	store_done_fn cb = c->cb;
-	store_str_fn str_cb = c->str_cb;
-
-	/* the command timer may now be early for the new oldest command: it
-	 * finds nothing expired then and re-arms (cheaper than re-arming here on
-	 * every reply) */
-	list_del(&c->node);
-	if (!cmd_live(c))
-		return;
-	c->cb = NULL;
-	c->str_cb = NULL;
-	if (st != STORE_OK)
-		s->stats.failed[st]++;
-	if (st == STORE_OVERLOAD)
-		s->stats.shed++;
-	/* only what was sent says something about a node's health */
-	if (c->at && c->sent_at > 0)
-		breaker_record(c->at, st);
-	if (cb)
-		cb(st, r, c->arg);
-	else
-		str_cb(st, val, len, c->arg);
-}
-
-void cmd_answer(struct store_cmd *c, enum store_status st, const struct store_result *r)
-{
-	cmd_answer_full(c, st, r, NULL, 0);
-}
-
-/* Takes <c> off its node's parked list: it is ours to free again. */
-static void cmd_unpark(struct store_cmd *c)
-{
-	if (!c->parked)
-		return;
-	list_del(&c->park);
-	c->parked = false;
-}
-
-/* Answers every command parked at <n> with <st> and frees them. Invokes user callbacks. */
-void node_fail_parked(struct store_node *n, enum store_status st)
-{
-	while (!list_empty(&n->parked)) {
-		struct store_cmd *c = LIST_ELEM(n->parked.next, struct store_cmd, park);
-
-		cmd_unpark(c);
-		cmd_answer(c, st, NULL);
-		cmd_free(c);
-	}
-}
-
-/* Sends what was parked at <n>, now ready. Invokes user callbacks only on failure. */
-void node_send_parked(struct store_node *n)
-{
-	while (!list_empty(&n->parked)) {
-		struct store_cmd *c = LIST_ELEM(n->parked.next, struct store_cmd, park);
-
-		cmd_unpark(c);
-		if (cmd_send(n, c, c->retried) < 0) {
-			cmd_answer(c, STORE_DOWN, NULL);
-			cmd_free(c);
-		}
-	}
-}
-
-/* Takes <c> off its node's queue: it is ours to send or free. */
-static void cmd_unqueue(struct store_cmd *c)
-{
-	if (!c->queued)
-		return;
-	list_del(&c->park);
-	c->queued = false;
-	c->at->nqueued--;
-	c->s->stats.queued--;
-}
-
-/* Answers every command queued at <n> with <st> and frees them. Invokes user callbacks. */
-void node_fail_queue(struct store_node *n, enum store_status st)
-{
-	while (!list_empty(&n->queue)) {
-		struct store_cmd *c = LIST_ELEM(n->queue.next, struct store_cmd, park);
-
-		cmd_unqueue(c);
-		cmd_answer(c, st, NULL);
-		cmd_free(c);
-	}
-}
-
-/*
- * The queue deadline <at>, or the time <c>'s caller must be answered by when
- * that comes first (a decision whose NOTIFY HAProxy gives up on sooner:
- * answered by the failure ladder while HAProxy still listens, rather than not
- * at all).
- */
-static double cmd_bound(const struct store_cmd *c, double at)
-{
-	if (c->kind == CMD_DECIDE && c->q.answer_by > 0 && c->q.answer_by < at)
-		return c->q.answer_by;
-	return at;
-}
-
-/*
- * Sends the new command <c> on <n> now and starts its deadline: its caller's
- * answer_by when it has one (HAProxy's budget, whatever the command timeout),
- * else command_timeout_ms from now. Returns 0 or -1 (<c> untouched). Never
- * invokes user callbacks.
- */
-static int cmd_start(struct store_node *n, struct store_cmd *c)
-{
-	struct store *s = n->s;
-	struct list *fifo = &s->waiting;
-
-	if (cmd_send(n, c, false) < 0)
-		return -1;
-	if (c->kind == CMD_DECIDE && c->q.answer_by > 0) {
-		c->deadline = c->q.answer_by;
-		fifo = &s->waiting_by;
-	} else {
-		c->deadline = c->sent_at + s->command_timeout_ms / 1000.;
-	}
-	/* the timer follows the earliest deadline: arm it when this one is the
-	 * only command of its FIFO (another may have armed it earlier: fine) */
-	list_append(fifo, &c->node);
-	if (fifo->next == &c->node)
-		cmd_timer_arm(s);
-	return 0;
-}
-
-/*
- * Sends what was queued at <n> while it has room under its limit, oldest
- * first. Invokes user callbacks (a send that fails is answered DOWN).
- */
-void node_send_queue(struct store_node *n)
-{
-	while (!list_empty(&n->queue) && n->state == ND_READY && limit_room(n)) {
-		struct store_cmd *c = LIST_ELEM(n->queue.next, struct store_cmd, park);
-
-		cmd_unqueue(c);
-		list_del(&c->node);
-		if (cmd_start(n, c) < 0) {
-			cmd_answer(c, STORE_DOWN, NULL);
-			cmd_free(c);
-		}
-	}
-}
-
-/*
- * Sends <c> to <n> now if it is ready, or parks it there while it connects.
- * Returns 0, or -1 when <n> can take nothing (<c> untouched). Never invokes
- * user callbacks.
- */
-int cmd_dispatch_nocb(struct store_node *n, struct store_cmd *c)
-{
-	if (n->state == ND_READY)
-		return cmd_send(n, c, c->retried);
-	if (n->state != ND_CONNECTING && n->state != ND_LOADING)
-		return -1;
-	c->at = n;
-	c->parked = true;
-	/* not on a connection: its answer says nothing of <n>'s health (a failed
-	 * connect must not count once per command parked here) */
-	c->sent_at = 0;
-	list_append(&n->parked, &c->park);
-	return 0;
-}
-
-/* Answers TIMEOUT the sent commands of FIFO <l> whose deadline passed at <now>. */
-static void cmd_expire(struct store *s, struct list *l, double now)
-{
-	while (!list_empty(l)) {
-		struct store_cmd *c = LIST_ELEM(l->next, struct store_cmd, node);
-		bool parked = c->parked;
-
-		if (c->deadline > now)
-			break;
-		cmd_unpark(c);
-		/* sent and unanswered in time: congestion at that node if it
-		 * kept us waiting late (half the budget), unless the time went
-		 * to this agent's own turns */
-		if (!parked && c->at && cmd_wait(c, now) >= reply_budget(s) / 2)
-			limit_decrease(c->at, now);
-		cmd_answer(c, STORE_TIMEOUT, NULL);
-		if (parked)
-			cmd_free(c);
-	}
-}
-
-static void cmd_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
-{
-	struct store *s = container_of(t, struct store, cmd_timer);
-	double now = mono();
-
-	(void)loop;
-	(void)revents;
-	cmd_expire(s, &s->waiting_by, now);
-	cmd_expire(s, &s->waiting, now);
-	/* queued too long: shed, the excess only */
-	while (!list_empty(&s->queued)) {
-		struct store_cmd *c = LIST_ELEM(s->queued.next, struct store_cmd, node);
-
-		if (c->deadline > now)
-			break;
-		cmd_unqueue(c);
-		cmd_answer(c, STORE_OVERLOAD, NULL);
-		cmd_free(c);
-	}
-	cmd_timer_arm(s);
-}
-
-/* Bounds of the integers a script reply may carry: beyond, the reply is nonsense. */
-#define REPLY_US_MAX     ((long long)1 << 52)  /* a Redis time: ~142 years in us */
-#define REPLY_MS_MAX     ((long long)1 << 40)  /* a duration: ~34 years in ms */
-#define REPLY_TOKENS_MAX ((long long)1 << 32)  /* tokens left: x a rate (< 2^30) fits */
-
-/* True when <e> is an integer within [lo, hi]. */
-static bool int_in(const redisReply *e, long long lo, long long hi)
-{
-	return e->type == REDIS_REPLY_INTEGER && e->integer >= lo && e->integer <= hi;
-}
-
-/*
- * Parses the script's flat integer array, the answer to <q>, into <r>. Every
- * integer is checked against its range (flags 0 or 1, times and durations
- * non-negative and bounded, a grant within what was asked), so nothing the
- * agent computes from it can overflow. Returns 0 or -1.
- */
-static int parse_flat(const redisReply *rep, size_t n, int64_t want, struct store_result *r)
-{
-	bool batch = want > 0;
-	size_t i;
-
-	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 3 + 4 * n + (batch ? 2 : 0))
-		return -1;
-	if (!int_in(rep->element[0], 0, 1) || !int_in(rep->element[1], (long long)n, (long long)n) ||
-	    !int_in(rep->element[2], 0, REPLY_US_MAX))
-		return -1;
-	r->allowed = rep->element[0]->integer == 1;
-	r->n = n;
-	r->now_us = rep->element[2]->integer;
-	for (i = 0; i < n; i++) {
-		redisReply **e = rep->element + 3 + 4 * i;
-
-		if (!int_in(e[0], 0, 1) || !int_in(e[1], -REPLY_TOKENS_MAX, REPLY_TOKENS_MAX) ||
-		    !int_in(e[2], 0, REPLY_MS_MAX) || !int_in(e[3], 0, REPLY_MS_MAX))
-			return -1;
-		r->v[i].allowed = e[0]->integer == 1;
-		r->v[i].remaining = e[1]->integer;
-		r->v[i].retry_ms = e[2]->integer;
-		r->v[i].reset_ms = e[3]->integer;
-	}
-	r->granted = r->allowed ? 1 : 0;
-	r->lease_ms = 0;
-	if (batch) {
-		if (!int_in(rep->element[3 + 4 * n], 0, want) ||
-		    !int_in(rep->element[4 + 4 * n], 0, REPLY_MS_MAX))
-			return -1;
-		r->granted = rep->element[3 + 4 * n]->integer;
-		r->lease_ms = rep->element[4 + 4 * n]->integer;
-	}
-	r->cand_ok = r->cand_allowed = false;
-	return 0;
-}
-
-/*
- * Parses the answer to <q> into <r>: the script's flat array, or for a query
- * with a candidate the multi form's pair { own decision, candidate's }. The
- * candidate's element may be an error of its own (r->cand_ok stays false);
- * an error in the first is the caller's (cmd_reply()). Returns 0 or -1.
- */
-static int parse_result(const redisReply *rep, const struct store_query *q,
-			struct store_result *r)
-{
-	struct store_result cr;
-	size_t i, ne = q->n - q->ncand;
-
-	if (!q->ncand)
-		return parse_flat(rep, q->n, q->want, r);
-	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
-	    parse_flat(rep->element[0], ne, 0, r) < 0)
-		return -1;
-	r->n = q->n;
-	if (rep->element[1]->type == REDIS_REPLY_ERROR)
-		return 0;
-	if (parse_flat(rep->element[1], q->ncand, 0, &cr) < 0)
-		return -1;
-	for (i = 0; i < q->ncand; i++)
-		r->v[ne + i] = cr.v[i];
-	r->cand_ok = true;
-	r->cand_allowed = cr.allowed;
-	return 0;
-}
-
-/* ---- sending ------------------------------------------------------------- */
-
-/* Appends the string <str> of <len> bytes to <av>. */
-void argv_str(struct argv_buf *av, const char *str, size_t len)
-{
-	av->argv[av->argc] = str;
-	av->lens[av->argc++] = len;
-}
-
-/* Appends the number <v>, formatted into <av>'s next number slot. */
-void argv_num(struct argv_buf *av, int64_t v)
-{
-	av->argv[av->argc] = av->nums[av->nk];
-	av->lens[av->argc++] = fmt_i64(av->nums[av->nk++], v);
-}
-
-/* Appends the keys of <q>. */
-void query_push_keys(struct argv_buf *av, const struct store_query *q)
-{
-	size_t i;
-
-	for (i = 0; i < q->n; i++)
-		argv_str(av, q->keys[i], strlen(q->keys[i]));
-}
-
-/* Appends the 5 arguments of each of limits <from> to <to> (excluded) of <q>. */
-static void push_limits(struct argv_buf *av, const struct store_query *q, size_t from, size_t to)
-{
-	size_t i;
-
-	for (i = from; i < to; i++) {
-		argv_num(av, q->params[i].alg);
-		argv_num(av, q->params[i].a);
-		argv_num(av, q->params[i].b);
-		argv_num(av, q->params[i].shadow ? 1 : 0);
-		argv_num(av, q->cost[i]);
-	}
-}
-
-/*
- * Appends the script arguments of <q> after its keys: 5 per limit (alg, a, b,
- * shadow, cost), then, for a batch, want, mode, lease lifetime and fewest units
- * (lua/decide.lua). QUERY_ARGS(q) of them.
- */
-void query_push_args(struct argv_buf *av, const struct store_query *q)
-{
-	push_limits(av, q, 0, q->n);
-	if (q->want > 0) {
-		argv_num(av, q->want);
-		argv_num(av, q->batch);
-		argv_num(av, q->lease_us);
-		argv_num(av, q->min_units > 1 ? q->min_units : 1);
-	}
-}
-
-
-/*
- * Appends <q> as QUERY_DECISIONS(q) decisions of the multi form, each as
- * "<limits> <extra> <arguments>": its own, then its candidate policy's (the
- * last ncand limits; a query with a candidate is never a batch).
- */
-void query_push_decisions(struct argv_buf *av, const struct store_query *q)
-{
-	size_t ne = q->n - q->ncand;
-
-	argv_num(av, (int64_t)ne);
-	argv_num(av, q->want > 0 ? 4 : 0);
-	if (!q->ncand) {
-		query_push_args(av, q);
-		return;
-	}
-	push_limits(av, q, 0, ne);
-	argv_num(av, (int64_t)q->ncand);
-	argv_num(av, 0);
-	push_limits(av, q, ne, q->n);
-}
-
-/*
- * Writes <c> into <n>'s connection buffer: EVALSHA (or EVAL with the body when
- * <eval>), or HGET; preceded by ASKING after an ASK. Keys and numbers go as
- * separate argv entries: untrusted bytes never meet a format string. Returns
- * REDIS_OK or REDIS_ERR. Never invokes user callbacks.
- */
-int cmd_write(struct store_node *n, struct store_cmd *c, bool eval)
-{
-	struct store *s = n->s;
-	const char *argv[3 + STORE_MAX_LIMITS * 6 + 4 + 6];
-	size_t lens[ARRAY_SIZE(argv)];
-	char nums[ARRAY_SIZE(argv)][24];
-	char nkeys[16];
-	struct argv_buf av;
-	int argc;
-
-	if (c->asking) {
-		const char *asking[1] = {"ASKING"};
-
-		if (rconn_command(n->rc, NULL, NULL, 1, asking, NULL) != 0)
-			return REDIS_ERR;
-	}
-	if (c->kind == CMD_HGET) {
-		const char *hget[3] = {c->hfield ? "HGET" : "HGETALL", c->hkey, c->hfield};
-
-		return rconn_command(n->rc, cmd_reply_cb, c, c->hfield ? 3 : 2, hget, NULL);
-	}
-	if (c->kind == CMD_HEARTBEAT) {
-		const char *hb[6] = {"EVAL", script_heartbeat, "1", c->hkey, c->hfield, nkeys};
-		size_t hbl[6] = {4, script_heartbeat_len, 1, strlen(c->hkey), strlen(c->hfield), 0};
-
-		snprintf(nkeys, sizeof(nkeys), "%u", c->window_ms);
-		hbl[5] = strlen(nkeys);
-		return rconn_command(n->rc, cmd_reply_cb, c, 6, hb, hbl);
-	}
-
-	av.argv = argv;
-	av.lens = lens;
-	av.nums = nums;
-	av.argc = av.nk = 0;
-	argv_str(&av, eval ? "EVAL" : "EVALSHA", eval ? 4 : 7);
-	argv_str(&av, eval ? script_ratelimit : s->sha, eval ? script_ratelimit_len : strlen(s->sha));
-	argv_num(&av, (int64_t)c->q.n);
-	query_push_keys(&av, &c->q);
-	if (c->q.ncand) {
-		/* with its candidate: two decisions, the multi form */
-		argv_str(&av, "M", 1);
-		argv_num(&av, 2);
-		query_push_decisions(&av, &c->q);
-	} else {
-		query_push_args(&av, &c->q);
-	}
-	argc = av.argc;
-	return rconn_command(n->rc, cmd_reply_cb, c, argc, argv, lens);
-}
-
-/*
- * Sends <c> on <n>'s connection: written into its buffer now, or, for a
- * decision to a single Redis, added to the node's batch (store_batch.c); the
- * flusher sends both before the loop polls. Returns 0 or -1. Never invokes
- * user callbacks.
- */
-static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval)
-{
-	struct store *s = n->s;
-
-	if (!n->rc || n->state != ND_READY)
-		return -1;
-	if (batch_wants(n, c, eval))
-		batch_add(n, c);
-	else if (cmd_write(n, c, eval) != REDIS_OK)
-		return -1;
-	if (!n->flush_pending) {
-		n->flush_pending = true;
-		list_append(&s->flushq, &n->flush_node);
-		if (!ev_is_active(&s->flusher))
-			ev_prepare_start(s->loop, &s->flusher);
-	}
-	c->sent_at = mono();
-	c->busy_at = store_busy(s, c->sent_at);
-	if (!n->out++)
-		n->last_progress = c->sent_at;
-	c->at = n;
-	s->stats.sent++;
-	return 0;
-}
+static const struct node_ops node_ops = {
+	.ready = on_node_ready,
+	.closing = batch_fail,
+	.lost = on_node_lost,
+};
+
+static const struct cmd_ops cmd_ops = {
+	.batch = batch_take,
+	.redirect = cmd_redirect,
+	.refresh = refresh_request,
+};
 
 /*
  * Before the loop polls: writes what every node's connection was given in
- * this iteration, one write() per node for all its commands. hiredis' libev
- * adapter would start the write watcher for each (an epoll_ctl), wait for the
- * next poll to say writable, write, and stop the watcher again (another
- * epoll_ctl); written here, start and stop cancel out before libev applies
- * them, and the commands leave one loop iteration earlier. What the socket
- * does not take is left to the write watcher, as before.
+ * this iteration, one write() per node for all its commands (rconn_flush()),
+ * each node's batch first (batch_flush()): the commands leave in the turn
+ * that made them, without a poll to say the socket is writable. What the
+ * socket does not take is left to the connection's write watcher.
  */
 static void flusher_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 {
@@ -1040,148 +244,6 @@ static void flusher_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 			rconn_flush(n->rc);
 	}
 	ev_prepare_stop(loop, w);
-}
-
-/*
- * An array of strings <rep> (HGETALL) as one allocated buffer of <*len> bytes:
- * each element as its length (uint32_t, host order) then its bytes. NULL for
- * any other reply.
- */
-static char *flatten_strings(const redisReply *rep, size_t *len)
-{
-	size_t i, n = 0;
-	char *buf, *p;
-
-	for (i = 0; rep->type == REDIS_REPLY_ARRAY && i < rep->elements; i++) {
-		if (rep->element[i]->type != REDIS_REPLY_STRING || rep->element[i]->len > UINT32_MAX)
-			return NULL;
-		n += 4 + rep->element[i]->len;
-	}
-	if (rep->type != REDIS_REPLY_ARRAY)
-		return NULL;
-	p = buf = xmalloc(n + 1);
-	for (i = 0; i < rep->elements; i++, p += 4) {
-		uint32_t l = (uint32_t)rep->element[i]->len;
-
-		memcpy(p, &l, 4);
-		memcpy(p + 4, rep->element[i]->str, l);
-		p += l;
-	}
-	*len = n;
-	return buf;
-}
-
-/*
- * The reply <rep> (NULL: connection gone) of node <n> to the command <c>:
- * answers its caller unless the deadline did, frees it unless re-sent.
- * Invokes user callbacks.
- */
-void cmd_reply(struct store_node *n, struct store_cmd *c, const redisReply *rep)
-{
-	struct store *s = n->s;
-	struct store_result res;
-
-	if (!cmd_live(c)) {
-		/* the caller was answered already (deadline or shutdown) */
-		if (rep)
-			s->stats.late++;
-		cmd_free(c);
-		return;
-	}
-	if (!rep) {
-		/* connection lost or context freed */
-		cmd_answer(c, s->freeing ? STORE_SHUTDOWN : STORE_DOWN, NULL);
-		cmd_free(c);
-		return;
-	}
-	/* with a candidate, an error of the query's own decision is the query's */
-	if (c->kind == CMD_DECIDE && c->q.ncand && rep->type == REDIS_REPLY_ARRAY &&
-	    rep->elements == 2 && rep->element[0]->type == REDIS_REPLY_ERROR)
-		rep = rep->element[0];
-	if (rep->type == REDIS_REPLY_ERROR) {
-		if (cmd_redirect(n, c, rep->str))
-			return;
-		if (c->kind == CMD_DECIDE && strncmp(rep->str, "NOSCRIPT", 8) == 0 && !c->retried) {
-			s->stats.noscript++;
-			c->retried = true;
-			if (cmd_send(n, c, true) == 0)
-				return; /* same deadline, still waiting */
-		}
-		if (strncmp(rep->str, "CLUSTERDOWN", 11) == 0 && s->mode == MODE_CLUSTER)
-			refresh_request(s);
-		store_log_trouble(n, c->kind == CMD_DECIDE ? "script error" : "lookup", rep->str);
-		node_error(n, error_class(rep->str));
-		cmd_answer(c, STORE_ERROR, NULL);
-	} else if (c->kind == CMD_HEARTBEAT) {
-		char num[24];
-
-		if (int_in(rep, 0, INT32_MAX)) {
-			s->stats.replies++;
-			snprintf(num, sizeof(num), "%lld", (long long)rep->integer);
-			cmd_answer_full(c, STORE_OK, NULL, num, strlen(num));
-		} else {
-			store_log_trouble(n, "heartbeat", "bad reply");
-			node_error(n, STORE_EC_OTHER);
-			cmd_answer(c, STORE_ERROR, NULL);
-		}
-	} else if (c->kind == CMD_HGET && !c->hfield) {
-		size_t len;
-		char *all = flatten_strings(rep, &len);
-
-		if (all) {
-			s->stats.replies++;
-			cmd_answer_full(c, STORE_OK, NULL, all, len);
-		} else {
-			store_log_trouble(n, "lookup", "bad reply");
-			node_error(n, STORE_EC_OTHER);
-			cmd_answer(c, STORE_ERROR, NULL);
-		}
-		free(all);
-	} else if (c->kind == CMD_HGET) {
-		if (rep->type == REDIS_REPLY_STRING) {
-			s->stats.replies++;
-			cmd_answer_full(c, STORE_OK, NULL, rep->str, rep->len);
-		} else if (rep->type == REDIS_REPLY_NIL) {
-			s->stats.replies++;
-			cmd_answer_full(c, STORE_OK, NULL, NULL, 0);
-		} else {
-			store_log_trouble(n, "lookup", "bad reply");
-			node_error(n, STORE_EC_OTHER);
-			cmd_answer(c, STORE_ERROR, NULL);
-		}
-	} else if (parse_result(rep, &c->q, &res) < 0) {
-		store_log_trouble(n, "reply", "unexpected reply shape");
-		node_error(n, STORE_EC_OTHER);
-		cmd_answer(c, STORE_ERROR, NULL);
-	} else {
-		s->stats.replies++;
-		cmd_answer(c, STORE_OK, &res);
-	}
-	cmd_free(c);
-}
-
-/*
- * hiredis calls this once per command sent: with its reply, or NULL when the
- * connection is gone. A reply in time is a latency sample for the node's
- * limit, and the room it frees lets queued commands go.
- */
-static void cmd_reply_cb(struct rconn *rc, void *reply, void *privdata)
-{
-	struct store_cmd *c = privdata;
-	struct store_node *n = rconn_data(rc);
-	redisReply *rep = reply;
-	double now;
-
-	n->out--;
-	if (rep) {
-		now = mono();
-		n->last_progress = now;
-		if (cmd_live(c) && c->sent_at > 0)
-			limit_sample(n, cmd_wait(c, now), now);
-	}
-	cmd_reply(n, c, rep);
-	if (rep && n->rc == rc && !n->s->freeing)
-		node_send_queue(n);
 }
 
 /*
@@ -1264,36 +326,6 @@ static struct store_node *store_admit(struct store *s, const char *key, size_t l
 }
 
 /*
- * Sends the new command <c> to <n> now if <n> has room under its limit and
- * nothing queued (or <c> is the probe of its breaker), its deadline starting
- * now; otherwise queues it for at most the queue budget. Returns 0 or
- * -STORE_DOWN (<c> freed). Never invokes user callbacks.
- */
-static int store_submit(struct store_node *n, struct store_cmd *c)
-{
-	struct store *s = n->s;
-
-	if (n->probing || (list_empty(&n->queue) && limit_room(n))) {
-		if (cmd_start(n, c) == 0)
-			return 0;
-		n->probing = false;
-		cmd_free(c);
-		s->stats.failed[STORE_DOWN]++;
-		return -STORE_DOWN;
-	}
-	c->at = n;
-	c->queued = true;
-	c->deadline = cmd_bound(c, mono() + s->queue_s);
-	list_append(&n->queue, &c->park);
-	list_append(&s->queued, &c->node);
-	n->nqueued++;
-	s->stats.queued++;
-	if (s->queued.next == &c->node)
-		cmd_timer_arm(s);
-	return 0;
-}
-
-/*
  * Submits the decision <q> to the owner of the slot of its first key (all its
  * keys must share one hash tag). Returns 0 when <cb> will be called exactly
  * once later, or the negated store_status when the query fails at once (the
@@ -1322,7 +354,7 @@ int store_decide(struct store *s, const struct store_query *q, store_done_fn cb,
 	c->cb = cb;
 	c->arg = arg;
 	memcpy(&c->q, q, STORE_QUERY_SIZE(q));
-	return store_submit(n, c);
+	return cmd_submit(n, c);
 }
 
 /* Submits a command of <kind> on <key> and <field> answered with a string (see store_hget()). */
@@ -1344,7 +376,7 @@ static int submit_str(struct store *s, enum cmd_kind kind, const char *key, cons
 	c->hkey = xstrdup(key);
 	c->hfield = field ? xstrdup(field) : NULL;
 	c->window_ms = window_ms;
-	return store_submit(n, c);
+	return cmd_submit(n, c);
 }
 
 /*
@@ -1520,6 +552,8 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 	}
 	s = xcalloc(1, sizeof(*s));
 	s->loop = loop;
+	s->node_ops = &node_ops;
+	s->cmd_ops = &cmd_ops;
 	s->user = opts->user && *opts->user ? xstrdup(opts->user) : NULL;
 	s->password = opts->password && *opts->password ? xstrdup(opts->password) : NULL;
 	s->connect_timeout_ms = opts->connect_timeout_ms ? opts->connect_timeout_ms : 200;
@@ -1618,13 +652,7 @@ void store_free(struct store *s)
 	list_for_each_safe(l, tmp, &s->nodes)
 		node_free(LIST_ELEM(l, struct store_node, link));
 	reply_cache_free();
-	while (s->cmd_pool) {
-		struct store_cmd *c = s->cmd_pool;
-
-		s->cmd_pool = c->next_free;
-		pool_unpoison(c, CMD_POOL_SIZE);
-		free(c);
-	}
+	cmd_pool_free(s);
 	sentinel_free(s->sentinel);
 	tls_ctx_free(s->tls);
 	resolver_free(s->resolver);

@@ -24,28 +24,37 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store_int.h"
+#include "store_batch.h"
+#include "store_cmd.h"
+#include "store_node.h"
 #include "util.h"
 
-/* One script call carrying several decisions; owned by hiredis until its reply. */
+/* One script call carrying several decisions; owned by its connection until its reply. */
 struct batch_call {
 	unsigned count;
 	struct store_cmd *cmds[STORE_BATCH_MAX];
 };
 
 /* True when <c> may wait for its node's batch instead of leaving alone. */
-bool batch_wants(const struct store_node *n, const struct store_cmd *c, bool eval)
+static bool batch_wants(const struct store_node *n, const struct store_cmd *c, bool eval)
 {
 	return n->s->batch_max > 1 && n->s->mode == MODE_SINGLE && c->kind == CMD_DECIDE &&
 	       !eval && !c->asking;
 }
 
-/* Adds the sent command <c> to <n>'s batch (the flusher sends it). */
-void batch_add(struct store_node *n, struct store_cmd *c)
+/*
+ * The command layer sends <c> to <n> (cmd_ops.batch): a decision that may wait
+ * joins <n>'s batch (the flusher sends it) and true is returned; false leaves
+ * it to be written now.
+ */
+bool batch_take(struct store_node *n, struct store_cmd *c, bool eval)
 {
+	if (!batch_wants(n, c, eval))
+		return false;
 	c->batched = true;
 	list_append(&n->batch, &c->park);
 	n->nbatch++;
+	return true;
 }
 
 static struct store_cmd *batch_pop(struct store_node *n)
@@ -61,7 +70,8 @@ static struct store_cmd *batch_pop(struct store_node *n)
 
 /*
  * Answers what waits in <n>'s batch as if its connection had been lost (DOWN,
- * SHUTDOWN while the store is freed). Invokes user callbacks.
+ * SHUTDOWN while the store is freed): node_ops.closing, and the flusher for a
+ * connection that went. Invokes user callbacks.
  */
 void batch_fail(struct store_node *n)
 {
@@ -73,7 +83,7 @@ void batch_fail(struct store_node *n)
 	}
 }
 
-/* hiredis calls this once per batch call: with its reply, or NULL when the connection is gone. */
+/* The connection calls this once per batch call: with its reply, or NULL when it is gone. */
 static void batch_reply_cb(struct rconn *rc, void *reply, void *privdata)
 {
 	struct batch_call *b = privdata;
@@ -119,7 +129,7 @@ static void batch_reply_cb(struct rconn *rc, void *reply, void *privdata)
  *           { <limits n> <extra e> <5n + e arguments> } x count
  * where a query with a candidate policy counts as two decisions (its own,
  * then the candidate's: query_push_decisions()), answered as a pair.
- * Returns REDIS_OK when hiredis took it.
+ * Returns REDIS_OK when the connection took it.
  */
 static int batch_send_call(struct store_node *n, struct batch_call *b)
 {

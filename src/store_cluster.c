@@ -1,18 +1,21 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Redis store: the mode and the slot map (see the DESIGN in store.c): CLUSTER
- * SLOTS and its refresh schedule, MOVED and ASK redirections.
+ * Redis store, the topology (see the LAYERS and the DESIGN in store.c): the
+ * mode and the slot map, CLUSTER SLOTS and its refresh schedule, MOVED and ASK
+ * redirections. Calls the command layer (store_cmd.c: a redirected command
+ * dispatched, answered, freed) and the node layer (store_node.c: nodes found
+ * or made, their health told); store.c wires it into the layers' callbacks.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-
 #include "crc16.h"
 #include "log.h"
-#include "scripts.h"
-#include "store_int.h"
+#include "store_cluster.h"
+#include "store_cmd.h"
+#include "store_node.h"
 #include "util.h"
 
 /* Routes <slot> to <n> (NULL: nobody), keeping the slot counts right. */
@@ -37,7 +40,7 @@ void slot_set(struct store *s, unsigned slot, struct store_node *n)
  * <n> left the topology: nothing new goes to it; the tick closes it once the
  * replies it owes are in. Parked commands are answered DOWN (user callbacks).
  */
-void node_retire(struct store_node *n)
+static void node_retire(struct store_node *n)
 {
 	if (n->seed || n->retired)
 		return;

@@ -1,12 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The Redis store's insides, shared by its files (see store.c for the design):
- *   store.c          commands, deadlines, admission, breaker, the API
- *   store_node.c     one connection: connect, AUTH + SCRIPT LOAD, reconnect, addresses
- *   store_cluster.c  mode, slot map, CLUSTER SLOTS, MOVED/ASK
+ * The Redis store's insides: the data its layers share, and no functions.
+ * Each layer has a file and a header of its own and calls only those below
+ * it (see the LAYERS in store.c):
+ *   store_node.c     one Redis: its connection (connect, AUTH, ROLE, SCRIPT
+ *                    LOAD, reconnect, names, Sentinels) and its health (breaker,
+ *                    adaptive concurrency limit, error classes)
+ *   store_cmd.c      commands: their life, deadlines, queues, sending, replies
  *   store_batch.c    several decisions in one script call
- *   store_reply.c    reply objects from a free list instead of calloc()
- * Nothing here is part of the store's API (store.h).
+ *   store_cluster.c  the mode, the slot map, CLUSTER SLOTS, MOVED/ASK
+ *   store.c          the API: admission, routing, housekeeping, the layers wired
+ * A lower layer reads fields an upper one keeps (the mode, a node's slots),
+ * never calls it: what must go up goes through the callbacks it declares
+ * (struct node_ops in store_node.h, struct cmd_ops in store_cmd.h), which
+ * store.c registers. Nothing here is part of the store's API (store.h).
  */
 #ifndef AGENT_STORE_INT_H
 #define AGENT_STORE_INT_H
@@ -21,7 +28,7 @@
 #include "pool.h"
 #include "rconn.h"
 #include "resolve.h"
-#include "store.h"
+#include "store_types.h"
 
 #define BACKOFF_MIN_MS    50
 #define BACKOFF_MAX_MS    500
@@ -142,7 +149,7 @@ struct store_cmd {
 	unsigned redirects;             /* MOVED/ASK followed */
 	bool retried;                   /* NOSCRIPT retry done */
 	bool asking;                    /* ASK: send ASKING before it */
-	bool parked;                    /* on at->parked, owned by us, not by hiredis */
+	bool parked;                    /* on at->parked, owned by us, not by a connection */
 	bool queued;                    /* on at->queue and store.queued, owned by us */
 	bool batched;                   /* on at->batch, owned by us until the flusher */
 	bool pooled;                    /* CMD_POOL_SIZE bytes: goes back to store.cmd_pool */
@@ -153,8 +160,13 @@ struct store_cmd {
 					 * allocated up to its last key (cmd_new) */
 };
 
+struct node_ops;
+struct cmd_ops;
+
 struct store {
 	struct ev_loop *loop;           /* ref */
+	const struct node_ops *node_ops; /* ref: the upcalls of the node layer */
+	const struct cmd_ops *cmd_ops;  /* ref: ... of the command layer */
 	struct store_node *seed;        /* ref: in nodes, the configured address */
 	char *user;                     /* owned or NULL */
 	char *password;                 /* owned or NULL */
@@ -201,74 +213,5 @@ struct store {
 	double refresh_last;            /* mono() it was sent */
 	unsigned refresh_rr;            /* rotates the choice of node */
 };
-
-/* store_reply.c */
-redisReplyObjectFunctions *reply_functions(void);
-void reply_cache_free(void);
-
-/* store.c */
-void breaker_set(struct store_node *n, bool open);
-void breaker_record(struct store_node *n, enum store_status st);
-void cmd_answer(struct store_cmd *c, enum store_status st, const struct store_result *r);
-void cmd_free(struct store_cmd *c);
-int cmd_dispatch_nocb(struct store_node *n, struct store_cmd *c);
-void node_fail_parked(struct store_node *n, enum store_status st);
-void node_send_parked(struct store_node *n);
-void node_fail_queue(struct store_node *n, enum store_status st);
-void limit_set(struct store_node *n, double v);
-void limit_reset(struct store_node *n);
-void breaker_trip(struct store_node *n, const char *why);
-enum store_errclass error_class(const char *err);
-void node_error(struct store_node *n, enum store_errclass ec);
-bool cmd_live(const struct store_cmd *c);
-void cmd_reply(struct store_node *n, struct store_cmd *c, const redisReply *rep);
-int cmd_write(struct store_node *n, struct store_cmd *c, bool eval);
-void limit_sample(struct store_node *n, double rtt, double now);
-double cmd_wait(const struct store_cmd *c, double now);
-void node_send_queue(struct store_node *n);
-
-/* An argv under construction: strings by reference, numbers formatted into nums. */
-struct argv_buf {
-	const char **argv;
-	size_t *lens;
-	char (*nums)[24];
-	int argc, nk;
-};
-/* Arguments query_push_args() appends for <q>. */
-#define QUERY_ARGS(q) (5 * (q)->n + ((q)->want > 0 ? 4 : 0))
-void argv_str(struct argv_buf *av, const char *str, size_t len);
-void argv_num(struct argv_buf *av, int64_t v);
-void query_push_keys(struct argv_buf *av, const struct store_query *q);
-void query_push_args(struct argv_buf *av, const struct store_query *q);
-/* Decisions of the multi form <q> makes: its own, and its candidate policy's. */
-#define QUERY_DECISIONS(q) ((q)->ncand ? 2 : 1)
-void query_push_decisions(struct argv_buf *av, const struct store_query *q);
-
-/* store_batch.c */
-bool batch_wants(const struct store_node *n, const struct store_cmd *c, bool eval);
-void batch_add(struct store_node *n, struct store_cmd *c);
-void batch_fail(struct store_node *n);
-void batch_flush(struct store_node *n);
-
-/* store_node.c */
-void store_log_trouble(struct store_node *n, const char *what, const char *detail);
-int endpoint_make(struct endpoint *ep, const struct store_node *from, const char *host,
-		  size_t hostlen, long port);
-struct store_node *node_get(struct store *s, const struct endpoint *ep);
-struct store_node *node_new(struct store *s, const struct endpoint *ep, bool seed);
-void node_close(struct store_node *n);
-void node_free(struct store_node *n);
-void node_lost(struct store_node *n);
-void node_connect(struct store_node *n);
-void node_ttl_check(struct store_node *n, double now);
-void node_master_switched(void *arg, const char *ip, int port);
-int seed_endpoint(const char *addr, struct endpoint *ep, char *err, size_t errlen);
-
-/* store_cluster.c */
-void slot_set(struct store *s, unsigned slot, struct store_node *n);
-void node_retire(struct store_node *n);
-bool cmd_redirect(struct store_node *from, struct store_cmd *c, const char *err);
-void refresh_request(struct store *s);
-void refresh_kick(struct store *s);
 
 #endif /* AGENT_STORE_INT_H */

@@ -1,22 +1,26 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Redis store: one node's connection (see the DESIGN in store.c): connect with
- * our own deadline, AUTH and SCRIPT LOAD pipelined, reconnection with a capped
- * backoff, node addresses.
+ * Redis store, the node layer (see the LAYERS and the DESIGN in store.c): one
+ * Redis.
+ *  - Its connection: connect with our own deadline, AUTH, ROLE and SCRIPT LOAD
+ *    pipelined, reconnection with a capped backoff, node addresses, names
+ *    resolved on the loop, a master located by the Sentinels.
+ *  - Its health: the circuit breaker, error replies by class, the adaptive
+ *    concurrency limit.
+ * Calls the transport (rconn.c), resolve.c and sentinel.c; the layers above
+ * hear of a node through struct node_ops (store_node.h).
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <hiredis/adapters/libev.h>
-
-#include "crc16.h"
 #include "log.h"
 #include "resolve.h"
 #include "scripts.h"
 #include "sentinel.h"
-#include "store_int.h"
+#include "store_node.h"
+#include "store_reply.h"
 #include "util.h"
 
 static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents);
@@ -37,6 +41,250 @@ void store_log_trouble(struct store_node *n, const char *what, const char *detai
 		LOG(LOG_WARN, "redis %s %s: %s", n->name, what, detail);
 	n->log_suppressed = 0;
 	n->log_last = now;
+}
+
+/* ---- circuit breaker (per node) ---------------------------------------- */
+
+static void breaker_set(struct store_node *n, bool open)
+{
+	struct store *s = n->s;
+
+	if (n->breaker_open == open)
+		return;
+	n->breaker_open = open;
+	if (open)
+		s->breakers_open++;
+	else
+		s->breakers_open--;
+	s->stats.breaker_open = s->breakers_open > 0;
+}
+
+/* Opens <n>'s breaker now (or again) for a cool-down, logging <why>. */
+static void breaker_open_now(struct store_node *n, const char *why)
+{
+	struct store *s = n->s;
+
+	if (!n->breaker_open) {
+		s->stats.breaker_opened++;
+		LOG(LOG_WARN, "redis %s breaker open: %s", n->name, why);
+	}
+	breaker_set(n, true);
+	n->probing = false;
+	n->breaker_until = mono() + s->breaker_cooldown_s;
+}
+
+/*
+ * Records the outcome <st> of a query sent to <n>. Only Redis failures count:
+ * <breaker_failures> consecutive error replies or connection losses open the
+ * breaker; while open, queries for it fail at once (STORE_BREAKER) instead of
+ * going to a sick Redis. A missed deadline (TIMEOUT) or a shed query
+ * (OVERLOAD) says the node is slow or we are busy, not that it is broken: it
+ * neither counts nor resets, except for the probe of an open breaker, which
+ * must be answered in time. After the cool-down one query goes through as a
+ * probe: its success closes the breaker, its failure opens it again.
+ */
+void breaker_record(struct store_node *n, enum store_status st)
+{
+	struct store *s = n->s;
+	char why[64];
+
+	if (st == STORE_OK) {
+		if (n->breaker_open)
+			LOG(LOG_NOTICE, "redis %s breaker closed", n->name);
+		n->failures = 0;
+		n->probing = false;
+		breaker_set(n, false);
+		return;
+	}
+	if (n->probing && (st == STORE_TIMEOUT || st == STORE_ERROR || st == STORE_DOWN)) {
+		breaker_open_now(n, "probe failed");
+		return;
+	}
+	if (n->probing) {
+		/* the probe was not tried (shed): another one may go */
+		n->probing = false;
+		return;
+	}
+	if (st != STORE_ERROR && st != STORE_DOWN)
+		return;
+	n->failures++;
+	if (!n->breaker_open && n->failures >= s->breaker_failures) {
+		snprintf(why, sizeof(why), "%u consecutive failures", n->failures);
+		breaker_open_now(n, why);
+	}
+}
+
+/*
+ * <n> stopped answering (a stall): open its breaker at once, whatever the
+ * count of failures; its connection is being dropped.
+ */
+void breaker_trip(struct store_node *n, const char *why)
+{
+	n->failures++;
+	breaker_open_now(n, why);
+}
+
+/* May a query be sent to <n> now? Lets one probe through once the cool-down ended. */
+bool breaker_allows(struct store_node *n)
+{
+	if (!n->breaker_open)
+		return true;
+	if (n->probing || mono() < n->breaker_until)
+		return false;
+	n->probing = true;
+	return true;
+}
+
+/* True when <err> starts with the error code <word> (then a space or its end). */
+static bool error_is(const char *err, const char *word)
+{
+	size_t l = strlen(word);
+
+	return strncmp(err, word, l) == 0 && (err[l] == ' ' || !err[l]);
+}
+
+/*
+ * The class of the Redis error reply <err>: its code, or for an "ERR" the
+ * code of the error a script ran into (older Redis: "ERR Error running
+ * script ...: -OOM command not allowed ...").
+ */
+enum store_errclass error_class(const char *err)
+{
+	static const struct {
+		const char *word;
+		enum store_errclass ec;
+	} words[] = {
+		{"OOM", STORE_EC_OOM},           {"BUSY", STORE_EC_BUSY},
+		{"LOADING", STORE_EC_LOADING},   {"READONLY", STORE_EC_READONLY},
+		{"MASTERDOWN", STORE_EC_READONLY},
+	};
+	const char *inner = error_is(err, "ERR") ? strstr(err, " -") : NULL;
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(words); i++)
+		if (error_is(err, words[i].word) || (inner && error_is(inner + 2, words[i].word)))
+			return words[i].ec;
+	return STORE_EC_OTHER;
+}
+
+/* Counts an error reply (or a reply of the wrong shape) of class <ec> from <n>. */
+void node_error(struct store_node *n, enum store_errclass ec)
+{
+	n->s->stats.errors[ec]++;
+	n->err_class = (int)ec;
+	n->err_at = mono();
+	/* a READONLY outside a cluster: this is a replica now (a master demoted by a
+	 * failover, a moved name); a new connection finds the master again */
+	if (ec == STORE_EC_READONLY && n->s->mode != MODE_CLUSTER && n->rc &&
+	    (n->sentineled || n->named)) {
+		store_log_trouble(n, "READONLY", "no longer the master, reconnecting");
+		rconn_disconnect(n->rc); /* safe inside its callbacks */
+	}
+}
+
+/* ---- overload: adaptive concurrency limit (per node) -------------------- */
+
+/*
+ * Each node has a limit on the commands out on its connection (sent, reply
+ * still owed, late ones included: they still keep Redis busy). It follows the
+ * wait of replies (from the send to the reply, less the time this agent spent
+ * in its own loop turns meanwhile: see "Loop turns" in store_cmd.c), AIMD style:
+ *  - a reply within max(2 x the lowest latency seen, budget / 8), while at
+ *    least half the limit is in use, raises the limit: by one per reply
+ *    during slow start (doubling per round trip), by 1/limit once congestion
+ *    was seen (one per round trip);
+ *  - a wait longer than half the budget (a "late" reply), or a command whose
+ *    deadline passed after such a wait, cuts it by LIMIT_DECREASE, at most
+ *    once per budget (one congestion event, one cut);
+ *  - in between it holds.
+ * The budget is what decisions get for their reply (reply_budget()): HAProxy's
+ * share when spoe_timeout is known, else the command timeout; "late" thus
+ * means the same thing as the deadlines decisions are answered by.
+ * It stays within [limit_floor(), max_concurrency]. The lowest latency is
+ * re-learnt every RTT_WINDOW_S (Redis may have moved).
+ */
+
+/* Sets <n>'s limit to <v>, keeping the published sum right (0 when <n> goes away). */
+static void limit_set(struct store_node *n, double v)
+{
+	struct store *s = n->s;
+
+	s->stats.concurrency_limit -= (uint64_t)n->limit;
+	n->limit = v;
+	s->stats.concurrency_limit += (uint64_t)n->limit;
+}
+
+/* Starts <n>'s limit afresh: the initial value, slow start, no latency known. */
+static void limit_reset(struct store_node *n)
+{
+	limit_set(n, LIMIT_INITIAL < n->s->max_concurrency ? LIMIT_INITIAL : n->s->max_concurrency);
+	n->slow_start = true;
+	n->rtt_min = n->rtt_min_next = 0;
+	n->rtt_window_end = mono() + RTT_WINDOW_S;
+}
+
+/*
+ * The lowest a limit goes: LIMIT_MIN, or one full script call when decisions
+ * are batched (a single Redis). Below that each round trip carries fewer
+ * decisions and Redis pays its per-call cost for fewer of them, lowering its
+ * capacity exactly when it is short; latency that does not come from our own
+ * commands (a Redis starved of CPU by its neighbours) would otherwise cut the
+ * limit to almost nothing and the agent's goodput with it.
+ */
+static double limit_floor(const struct store *s)
+{
+	unsigned f = s->mode == MODE_SINGLE && s->batch_max > LIMIT_MIN ? s->batch_max : LIMIT_MIN;
+
+	return f < s->max_concurrency ? f : s->max_concurrency;
+}
+
+/*
+ * Seconds a decision's reply is given: HAProxy's share of its budget when the
+ * agent knows it (decisions are answered by then), else the command timeout.
+ */
+double reply_budget(const struct store *s)
+{
+	return s->answer_budget_s > 0 ? s->answer_budget_s : s->command_timeout_ms / 1000.;
+}
+
+/* Congestion at <n> (a missed deadline, a slow reply): cut the limit once per budget. */
+void limit_decrease(struct store_node *n, double now)
+{
+	struct store *s = n->s;
+	double floor = limit_floor(s);
+
+	n->slow_start = false;
+	if (now - n->last_decrease < reply_budget(s))
+		return;
+	n->last_decrease = now;
+	limit_set(n, n->limit * LIMIT_DECREASE < floor ? floor : n->limit * LIMIT_DECREASE);
+}
+
+/* A reply from <n> took <rtt> seconds. */
+void limit_sample(struct store_node *n, double rtt, double now)
+{
+	struct store *s = n->s;
+	double timeout = reply_budget(s), good, v;
+
+	if (now >= n->rtt_window_end) {
+		if (n->rtt_min_next > 0)
+			n->rtt_min = n->rtt_min_next;
+		n->rtt_min_next = 0;
+		n->rtt_window_end = now + RTT_WINDOW_S;
+	}
+	if (n->rtt_min_next <= 0 || rtt < n->rtt_min_next)
+		n->rtt_min_next = rtt;
+	if (n->rtt_min <= 0 || rtt < n->rtt_min)
+		n->rtt_min = rtt;
+	if (rtt > timeout / 2) {
+		limit_decrease(n, now);
+		return;
+	}
+	good = 2 * n->rtt_min > timeout / 8 ? 2 * n->rtt_min : timeout / 8;
+	if (rtt > good || n->limit >= s->max_concurrency || (n->out + 1) * 2 < n->limit)
+		return;
+	v = n->limit + (n->slow_start ? 1. : 1. / n->limit);
+	limit_set(n, v > s->max_concurrency ? s->max_concurrency : v);
 }
 
 /* ---- nodes -------------------------------------------------------------- */
@@ -164,7 +412,8 @@ struct store_node *node_get(struct store *s, const struct endpoint *ep)
 /*
  * Closes <n>'s connection now: every command out on it is called back with
  * NULL (answered DOWN, or SHUTDOWN when freeing). Must not run inside one of
- * <n>'s own hiredis callbacks (only timers and store_free() call it).
+ * the callbacks of <n>'s connection (timers, the resolver's and the Sentinels'
+ * answers and store_free() call it).
  */
 void node_close(struct store_node *n)
 {
@@ -180,7 +429,7 @@ void node_close(struct store_node *n)
 	}
 	n->rc = NULL; /* our callbacks ignore this connection from now on */
 	n->state = ND_DISCONNECTED;
-	batch_fail(n);
+	n->s->node_ops->closing(n); /* what waits in its batch */
 	rconn_free(rc);
 }
 
@@ -227,9 +476,9 @@ static void node_schedule_reconnect(struct store_node *n)
 }
 
 /*
- * <n>'s connection is gone (or never came): reconnect later, answer what was
- * parked there (user callbacks), and look at the topology again if it owned
- * slots of a cluster.
+ * <n>'s connection is gone (or never came): reconnect later, and tell the
+ * layers above (node_ops.lost: what was parked or queued there is answered,
+ * user callbacks; the topology looked at again if it owned slots of a cluster).
  */
 void node_lost(struct store_node *n)
 {
@@ -242,10 +491,7 @@ void node_lost(struct store_node *n)
 	node_schedule_reconnect(n);
 	if (s->freeing)
 		return;
-	if (n->nslots && s->mode == MODE_CLUSTER)
-		refresh_request(s);
-	node_fail_parked(n, STORE_DOWN);
-	node_fail_queue(n, STORE_DOWN);
+	s->node_ops->lost(n);
 }
 
 /* ---- connections --------------------------------------------------------- */
@@ -283,12 +529,7 @@ static void load_reply_cb(struct rconn *rc, void *reply, void *privdata)
 		    n->dial_port ? ":" : "", n->dial_port, s->sha);
 	else
 		LOG(LOG_NOTICE, "redis %s connected, script %s", n->name, s->sha);
-	/* the seed of a single (or unknown) Redis: is it a cluster now? */
-	if (n->seed && s->mode != MODE_CLUSTER)
-		refresh_request(s);
-	else
-		refresh_kick(s); /* one may have waited for a ready node */
-	node_send_parked(n);
+	s->node_ops->ready(n);
 }
 
 static void auth_reply_cb(struct rconn *rc, void *reply, void *privdata)

@@ -29,7 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store_int.h"
+#include <hiredis/hiredis.h>
+
+#include "pool.h"
+#include "store_reply.h"
 #include "util.h"
 
 #define REPLY_FREE_MAX 4096     /* objects kept: 48 bytes each */

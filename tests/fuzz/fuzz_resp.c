@@ -25,8 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <hiredis/hiredis.h>
+
 #include "fuzz.h"
-#include "store_int.h"
+#include "store_reply.h"
 
 #define FUZZ_MAX_INPUT (1U << 16)
 #define BYTEWISE_MAX   4096     /* a long line is scanned again each feed: quadratic */

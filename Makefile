@@ -8,7 +8,8 @@
 #   make bench-script    Redis CPU per decision of the script, single and multi (~1 min)
 #   make accuracy        20 agents on one Redis: admitted / limit, exact vs local-only
 #   make attack          attacks on two gateways, one row each with PASS/FAIL (~2 min)
-#   make fuzz-smoke      libFuzzer (clang): frame decoder, config loader, reply reader (~2 min)
+#   make fuzz-smoke      libFuzzer (clang): frame decoder, config loader, reply reader,
+#                        HTTP request parser (~2.5 min)
 #   make matrix          the tests on Debian 13, HAProxy 3.2/3.4, Valkey (root, ~15 min)
 #   make deb             Debian package (dpkg-buildpackage + lintian) into build/deb/
 #   make test-deb        build it, install it, run it, purge it (root; tests/package/)
@@ -87,7 +88,7 @@ REPLAY    = $(BUILD)/fuzz_replay
 all: $(BIN) $(LIBSPOA) $(BUILD)/spop-load
 
 help:
-	@sed -n '1,18p' Makefile
+	@sed -n '1,19p' Makefile
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -183,6 +184,11 @@ $(BUILD)/fuzz_resp_replay: tests/fuzz/fuzz_resp.c tests/fuzz/replay.c $(BUILD)/s
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS)
 
+$(BUILD)/fuzz_http_replay: tests/fuzz/fuzz_http.c tests/fuzz/replay.c $(BUILD)/src/http.o \
+                           $(BUILD)/src/log.o $(BUILD)/src/util.o
+	@echo "  LD      $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lev -lm
+
 $(REPLAY): tests/fuzz/fuzz_spop_frame.c tests/fuzz/replay.c $(LIBSPOA)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ tests/fuzz/fuzz_spop_frame.c tests/fuzz/replay.c \
@@ -194,10 +200,11 @@ unit: $(UNIT_BINS)
 # The fuzz corpus is replayed as a regression test under ASan/UBSan.
 replay:
 	$(Q)$(MAKE) --no-print-directory SANITIZE=address,undefined build-asan/fuzz_replay \
-	  build-asan/fuzz_config_replay build-asan/fuzz_resp_replay
+	  build-asan/fuzz_config_replay build-asan/fuzz_resp_replay build-asan/fuzz_http_replay
 	build-asan/fuzz_replay tests/fuzz/corpus/spop_frame
 	build-asan/fuzz_config_replay tests/fuzz/corpus/config
 	build-asan/fuzz_resp_replay tests/fuzz/corpus/resp
+	build-asan/fuzz_http_replay tests/fuzz/corpus/http
 
 SPOA_BIN ?= $(abspath $(BIN))
 itest: $(BIN) $(MODEL) $(BUILD)/gen/ratelimit.lua
@@ -221,7 +228,8 @@ check-layers:
 CLANG ?= clang
 
 FUZZ_BUILD = build-fuzz
-fuzz: $(FUZZ_BUILD)/fuzz_spop_frame $(FUZZ_BUILD)/fuzz_config $(FUZZ_BUILD)/fuzz_resp
+fuzz: $(FUZZ_BUILD)/fuzz_spop_frame $(FUZZ_BUILD)/fuzz_config $(FUZZ_BUILD)/fuzz_resp \
+      $(FUZZ_BUILD)/fuzz_http
 
 FUZZ_CONFIG_SRC = tests/fuzz/fuzz_config.c src/config.c src/rules.c src/util.c src/log.c \
                   src/limiter.c src/normalize.c spoa/spop.c src/secret.c src/config_read.c \
@@ -242,8 +250,16 @@ $(FUZZ_BUILD)/fuzz_resp: tests/fuzz/fuzz_resp.c tests/fuzz/fuzz.h src/store_repl
 	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \
 	  $(PKG_CFLAGS) -o $@ tests/fuzz/fuzz_resp.c src/store_reply.c -lhiredis
 
+# the metrics listener's request parser (src/http.c), reachable by whoever can connect
+FUZZ_HTTP_SRC = tests/fuzz/fuzz_http.c src/http.c src/log.c src/util.c
+$(FUZZ_BUILD)/fuzz_http: $(FUZZ_HTTP_SRC) tests/fuzz/fuzz.h src/http.h
+	@mkdir -p $(FUZZ_BUILD)
+	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \
+	  -o $@ $(FUZZ_HTTP_SRC) -lev -lm
+
 fuzz-smoke: fuzz
-	@mkdir -p $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/corpus-config $(FUZZ_BUILD)/corpus-resp
+	@mkdir -p $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/corpus-config $(FUZZ_BUILD)/corpus-resp \
+	  $(FUZZ_BUILD)/corpus-http
 	$(FUZZ_BUILD)/fuzz_spop_frame -max_total_time=60 -max_len=65536 \
 	  -dict=tests/fuzz/spop.dict $(FUZZ_BUILD)/corpus tests/fuzz/corpus/spop_frame
 	# libconfig 1.5 leaks a few bytes on some syntax errors: not ours, not counted
@@ -251,6 +267,8 @@ fuzz-smoke: fuzz
 	  $(FUZZ_BUILD)/corpus-config tests/fuzz/corpus/config
 	$(FUZZ_BUILD)/fuzz_resp -max_total_time=30 -max_len=65536 -dict=tests/fuzz/resp.dict \
 	  $(FUZZ_BUILD)/corpus-resp tests/fuzz/corpus/resp
+	$(FUZZ_BUILD)/fuzz_http -max_total_time=30 -max_len=65536 -dict=tests/fuzz/http.dict \
+	  $(FUZZ_BUILD)/corpus-http tests/fuzz/corpus/http
 
 # ---- the main job and the benchmark ----------------------------------------
 

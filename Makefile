@@ -63,7 +63,7 @@ SPOA_SRC  = spoa/spop.c spoa/server.c
 AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/store_node.c \
             src/store_cluster.c src/store_batch.c src/store_reply.c src/resolve.c src/sentinel.c src/limiter.c src/digest.c src/log.c src/util.c \
             src/memstore.c src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c \
-            src/normalize.c src/overrides.c src/ctl.c \
+            src/normalize.c src/overrides.c src/ctl.c src/status.c src/json.c \
             src/notify.c src/prepare.c src/parts.c src/candidate.c src/charge.c src/answer.c \
             src/principal.c src/blocked.c src/decision.c src/config_read.c src/config_policy.c
 SPOA_OBJ  = $(SPOA_SRC:%.c=$(BUILD)/%.o)
@@ -75,7 +75,7 @@ LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lu
 BIN       = $(BUILD)/spoa-ratelimit
 LIBSPOA   = $(BUILD)/libspoa.a
 UNIT_BINS = $(BUILD)/test_spop $(BUILD)/test_limiter $(BUILD)/test_memstore $(BUILD)/test_obs \
-            $(BUILD)/test_normalize $(BUILD)/test_overrides
+            $(BUILD)/test_normalize $(BUILD)/test_overrides $(BUILD)/test_status
 MODEL     = $(BUILD)/limit_model
 REPLAY    = $(BUILD)/fuzz_replay
 
@@ -161,6 +161,12 @@ $(BUILD)/test_normalize: tests/unit/test_normalize.c $(BUILD)/src/normalize.o $(
 # the parser lives with the agent's runtime: link every agent object but main()
 $(BUILD)/test_overrides: tests/unit/test_overrides.c $(filter-out $(BUILD)/src/main.o,$(AGENT_OBJ)) \
                          $(LIBSPOA)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LIBS) -lcmocka
+
+# the status page with the metrics' view and the HTTP parser it is served by
+$(BUILD)/test_status: tests/unit/test_status.c $(filter-out $(BUILD)/src/main.o,$(AGENT_OBJ)) \
+                      $(LIBSPOA)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LIBS) -lcmocka
 

@@ -551,6 +551,13 @@ static const struct ovr_entry *table_match(const struct ovr_table *tab, int kind
 	return NULL;
 }
 
+/* The entries loaded (<*n> of them, expired ones too), valid until the next poll. */
+const struct ovr_entry *ovr_entries(const struct overrides *ov, size_t *n)
+{
+	*n = ov->tab.n;
+	return ov->tab.e;
+}
+
 const struct ovr_entry *ovr_match_key(const struct overrides *ov, int kind,
 				      const uint8_t digest[16], int64_t now)
 {

@@ -109,6 +109,7 @@
 #include "store.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -274,6 +275,7 @@ enum store_errclass error_class(const char *err)
 void node_error(struct store_node *n, enum store_errclass ec)
 {
 	n->s->stats.errors[ec]++;
+	n->errors[ec]++;
 	n->err_class = (int)ec;
 	n->err_at = mono();
 	/* a READONLY outside a cluster: this is a replica now (a master demoted by a
@@ -351,12 +353,43 @@ static void limit_decrease(struct store_node *n, double now)
 	limit_set(n, n->limit * LIMIT_DECREASE < floor ? floor : n->limit * LIMIT_DECREASE);
 }
 
+/* Turns the latency windows of <n> at <now>: what is older than two windows goes. */
+static void lat_turn(struct store_node *n, double now)
+{
+	if (now < n->lat_window_end)
+		return;
+	if (now < n->lat_window_end + STORE_LAT_WINDOW_S)
+		memcpy(n->lat[1], n->lat[0], sizeof(n->lat[1]));
+	else
+		memset(n->lat[1], 0, sizeof(n->lat[1]));
+	memset(n->lat[0], 0, sizeof(n->lat[0]));
+	n->lat_window_end = now + STORE_LAT_WINDOW_S;
+}
+
+/* The upper bound of latency bucket <i>, in seconds (the last: infinity). */
+double store_lat_bound(unsigned i)
+{
+	return i + 1 >= STORE_LAT_BUCKETS ? HUGE_VAL : 50e-6 * (double)(1U << i);
+}
+
+/* Counts a reply of <n> that took <rtt> seconds in its latency window. */
+static void lat_observe(struct store_node *n, double rtt, double now)
+{
+	unsigned i = 0;
+
+	lat_turn(n, now);
+	while (i + 1 < STORE_LAT_BUCKETS && rtt > store_lat_bound(i))
+		i++;
+	n->lat[0][i]++;
+}
+
 /* A reply from <n> took <rtt> seconds. */
 void limit_sample(struct store_node *n, double rtt, double now)
 {
 	struct store *s = n->s;
 	double timeout = s->command_timeout_ms / 1000., good, v;
 
+	lat_observe(n, rtt, now);
 	if (now >= n->rtt_window_end) {
 		if (n->rtt_min_next > 0)
 			n->rtt_min = n->rtt_min_next;
@@ -1451,6 +1484,48 @@ void store_set_auth(struct store *s, const char *user, const char *password)
 const struct store_stats *store_stats(const struct store *s)
 {
 	return &s->stats;
+}
+
+static const char *node_state_str(enum node_state st)
+{
+	static const char *const names[ND_COUNT] = {"disconnected", "connecting", "loading",
+						    "ready"};
+
+	return st < ND_COUNT ? names[st] : "?";
+}
+
+/*
+ * Fills <out> with the state of at most <max> of the nodes of <s>, the retired
+ * ones left out; returns how many. Their latencies are those of the last one
+ * or two STORE_LAT_WINDOW_S windows.
+ */
+size_t store_node_stats(const struct store *s, struct store_node_stats *out, size_t max)
+{
+	double now = mono();
+	struct list *l;
+	size_t n = 0, i;
+
+	for (l = s->nodes.next; l != &s->nodes && n < max; l = l->next) {
+		struct store_node *nd = LIST_ELEM(l, struct store_node, link);
+		struct store_node_stats *o = &out[n];
+
+		if (nd->retired)
+			continue;
+		lat_turn(nd, now);
+		memset(o, 0, sizeof(*o));
+		snprintf(o->name, sizeof(o->name), "%s", nd->name ? nd->name : "?");
+		snprintf(o->state, sizeof(o->state), "%s", node_state_str(nd->state));
+		o->breaker_open = nd->breaker_open;
+		o->limit = (unsigned)nd->limit;
+		o->out = nd->out;
+		o->queued = nd->nqueued;
+		o->slots = s->mode == MODE_CLUSTER ? nd->nslots : 16384;
+		memcpy(o->errors, nd->errors, sizeof(o->errors));
+		for (i = 0; i < STORE_LAT_BUCKETS; i++)
+			o->lat[i] = nd->lat[0][i] + nd->lat[1][i];
+		n++;
+	}
+	return n;
 }
 
 /*

@@ -171,6 +171,23 @@ struct store_stats {
 	bool cluster;                   /* Redis Cluster detected */
 };
 
+#define STORE_LAT_BUCKETS  16    /* reply latencies: <= 50 us doubling, the last beyond */
+#define STORE_LAT_WINDOW_S 10.0  /* latencies kept: this window and the one before */
+#define STORE_NODE_NAME    80    /* a node's name as reported (cut) */
+
+/* One Redis node as the status page shows it. */
+struct store_node_stats {
+	char name[STORE_NODE_NAME];     /* "host:port", "[ip6]:port" or "unix:/path" */
+	char state[16];                 /* "ready", "connecting", "loading", "disconnected" */
+	bool breaker_open;              /* open, or half-open while probing */
+	unsigned limit;                 /* adaptive concurrency limit now */
+	unsigned out;                   /* commands in flight */
+	unsigned queued;                /* commands waiting for room under the limit */
+	unsigned slots;                 /* cluster slots routed here (16384 when single) */
+	uint64_t errors[STORE_EC_COUNT]; /* error replies by class, since the start */
+	uint64_t lat[STORE_LAT_BUCKETS]; /* replies of the last 10 to 20 s, by latency */
+};
+
 int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store **out,
 	      char *err, size_t errlen) MUSTCHECK;
 void store_free(struct store *s);
@@ -184,6 +201,8 @@ bool store_ready(const struct store *s);
 bool store_key_ready(const struct store *s, const char *key);
 bool store_health(const struct store *s, char *buf, size_t len);
 const struct store_stats *store_stats(const struct store *s);
+size_t store_node_stats(const struct store *s, struct store_node_stats *out, size_t max);
+double store_lat_bound(unsigned i);
 const char *store_status_str(int st);
 const char *store_errclass_str(int ec);
 

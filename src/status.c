@@ -524,7 +524,7 @@ static void offenders_tables(struct panel *p, const struct met_view *v,
 		c[1] = c_u64(mt->denied);
 		c[2] = c_u64(hll_count(&mt->hll));
 		for (i = 0; i < mt->n && i < MET_TOP_K; i++) {
-			char err[8];
+			char err[8], target[TOPK_ITEM_MAX + 4];
 
 			c = row(to);
 			c[0] = c_str(rule);
@@ -532,8 +532,11 @@ static void offenders_tables(struct panel *p, const struct met_view *v,
 			c[2] = c_str(mt->e[i].item);
 			c[3] = c_u64(mt->e[i].count);
 			c[4] = c_u64(mt->e[i].error);
-			if (!cand && ovr_target_parse(mt->e[i].item, strlen(mt->e[i].item), &o[n].t,
-						      err, sizeof(err)) == 0) {
+			/* a key's fingerprint reads as a target; an address prefix needs "ip:" */
+			snprintf(target, sizeof(target), "%s%s",
+				 strncmp(mt->e[i].item, "k:", 2) == 0 ? "" : "ip:", mt->e[i].item);
+			if (!cand && ovr_target_parse(target, strlen(target), &o[n].t, err,
+						      sizeof(err)) == 0) {
 				o[n].rowi = to->nrows - 1;
 				n++;
 			}
@@ -563,6 +566,7 @@ static void panel_denials(struct model *m, const struct met_view *v,
 	p->id = "denials";
 	p->title = "Denials";
 	p->hint = "denials by rule and the clients denied most, with their overrides";
+	p->wide = true;
 	for (k = 0; k < MET_RESULTS; k++)
 		all += last[k];
 	field(p, "denied_share", "Denied, last step (share)",

@@ -82,7 +82,7 @@ REPLAY    = $(BUILD)/fuzz_replay
 # a recipe that fails leaves no half-written target behind
 .DELETE_ON_ERROR:
 
-.PHONY: all deps unit replay itest test demo bench bench-script accuracy attack fuzz fuzz-smoke \
+.PHONY: all deps test-deps unit replay itest test demo bench bench-script accuracy attack fuzz fuzz-smoke \
         check-config matrix install uninstall clean help deb deb-deps test-deb version check-version
 
 all: $(BIN) $(LIBSPOA) $(BUILD)/spop-load
@@ -217,7 +217,7 @@ itest: $(BIN) $(MODEL) $(BUILD)/gen/ratelimit.lua
 	SPOA_BIN=$(SPOA_BIN) LIMIT_MODEL=$(abspath $(MODEL)) \
 	  RATELIMIT_LUA=$(abspath $(BUILD)/gen/ratelimit.lua) $(PYTHON) -m pytest -q tests/integration
 
-test: deps
+test: test-deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)$(MAKE) --no-print-directory unit
 	$(Q)$(MAKE) --no-print-directory replay
@@ -336,6 +336,13 @@ endef
 
 deps:
 	$(call apt_install,$(DEB_PKGS))
+
+# What only the tests need: a headless browser for the status page
+# (tests/integration/test_status.py skips that test where it is missing).
+DEB_TEST_PKGS = chromium
+
+test-deps: deps
+	$(call apt_install,$(DEB_TEST_PKGS))
 
 # ---- Debian package (debian/) ------------------------------------------------
 #

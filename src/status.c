@@ -16,9 +16,8 @@
  * whole page. Each panel's "alert" is decided here, once, for both.
  *
  * Bounds: tables are bounded by the metrics (MET_ROWS, MET_TOP_RULES x
- * MET_TOP_K, MET_NODES per worker, MET_HIST points); the overrides of the top
- * offenders are found with one pass over the loaded entries and a binary
- * search among the offenders.
+ * MET_TOP_K, MET_NODES per worker, MET_HIST points); the override of each
+ * top offender is found with binary searches (ovr_match_prefix()).
  */
 #include "status.h"
 
@@ -84,13 +83,30 @@ void status_html_str(struct http_reply *r, const char *s)
 	http_reply_append(r, (const char *)run, (size_t)(p - run));
 }
 
+/* Appends the string <s> (no formatting: the page is made of many small pieces). */
+static void put(struct http_reply *r, const char *s)
+{
+	http_reply_append(r, s, strlen(s));
+}
+
+static void put_u64(struct http_reply *r, uint64_t v)
+{
+	char buf[24];
+
+	if (v > INT64_MAX)
+		http_reply_printf(r, "%llu", (unsigned long long)v);
+	else
+		http_reply_append(r, buf, fmt_i64(buf, (int64_t)v));
+}
+
 /* ---------------------------------------------------------------- the model */
 
 enum cell_type { CT_NULL = 0, CT_STR, CT_U64, CT_NUM, CT_BOOL };
 
 struct cell {
 	enum cell_type t;
-	char *s;                        /* owned (CT_STR) */
+	const char *s;                  /* CT_STR: owned when <owned>, else lives as long */
+	bool owned;                     /* as the view and the info the model is built from */
 	uint64_t u;
 	double d;
 };
@@ -139,9 +155,16 @@ struct model {
 	const char *state;              /* "ok", "degraded", "not ready" */
 };
 
+/* A string cell, copied (<s> may go before the model). */
 static struct cell c_str(const char *s)
 {
-	return (struct cell){.t = s ? CT_STR : CT_NULL, .s = s ? xstrdup(s) : NULL};
+	return (struct cell){.t = s ? CT_STR : CT_NULL, .s = s ? xstrdup(s) : NULL, .owned = !!s};
+}
+
+/* A string cell that refers to <s>, which outlives the model (the view's names, constants). */
+static struct cell c_ref(const char *s)
+{
+	return (struct cell){.t = s ? CT_STR : CT_NULL, .s = s};
 }
 
 static struct cell c_u64(uint64_t u)
@@ -202,10 +225,12 @@ static void model_free(struct model *m)
 		struct panel *p = &m->p[i];
 
 		for (j = 0; j < p->nfields; j++)
-			free(p->f[j].v.s);
+			if (p->f[j].v.owned)
+				free((char *)p->f[j].v.s);
 		for (j = 0; j < p->ntables; j++) {
 			for (k = 0; k < p->t[j].nrows * p->t[j].ncols; k++)
-				free(p->t[j].cells[k].s);
+				if (p->t[j].cells[k].owned)
+					free((char *)p->t[j].cells[k].s);
 			free(p->t[j].cells);
 		}
 	}
@@ -364,8 +389,8 @@ static void panel_decisions(struct model *m, const struct met_view *v, double *l
 		const struct met_row *rw = &v->rows[i];
 		struct cell *c = row(t);
 
-		c[0] = c_str(rw->tier);
-		c[1] = c_str(rw->rule);
+		c[0] = c_ref(rw->tier);
+		c[1] = c_ref(rw->rule);
 		c[2] = c_u64(rw->allowed);
 		c[3] = c_u64(rw->denied);
 		c[4] = c_u64(rw->shadow_denied);
@@ -373,110 +398,6 @@ static void panel_decisions(struct model *m, const struct met_view *v, double *l
 		c[6] = c_u64(rw->local);
 	}
 	p->alert = v->sum[MC_CONNS] == 0;
-}
-
-/* One top offender, for matching it with the overrides. */
-struct offender {
-	struct ovr_target t;
-	size_t rowi;                    /* its row in the offenders table */
-	const struct ovr_entry *e;      /* the override that applies, or NULL */
-};
-
-static int cmp_target(const struct ovr_target *a, const struct ovr_target *b)
-{
-	if (a->type != b->type)
-		return a->type < b->type ? -1 : 1;
-	if (a->bits != b->bits)
-		return a->bits < b->bits ? -1 : 1;
-	return memcmp(a->b, b->b, sizeof(a->b));
-}
-
-static int cmp_offender(const void *x, const void *y)
-{
-	return cmp_target(&((const struct offender *)x)->t, &((const struct offender *)y)->t);
-}
-
-/* <b> with the bits past <bits> cleared, into <out>. */
-static void masked(const uint8_t b[16], unsigned bits, uint8_t out[16])
-{
-	unsigned i;
-
-	for (i = 0; i < 16; i++) {
-		unsigned keep = bits >= 8 * (i + 1) ? 8 : (bits > 8 * i ? bits - 8 * i : 0);
-
-		out[i] = b[i] & (uint8_t)(0xff00 >> keep);
-	}
-}
-
-/* Whether override <e> should replace <cur> for an offender: blocks first, then the longest. */
-static bool better(const struct ovr_entry *e, const struct ovr_entry *cur)
-{
-	if (!cur)
-		return true;
-	if (e->kind != cur->kind)
-		return e->kind == OVR_BLOCK;
-	return e->t.bits > cur->t.bits;
-}
-
-/*
- * Finds the override in force at <now> that applies to each of the <n>
- * offenders <o>, sorted here: an entry whose prefix covers the offender's,
- * or one inside it (a key's full digest, an address inside a shown prefix:
- * /top shows prefixes). One pass over the entries, a binary search each.
- */
-static void match_overrides(const struct overrides *ov, struct offender *o, size_t n,
-			    int64_t now)
-{
-	const struct ovr_entry *es;
-	size_t ne, i, g;
-
-	if (!ov || !n)
-		return;
-	es = ovr_entries(ov, &ne);
-	qsort(o, n, sizeof(*o), cmp_offender);
-	for (i = 0; i < ne; i++) {
-		const struct ovr_entry *e = &es[i];
-
-		if (e->until <= now)
-			continue;
-		/* each group of offenders of one type and prefix length */
-		for (g = 0; g < n;) {
-			size_t end = g, lo, hi;
-			struct ovr_target key;
-			unsigned bits;
-
-			while (end < n && o[end].t.type == o[g].t.type && o[end].t.bits == o[g].t.bits)
-				end++;
-			if (o[g].t.type != e->t.type) {
-				g = end;
-				continue;
-			}
-			bits = e->t.bits < o[g].t.bits ? e->t.bits : o[g].t.bits;
-			key = o[g].t;
-			masked(e->t.b, bits, key.b);
-			/* the first offender of the group whose prefix is >= key */
-			lo = g;
-			hi = end;
-			while (lo < hi) {
-				size_t mid = lo + (hi - lo) / 2;
-
-				if (cmp_target(&o[mid].t, &key) < 0)
-					lo = mid + 1;
-				else
-					hi = mid;
-			}
-			for (; lo < end; lo++) {
-				uint8_t mb[16];
-
-				masked(o[lo].t.b, bits, mb);
-				if (memcmp(mb, key.b, 16) != 0)
-					break;
-				if (better(e, o[lo].e))
-					o[lo].e = e;
-			}
-			g = end;
-		}
-	}
 }
 
 static const struct col offender_cols[] = {{"rule", "Rule"},     {"rank", "#"},
@@ -501,8 +422,7 @@ static void describe(const struct ovr_entry *e, char *buf, size_t len)
 static void offenders_tables(struct panel *p, const struct met_view *v,
 			     const struct status_info *si, bool cand)
 {
-	size_t pl = strlen(MET_CAND_TOP), i, j, n = 0;
-	struct offender *o = xcalloc(v->ntop * MET_TOP_K + 1, sizeof(*o));
+	size_t pl = strlen(MET_CAND_TOP), i, j;
 	struct table *td, *to;
 
 	td = table(p, cand ? "candidate_clients" : "rules", cand ? "Would-be denials by rule"
@@ -520,40 +440,34 @@ static void offenders_tables(struct panel *p, const struct met_view *v,
 		if (is_cand != cand)
 			continue;
 		c = row(td);
-		c[0] = c_str(rule);
+		c[0] = c_ref(rule);
 		c[1] = c_u64(mt->denied);
 		c[2] = c_u64(hll_count(&mt->hll));
 		for (i = 0; i < mt->n && i < MET_TOP_K; i++) {
-			char err[8], target[TOPK_ITEM_MAX + 4];
+			char err[8], target[TOPK_ITEM_MAX + 4], what[OVR_REASON_MAX + 320];
+			const struct ovr_entry *e;
+			struct ovr_target t;
 
 			c = row(to);
-			c[0] = c_str(rule);
+			c[0] = c_ref(rule);
 			c[1] = c_u64(i + 1);
-			c[2] = c_str(mt->e[i].item);
+			c[2] = c_ref(mt->e[i].item);
 			c[3] = c_u64(mt->e[i].count);
 			c[4] = c_u64(mt->e[i].error);
+			if (cand || !si->ovr)
+				continue;
 			/* a key's fingerprint reads as a target; an address prefix needs "ip:" */
 			snprintf(target, sizeof(target), "%s%s",
 				 strncmp(mt->e[i].item, "k:", 2) == 0 ? "" : "ip:", mt->e[i].item);
-			if (!cand && ovr_target_parse(target, strlen(target), &o[n].t, err,
-						      sizeof(err)) == 0) {
-				o[n].rowi = to->nrows - 1;
-				n++;
-			}
-		}
-	}
-	if (!cand) {
-		match_overrides(si->ovr, o, n, si->now);
-		for (i = 0; i < n; i++) {
-			char what[OVR_REASON_MAX + 320];
-
-			if (!o[i].e)
+			if (ovr_target_parse(target, strlen(target), &t, err, sizeof(err)) < 0)
 				continue;
-			describe(o[i].e, what, sizeof(what));
-			to->cells[o[i].rowi * to->ncols + 5] = c_str(what);
+			e = ovr_match_prefix(si->ovr, &t, si->now);
+			if (!e)
+				continue;
+			describe(e, what, sizeof(what));
+			c[5] = c_str(what);
 		}
 	}
-	free(o);
 }
 
 static void panel_denials(struct model *m, const struct met_view *v,
@@ -612,8 +526,8 @@ static void panel_redis(struct model *m, const struct met_view *v, const struct 
 		struct cell *c = row(t);
 		uint64_t replies, errs = 0;
 
-		c[0] = c_str(n->name);
-		c[1] = c_str(n->state);
+		c[0] = c_ref(n->name);
+		c[1] = c_ref(n->state);
 		c[2] = c_bool(n->breaker_open);
 		c[3] = c_u64(n->limit);
 		c[4] = c_u64(n->out);
@@ -630,7 +544,7 @@ static void panel_redis(struct model *m, const struct met_view *v, const struct 
 	for (k = 0; k < STORE_EC_COUNT; k++) {
 		struct cell *c = row(t);
 
-		c[0] = c_str(store_errclass_str(k));
+		c[0] = c_ref(store_errclass_str(k));
 		c[1] = c_u64(v->sum[ec[k]]);
 	}
 	p->alert = si->health != NULL || v->sum[MC_BREAKER_OPEN] > 0;
@@ -671,14 +585,14 @@ static void panel_degraded(struct model *m, const struct met_view *v,
 		if (i == STORE_OK)
 			continue;
 		c = row(t);
-		c[0] = c_str(store_status_str((int)i));
+		c[0] = c_ref(store_status_str((int)i));
 		c[1] = c_u64(v->degraded[i]);
 	}
 	t = table(p, "ladder", "What the ladder answered", ladder_cols, ARRAY_SIZE(ladder_cols));
 	for (i = 0; i < ARRAY_SIZE(ladder); i++) {
 		struct cell *c = row(t);
 
-		c[0] = c_str(ladder[i].name);
+		c[0] = c_ref(ladder[i].name);
 		c[1] = c_u64(v->sum[ladder[i].c]);
 	}
 	p->alert = last[MR_DEGRADED] + last[MR_LOCAL] > 0;
@@ -737,8 +651,8 @@ static void panel_candidate(struct model *m, const struct met_view *v,
 		if (cr->enforced) {
 			lifted += cr->lifted;
 			c = row(tl);
-			c[0] = c_str(cr->tier);
-			c[1] = c_str(cr->rule);
+			c[0] = c_ref(cr->tier);
+			c[1] = c_ref(cr->rule);
 			c[2] = c_u64(cr->lifted);
 			continue;
 		}
@@ -747,8 +661,8 @@ static void panel_candidate(struct model *m, const struct met_view *v,
 		if (!cr->would_deny && !cr->new_denials)
 			continue;
 		c = row(tc);
-		c[0] = c_str(cr->tier);
-		c[1] = c_str(cr->rule);
+		c[0] = c_ref(cr->tier);
+		c[1] = c_ref(cr->rule);
 		c[2] = c_u64(cr->would_deny);
 		c[3] = c_u64(cr->new_denials);
 	}
@@ -805,16 +719,16 @@ static void json_cell(struct http_reply *r, const struct cell *c)
 		status_json_str(r, c->s);
 		break;
 	case CT_U64:
-		http_reply_printf(r, "%llu", (unsigned long long)c->u);
+		put_u64(r, c->u);
 		break;
 	case CT_NUM:
 		http_reply_printf(r, "%.3f", c->d);
 		break;
 	case CT_BOOL:
-		http_reply_printf(r, c->u ? "true" : "false");
+		put(r, c->u ? "true" : "false");
 		break;
 	default:
-		http_reply_printf(r, "null");
+		put(r, "null");
 		break;
 	}
 }
@@ -850,13 +764,14 @@ void status_render_json(const struct met_view *v, const struct status_info *si,
 
 			http_reply_printf(r, "%s\"%s\":[", j || p->nfields ? "," : "", t->key);
 			for (k = 0; k < t->nrows; k++) {
-				http_reply_printf(r, "%s{", k ? "," : "");
+				put(r, k ? ",{" : "{");
 				for (c = 0; c < t->ncols; c++) {
-					http_reply_printf(r, "%s\"%s\":", c ? "," : "",
-							  t->cols[c].key);
+					put(r, c ? ",\"" : "\"");
+					put(r, t->cols[c].key);
+					put(r, "\":");
 					json_cell(r, &t->cells[k * t->ncols + c]);
 				}
-				http_reply_printf(r, "}");
+				put(r, "}");
 			}
 			http_reply_printf(r, "]");
 		}
@@ -995,16 +910,16 @@ static void html_cell(struct http_reply *r, const struct cell *c)
 		status_html_str(r, c->s);
 		break;
 	case CT_U64:
-		http_reply_printf(r, "%llu", (unsigned long long)c->u);
+		put_u64(r, c->u);
 		break;
 	case CT_NUM:
 		http_reply_printf(r, "%g", round(c->d * 1000) / 1000);
 		break;
 	case CT_BOOL:
-		http_reply_printf(r, c->u ? "yes" : "no");
+		put(r, c->u ? "yes" : "no");
 		break;
 	default:
-		http_reply_printf(r, "-");
+		put(r, "-");
 		break;
 	}
 }
@@ -1069,16 +984,15 @@ static void html_table(struct http_reply *r, const struct panel *p, const struct
 	}
 	http_reply_printf(r, "</tr></thead><tbody>");
 	for (i = 0; i < t->nrows; i++) {
-		http_reply_printf(r, "<tr>");
+		put(r, "<tr>");
 		for (c = 0; c < t->ncols; c++) {
 			const struct cell *cl = &t->cells[i * t->ncols + c];
 
-			http_reply_printf(r, "<td%s>",
-					  cl->t == CT_U64 || cl->t == CT_NUM ? " class=\"n\"" : "");
+			put(r, cl->t == CT_U64 || cl->t == CT_NUM ? "<td class=\"n\">" : "<td>");
 			html_cell(r, cl);
-			http_reply_printf(r, "</td>");
+			put(r, "</td>");
 		}
-		http_reply_printf(r, "</tr>");
+		put(r, "</tr>");
 	}
 	if (!t->nrows)
 		http_reply_printf(r, "<tr><td colspan=\"%zu\">none</td></tr>", t->ncols);

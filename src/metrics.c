@@ -217,11 +217,15 @@ static int cmp_entry(const void *a, const void *b)
 	return strcmp(x->item, y->item);
 }
 
-/* Merges the top-offender snapshots of every live slot, per rule. */
+/*
+ * Merges the top-offender snapshots of every live slot, per rule (to be freed
+ * with free_tops()). Each rule's entries are allocated for the workers there
+ * are, not for MET_WORKERS_MAX: a scrape touches what it uses.
+ */
 static size_t merge_tops(const struct metrics *m, struct met_merged_top **out)
 {
 	struct met_merged_top *mt = xcalloc(MET_TOP_RULES, sizeof(*mt));
-	size_t n = 0, w, i, j, k;
+	size_t n = 0, w, i, j, k, cap = MET_TOP_SNAP * m->nslots;
 
 	for (w = 0; w < m->nslots; w++) {
 		const struct met_slot *s = &m->slots[w];
@@ -242,9 +246,16 @@ static size_t merge_tops(const struct metrics *m, struct met_merged_top **out)
 					continue;
 				d = &mt[n++];
 				memcpy(d->rule, t->rule, MET_NAME);
+				d->e = xmalloc(cap * sizeof(*d->e));
 			}
 			d->denied += t->denied;
 			hll_merge(&d->hll, &t->hll);
+			if (!d->n) {
+				/* the first worker's list: its items are distinct already */
+				d->n = t->n < MET_TOP_SNAP ? t->n : MET_TOP_SNAP;
+				memcpy(d->e, t->top, d->n * sizeof(*d->e));
+				continue;
+			}
 			for (j = 0; j < t->n && j < MET_TOP_SNAP; j++) {
 				for (k = 0; k < d->n; k++) {
 					if (strcmp(d->e[k].item, t->top[j].item) == 0) {
@@ -253,7 +264,7 @@ static size_t merge_tops(const struct metrics *m, struct met_merged_top **out)
 						break;
 					}
 				}
-				if (k == d->n && d->n < ARRAY_SIZE(d->e))
+				if (k == d->n && d->n < cap)
 					d->e[d->n++] = t->top[j];
 			}
 		}
@@ -265,6 +276,15 @@ static size_t merge_tops(const struct metrics *m, struct met_merged_top **out)
 	}
 	*out = mt;
 	return n;
+}
+
+static void free_tops(struct met_merged_top *mt, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		free(mt[i].e);
+	free(mt);
 }
 
 /* ---------------------------------------------------------------- rendering */
@@ -376,7 +396,7 @@ static void render_tops(struct http_reply *r, const struct met_merged_top *mt, s
 /* The candidate policy's verdicts, summed over the live workers (<*n> rows, to be freed). */
 static struct met_cand_row *merge_cand(const struct metrics *m, size_t *n_out)
 {
-	struct met_cand_row *rows = xcalloc(MET_CAND_ROWS * MET_WORKERS_MAX, sizeof(*rows));
+	struct met_cand_row *rows = xcalloc(MET_CAND_ROWS * m->nslots, sizeof(*rows));
 	size_t nrows = 0, i, j;
 	unsigned w;
 
@@ -470,7 +490,7 @@ struct merged {
 /* Merges the live slots of <m> into <mg> (mg->rows to be freed). */
 static void merge_slots(const struct metrics *m, struct merged *mg)
 {
-	struct met_row *rows = xcalloc(MET_ROWS * MET_WORKERS_MAX, sizeof(*rows));
+	struct met_row *rows = xcalloc(MET_ROWS * m->nslots, sizeof(*rows));
 	size_t nrows = 0, i, j;
 	unsigned w;
 
@@ -797,7 +817,7 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 	render_tops(r, mt, ntop, false);
 	render_candidate(m, r);
 	render_tops(r, mt, ntop, true);
-	free(mt);
+	free_tops(mt, ntop);
 	free(mg.rows);
 }
 
@@ -836,7 +856,7 @@ void metrics_render_top(const struct metrics *m, struct http_reply *r)
 		}
 	}
 	http_reply_printf(r, "]}\n");
-	free(mt);
+	free_tops(mt, ntop);
 }
 
 /* ---------------------------------------------------------------- the status page */
@@ -896,7 +916,7 @@ static void merge_nodes(const struct metrics *m, struct met_view *v)
 	unsigned w;
 	size_t i, j, k;
 
-	v->nodes = xcalloc(MET_NODES * MET_WORKERS_MAX, sizeof(*v->nodes));
+	v->nodes = xcalloc(MET_NODES * m->nslots, sizeof(*v->nodes));
 	for (w = 0; w < m->nslots; w++) {
 		const struct met_slot *s = &m->slots[w];
 		size_t n;
@@ -986,7 +1006,7 @@ void metrics_view_free(struct met_view *v)
 		return;
 	free(v->rows);
 	free(v->cand);
-	free(v->tops);
+	free_tops(v->tops, v->ntop);
 	free(v->nodes);
 	free(v);
 }

@@ -183,7 +183,7 @@ struct met_merged_top {
 	uint64_t denied;
 	struct hll hll;
 	size_t n;
-	struct topk_entry e[MET_TOP_SNAP * MET_WORKERS_MAX];
+	struct topk_entry *e;           /* owned: the workers' entries merged, sorted (n) */
 };
 
 /* Every live worker's slot merged, for the status page (metrics_view()). */

@@ -47,6 +47,7 @@ static struct met_view *hostile_view(void)
 	snprintf(v->tops[0].rule, MET_NAME, "%s", HOSTILE_RULE);
 	v->tops[0].denied = 3;
 	v->tops[0].n = 1;
+	v->tops[0].e = xcalloc(1, sizeof(*v->tops[0].e));
 	snprintf(v->tops[0].e[0].item, sizeof(v->tops[0].e[0].item), "%s", HOSTILE_CLIENT);
 	v->tops[0].e[0].count = 3;
 	v->nodes = xcalloc(1, sizeof(*v->nodes));

@@ -913,7 +913,7 @@ static void html_cell(struct http_reply *r, const struct cell *c)
 		put_u64(r, c->u);
 		break;
 	case CT_NUM:
-		http_reply_printf(r, "%g", round(c->d * 1000) / 1000);
+		http_reply_printf(r, "%.15g", round(c->d * 1000) / 1000);
 		break;
 	case CT_BOOL:
 		put(r, c->u ? "yes" : "no");

@@ -207,9 +207,10 @@ static bool agent_quotas(const struct agent *a)
 /* The status page (<json>: /status.json), from the metrics and the agent's state. */
 static void status_reply(struct agent *a, struct http_reply *r, bool json)
 {
+	static const char *const store_kinds[STORE_KIND_COUNT] = {"redis", "allow", "memory"};
 	struct status_info si = {.version = VERSION,
 				 .now = (int64_t)time(NULL),
-				 .store = a->store ? "redis" : "memory",
+				 .store = store_kinds[a->rs->cfg->store % STORE_KIND_COUNT],
 				 .ready = agent_ready(a),
 				 .fallback = agent_fallback_str(a),
 				 .candidate = a->rs->cand != NULL,

@@ -12,11 +12,12 @@
 
 #include "util.h"
 
+/* Where the reader is in the text, and where its first error goes. */
 struct reader {
-	const char *p, *end, *start;
-	char *err;
+	const char *p, *end, *start;    /* ref: the text, <p> the next byte */
+	char *err;                      /* ref: the caller's message buffer */
 	size_t errlen;
-	bool failed;
+	bool failed;                    /* <err> holds the first error */
 };
 
 static void fail(struct reader *rd, const char *what)
@@ -335,6 +336,7 @@ struct json *json_parse(const char *text, size_t len, char *err, size_t errlen)
 	return NULL;
 }
 
+/* Frees the tree <j> (NULL is a no-op). */
 void json_free(struct json *j)
 {
 	if (!j)

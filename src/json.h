@@ -15,12 +15,21 @@
 
 #define JSON_DEPTH_MAX 32
 
-enum json_type { JSON_NULL = 0, JSON_BOOL, JSON_NUM, JSON_STR, JSON_ARR, JSON_OBJ };
+enum json_type {
+	JSON_NULL = 0,
+	JSON_BOOL,
+	JSON_NUM,
+	JSON_STR,
+	JSON_ARR,
+	JSON_OBJ,
+	JSON_COUNT              /* sentinel */
+};
 
+/* A value, and the tree under it. */
 struct json {
 	enum json_type type;
-	bool b;
-	double num;
+	bool b;                 /* JSON_BOOL */
+	double num;             /* JSON_NUM */
 	char *str;              /* owned: JSON_STR, NUL-terminated (a \u0000 is cut there) */
 	char *key;              /* owned: the member's name inside an object, else NULL */
 	struct json *kids;      /* owned: JSON_ARR / JSON_OBJ, n of them */

@@ -1000,6 +1000,7 @@ struct met_view *metrics_view(const struct metrics *m)
 	return v;
 }
 
+/* Frees <v> and what it owns (NULL is a no-op). */
 void metrics_view_free(struct met_view *v)
 {
 	if (!v)

@@ -101,7 +101,14 @@ static void put_u64(struct http_reply *r, uint64_t v)
 
 /* ---------------------------------------------------------------- the model */
 
-enum cell_type { CT_NULL = 0, CT_STR, CT_U64, CT_NUM, CT_BOOL };
+enum cell_type {
+	CT_NULL = 0,            /* no value: null, "-" */
+	CT_STR,
+	CT_U64,
+	CT_NUM,                 /* a rate or a latency: 3 decimals */
+	CT_BOOL,
+	CT_COUNT                /* sentinel */
+};
 
 struct cell {
 	enum cell_type t;
@@ -111,36 +118,40 @@ struct cell {
 	double d;
 };
 
+/* A table's column: its JSON member and HTML data-c, and its heading. */
 struct col {
-	const char *key;
-	const char *label;
+	const char *key;                /* static */
+	const char *label;              /* static */
 };
 
+/* One value of a panel: its JSON member and HTML data-k (after the panel's id), its label. */
 struct field {
-	const char *key;
-	const char *label;
+	const char *key;                /* static */
+	const char *label;              /* static */
 	struct cell v;
 };
 
+/* Rows of cells: a JSON array of objects, an HTML table. */
 struct table {
-	const char *key;
-	const char *title;
-	const struct col *cols;
+	const char *key;                /* static: its member in the panel, data-t */
+	const char *title;              /* static: its heading */
+	const struct col *cols;         /* static: ncols of them */
 	size_t ncols;
-	struct cell *cells;             /* owned: nrows * ncols */
-	size_t nrows, cap;
+	struct cell *cells;             /* owned: nrows * ncols, row by row */
+	size_t nrows, cap;              /* rows filled, rows allocated */
 	bool hidden;                    /* JSON only (the chart's data) */
 };
 
 #define PANEL_FIELDS    16
 #define PANEL_TABLES    4
 
+/* One panel of the page: an object of /status.json, a section of /status. */
 struct panel {
-	const char *id;
-	const char *title;
-	bool alert;
+	const char *id;                 /* static: its member, the section's id */
+	const char *title;              /* static */
+	bool alert;                     /* red: it needs the operator (doc/operations.md) */
 	bool wide;                      /* the whole width of the page */
-	const char *hint;               /* what the panel shows, one line */
+	const char *hint;               /* static: what the panel shows, one line */
 	size_t nfields, ntables;
 	struct field f[PANEL_FIELDS];
 	struct table t[PANEL_TABLES];
@@ -150,9 +161,10 @@ struct panel {
 enum { P_DECISIONS = 0, P_DENIALS, P_REDIS, P_DEGRADED, P_QUOTAS, P_CANDIDATE, P_OVERRIDES,
        P_AGENT, P_COUNT };
 
+/* The whole page, built by model_build(), freed by model_free(). */
 struct model {
 	struct panel p[P_COUNT];
-	const char *state;              /* "ok", "degraded", "not ready" */
+	const char *state;              /* static: "ok", "degraded", "not ready" */
 };
 
 /* A string cell, copied (<s> may go before the model). */
@@ -444,7 +456,7 @@ static void offenders_tables(struct panel *p, const struct met_view *v,
 		c[1] = c_u64(mt->denied);
 		c[2] = c_u64(hll_count(&mt->hll));
 		for (i = 0; i < mt->n && i < MET_TOP_K; i++) {
-			char err[8], target[TOPK_ITEM_MAX + 4], what[OVR_REASON_MAX + 320];
+			char err[8], target[TOPK_ITEM_MAX + 4], what[640];
 			const struct ovr_entry *e;
 			struct ovr_target t;
 

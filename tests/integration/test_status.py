@@ -144,7 +144,8 @@ def test_status_json_schema_and_what_the_test_drove(agent, redis):
     assert node["breaker_open"] is False and node["replies"] > 0 and node["errors"] == 0
     assert node["p50_ms"] is not None and node["p50_ms"] <= node["p99_ms"]
     assert j["redis"]["health"] is None and j["redis"]["breaker_open"] == 0
-    assert j["degraded"]["total"] == 0
+    # the harness's first probes may have met a Redis not connected yet: count from the base
+    assert j["degraded"]["total"] == base["degraded"]["total"]
     assert j["candidate"]["configured"] is False and j["quotas"]["enabled"] is False
     body = json.dumps(j) + a.http("/status")[1]
     assert "status-heavy" not in body and "status-light" not in body
@@ -257,10 +258,9 @@ def test_status_shows_the_override_of_each_offender(agent, redis):
     ctl_ok(a, "block", "key:ovr-blocked", "--for", "10m", "--reason", "stuffing", "--by", "oncall")
     ctl_ok(a, "limit", "key:ovr-limited", "--for", "10m", "--rate", "key_rpm=2", "--by", "sre")
     ctl_ok(a, "block", "ip:10.9.0.0/16", "--for", "10m", "--reason", "scanner", "--by", "oncall")
-    with sc.SpopClient(a.addr) as c:
-        c.hello()
-        wait_until(lambda: c.request(1, 1, [sc.rl_message(key="ovr-blocked")])["allow"] == 0,
-                   5, 0.05, "the block applied")
+    # the three in force (a poll between two ctl calls may load the first ones only)
+    wait_until(lambda: status_json(a)["overrides"]["entries"] == 3, 5, 0.05,
+               "the overrides loaded")
     msgs = [sc.rl_message(key="ovr-blocked")] * 3 + [sc.rl_message(key="ovr-limited")] * 6
     msgs += [sc.rl_message(ip="10.9.1.2")] * 4 + [sc.rl_message(key="ovr-none")] * 7
     pipeline(a.addr, msgs)
@@ -379,9 +379,11 @@ def test_status_page_in_a_browser_traffic_then_redis_stopped(agent, redis, tmp):
     traffic = Traffic(a.addr, ["browser-heavy"] * 3 + ["browser-light-%d" % i for i in range(50)])
     traffic.start()
     try:
-        wait_until(lambda: status_json(a)["decisions"]["series"]
-                   and status_json(a)["decisions"]["series"][-1]["denied"] > 0,
-                   4 * STEP_S, 0.2, "denials in the history")
+        # a step with denials and no degraded answer (the harness's first probes may have
+        # met a Redis not connected yet)
+        wait_until(lambda: (lambda s: s and s[-1]["denied"] > 0 and s[-1]["degraded"] == 0)(
+                   status_json(a)["decisions"]["series"]), 6 * STEP_S, 0.2,
+                   "denials in the history")
         p = browse(tmp, url, "status-traffic")
     finally:
         traffic.stop()
@@ -401,12 +403,12 @@ def test_status_page_in_a_browser_traffic_then_redis_stopped(agent, redis, tmp):
         traffic.start()
         try:
             j = wait_until(lambda: (lambda s: s if s["alerts"]["redis"] and
-                                    s["alerts"]["degraded"] else None)(status_json(a)),
-                           4 * STEP_S, 0.2, "the Redis and degraded panels red")
+                                    s["alerts"]["degraded"] and
+                                    s["redis"]["breaker_open"] == 1 else None)(status_json(a)),
+                           4 * STEP_S, 0.2, "the breaker open, the Redis and degraded panels red")
             p = browse(tmp, url, "status-redis-stopped")
         finally:
             traffic.stop()
-        assert j["redis"]["breaker_open"] == 1
         assert p.ids["live"].startswith("live, ")
         assert p.values["state"] in ("degraded", "not ready")
         assert "red" in p.sections["redis"] and "red" in p.sections["degraded"]

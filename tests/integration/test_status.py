@@ -319,6 +319,20 @@ def test_ctl_status_once_and_watching(agent, redis, tmp):
 CHROMIUM = shutil.which("chromium")
 
 
+def run_browser(argv, env, timeout=90):
+    """Runs chromium in a session of its own: on a timeout, it and the helpers it started
+    (its process group, whose id is its pid) are killed. (status, stdout, stderr)."""
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise
+    return p.returncode, out, err
+
+
 def browse(tmp, url, name):
     """Loads <url> in headless chromium with a virtual time budget (the page's script runs,
     fetches /status.json once and rewrites the page): the DOM as it then is, and a
@@ -330,17 +344,15 @@ def browse(tmp, url, name):
             "--enable-logging=stderr", "--user-data-dir=%s" % prof,
             "--virtual-time-budget=4000", "--window-size=1280,1700"]
     env = dict(os.environ, HOME=str(prof))
-    dom = subprocess.run(argv + ["--dump-dom", url], capture_output=True, text=True,
-                         timeout=90, env=env)
-    assert dom.returncode == 0, dom.stderr[-3000:]
+    rc, dom, err = run_browser(argv + ["--dump-dom", url], env)
+    assert rc == 0, err[-3000:]
     # chromium logs what the page's console says: a CSP refusal would be there
-    assert "Content Security Policy" not in dom.stderr, dom.stderr[-3000:]
+    assert "Content Security Policy" not in err, err[-3000:]
     shot = tmp / (name + ".png")
-    r = subprocess.run(argv + ["--screenshot=%s" % shot, url], capture_output=True, text=True,
-                       timeout=90, env=env)
-    assert r.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", r.stderr[-3000:]
+    rc, _, err = run_browser(argv + ["--screenshot=%s" % shot, url], env)
+    assert rc == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", err[-3000:]
     print("screenshot: %s" % shot)
-    return Page(dom.stdout)
+    return Page(dom)
 
 
 class Traffic(threading.Thread):

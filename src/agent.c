@@ -398,8 +398,11 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 			.sentinel_master = rs->cfg->redis.sentinel_master,
 			.sentinel_user = rs->cfg->redis.sentinel_user,
 			.sentinel_password = rs->cfg->redis.sentinel_password,
+			.sentinel_tls = rs->cfg->redis.sentinel_tls,
+			.tls = rs->cfg->redis.tls,
 			.connect_timeout_ms = rs->cfg->redis.connect_timeout_ms,
-			.command_timeout_ms = rs->cfg->redis.command_timeout_ms,
+			.command_timeout_ms = config_command_timeout_ms(rs->cfg),
+			.answer_budget_ms = config_answer_budget_ms(rs->cfg),
 			.max_pending = rs->cfg->redis.max_pending,
 			.breaker_failures = rs->cfg->breaker_failures,
 			.breaker_cooldown_ms = rs->cfg->breaker_cooldown_ms,
@@ -465,9 +468,12 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 	spoa_server_set_ack_max(a->srv, rs->ack_max);
 	spoa_server_set_stale_ms(a->srv, n->spoe_timeout_ms);
 	if (o->store != n->store || strcmp(o->redis.address, n->redis.address) != 0 ||
-	    o->redis.command_timeout_ms != n->redis.command_timeout_ms ||
 	    o->redis.connect_timeout_ms != n->redis.connect_timeout_ms)
 		LOG(LOG_WARN, "reload: store settings changed, ignored until restart");
+	/* deadlines follow spoe_timeout, command_timeout_ms and queue_timeout_ms at once */
+	if (a->store)
+		store_set_timeouts(a->store, config_command_timeout_ms(n),
+				   n->redis.queue_timeout_ms, config_answer_budget_ms(n));
 	/* credentials (a password file's content too): open connections stay authenticated */
 	if (!streq_null(o->redis.user, n->redis.user) ||
 	    !streq_null(o->redis.password, n->redis.password)) {
@@ -475,10 +481,14 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 			store_set_auth(a->store, n->redis.user, n->redis.password);
 		LOG(LOG_NOTICE, "reload: Redis credentials changed, used from the next connection");
 	}
+	/* TLS: the contexts built from the files as they are now (renewed certificates) */
+	if ((o->redis.tls != NULL) != (n->redis.tls != NULL))
+		LOG(LOG_WARN, "reload: 'redis.tls' turned %s, ignored until restart",
+		    n->redis.tls ? "on" : "off");
+	else if (a->store && n->redis.tls)
+		store_set_tls(a->store, n->redis.tls, n->redis.sentinel_tls);
 	if (o->redis.max_pending != n->redis.max_pending)
 		LOG(LOG_WARN, "reload: 'redis.max_pending' changed, ignored until restart");
-	if (o->redis.queue_timeout_ms != n->redis.queue_timeout_ms)
-		LOG(LOG_WARN, "reload: 'redis.queue_timeout_ms' changed, ignored until restart");
 	if (o->redis.max_concurrency != n->redis.max_concurrency)
 		LOG(LOG_WARN, "reload: 'redis.max_concurrency' changed, ignored until restart");
 	if (o->redis.batch_max != n->redis.batch_max)

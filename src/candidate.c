@@ -23,6 +23,16 @@
  * a script call (a block override, a request without address denied, Redis
  * failing) have no candidate verdict; only the last are counted, as
  * unevaluated (the first two apply alike whatever the policy).
+ *
+ * Sampled mode (candidate.mode = "sampled"): only the clients whose principal
+ * hashes below candidate.sample of the hash space (SipHash under the fixed
+ * key: the same clients on every gateway, whatever the gateway) get the
+ * candidate's limits; the others are decided as without a candidate (local
+ * quotas, the blocked-key cache). A sampled client's candidate buckets see
+ * all of its requests, so its would-be denials are exact; the totals are a
+ * sample of the clients. The candidate's global limits (an endpoint's, shared
+ * by every client) see the sampled clients' requests only: their rate and
+ * burst are scaled by the sample.
  */
 
 #include "candidate.h"
@@ -34,6 +44,7 @@
 #include "answer.h"
 #include "charge.h"
 #include "decision.h"
+#include "hll.h"
 #include "metrics.h"
 #include "overrides.h"
 #include "principal.h"
@@ -41,7 +52,8 @@
 
 /*
  * Adds the limits of candidate tier <t> to part <p> of <d> after every
- * enforced one, as add_limits() does, keyed "...:c:<limit><sfx>".
+ * enforced one, as add_limits() does, keyed "...:c:<limit><sfx>". A sampled
+ * candidate's global limits (part 1 or 2) are scaled by its sample.
  */
 static void cand_limits(struct decision *d, int p, const struct rule_tier *t,
 			const char *principal, const char *sfx, const struct ovr_entry *ov)
@@ -58,6 +70,16 @@ static void cand_limits(struct decision *d, int p, const struct rule_tier *t,
 			  principal, "}:c:", l->name, sfx);
 		pt->q.params[pt->q.n] = l->lp;
 		pt->q.cost[pt->q.n] = cost;
+		if (p > 0 && c->cfg->cand_mode.sampled) {
+			const struct cfg_limit *cl = &c->cfg->limits[t->idx[i]];
+			double f = c->cfg->cand_mode.share;
+			uint64_t rate = (uint64_t)((double)cl->rate * f + 0.5);
+			uint64_t burst = (uint64_t)((double)cl->burst * f + 0.5);
+			struct limit_params local;
+
+			rule_limit_params(c->cfg, cl, rate ? rate : 1, burst ? burst : 1,
+					  &pt->q.params[pt->q.n], &local);
+		}
 		if (ov) {
 			const struct cfg_limit *cl = &c->cfg->limits[t->idx[i]];
 			struct limit_params local;
@@ -78,6 +100,16 @@ static void cand_limits(struct decision *d, int p, const struct rule_tier *t,
 	}
 }
 
+/* True when a sampled candidate evaluates the client <principal> (see DESIGN). */
+static bool cand_sampled(const struct agent_config *cc, const char *principal)
+{
+	double f = cc->cand_mode.share;
+
+	if (f >= 1)
+		return true;
+	return (double)hll_hash(principal, strlen(principal)) < f * 18446744073709551616.0;
+}
+
 /*
  * Adds the candidate's limits to <d>, whose enforced tier is <tier> and
  * principal <principal>: the candidate tier of the same name (the one HAProxy
@@ -91,6 +123,8 @@ void cand_add(struct decision *d, const struct rule_tier *tier, const char *prin
 	const struct ruleset *c = d->rs->cand;
 	char sfx[72], global[80];
 
+	if (c->cfg->cand_mode.sampled && !cand_sampled(c->cfg, principal))
+		return;
 	if (tier == &d->rs->anon)
 		d->ctier = &c->anon;
 	else if (!d->ctier)

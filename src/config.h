@@ -129,8 +129,10 @@ struct agent_config {
 		char *sentinel_user;    /* owned or NULL: the Sentinels' AUTH */
 		char *sentinel_password;  /* owned or NULL: written here, or read from ... */
 		char *sentinel_password_file; /* owned or NULL: ... this file */
+		struct tls_ctx *tls;    /* a reference, or NULL: clear text (redis.tls) */
+		struct tls_ctx *sentinel_tls; /* the Sentinels' (redis.sentinel.tls, else tls) */
 		unsigned connect_timeout_ms;
-		unsigned command_timeout_ms;
+		unsigned command_timeout_ms; /* 0: derived (config_command_timeout_ms()) */
 		unsigned max_pending;
 		unsigned queue_timeout_ms; /* longest wait for room to send (0: command timeout) */
 		unsigned max_concurrency;  /* ceiling of a node's adaptive concurrency limit */
@@ -180,6 +182,17 @@ struct agent_config {
 		bool coalesce;          /* one Redis call for decisions of one key in flight */
 	} quota;
 	/*
+	 * In the candidate's own configuration: its mode. Exact, every decision
+	 * carries it (to Redis: no local quota, no blocked-key cache); sampled,
+	 * only the decisions of a share of the clients (chosen by a hash of the
+	 * principal, the same on every gateway), the others decided as without
+	 * a candidate.
+	 */
+	struct {
+		bool sampled;           /* mode = "sampled" */
+		double share;           /* clients evaluated, (0, 1]: 1 when exact */
+	} cand_mode;
+	/*
 	 * The candidate policy (section "candidate"), or NULL: its own limits,
 	 * tiers, default tier, anonymous limits and endpoints, evaluated next to
 	 * these and never enforced. Only those fields are set; everything else
@@ -194,7 +207,17 @@ struct cfg_errors {
 	size_t n;
 };
 
+/*
+ * With spoe_timeout set, a decision is answered by the time this share of
+ * HAProxy's processing budget has passed since its NOTIFY arrived (by the
+ * failure ladder if Redis has not answered): the rest is for the ACK's way
+ * back and HAProxy's own queueing.
+ */
+#define CFG_ANSWER_SHARE 0.8
+
 int config_load(const char *file, struct agent_config **out, struct cfg_errors *errs) MUSTCHECK;
+unsigned config_answer_budget_ms(const struct agent_config *cfg);
+unsigned config_command_timeout_ms(const struct agent_config *cfg);
 void config_free(struct agent_config *cfg);
 void cfg_errors_release(struct cfg_errors *errs);
 bool config_password_advice(const struct agent_config *cfg, char *buf, size_t len);

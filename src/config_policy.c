@@ -596,6 +596,46 @@ static void policy_max_limits(const struct agent_config *cfg, size_t *principal,
 }
 
 /*
+ * candidate.mode ("exact", the default, or "sampled") and candidate.sample,
+ * the share of clients a sampled candidate evaluates (0 < sample <= 1, 0.1 by
+ * default), into <c>, the candidate's configuration.
+ */
+static void load_cand_mode(struct loader *ld, const config_setting_t *s, struct agent_config *c)
+{
+	const config_setting_t *m = config_setting_get_member(s, "sample");
+	char *mode = get_str(ld, s, "mode", "exact");
+	double f = -1;
+
+	c->cand_mode.share = 1;
+	if (strcmp(mode, "sampled") == 0)
+		c->cand_mode.sampled = true;
+	else if (strcmp(mode, "exact") != 0)
+		add_err(ld, line_of(config_setting_get_member(s, "mode")),
+			"candidate: mode '%s': use \"exact\" or \"sampled\"", mode);
+	free(mode);
+	if (m && !c->cand_mode.sampled) {
+		add_err(ld, line_of(m), "candidate: 'sample' is for mode = \"sampled\"");
+		return;
+	}
+	if (!c->cand_mode.sampled)
+		return;
+	if (!m) {
+		c->cand_mode.share = 0.1;
+		return;
+	}
+	if (config_setting_type(m) == CONFIG_TYPE_FLOAT)
+		f = config_setting_get_float(m);
+	else if (config_setting_type(m) == CONFIG_TYPE_INT && config_setting_get_int(m) == 1)
+		f = 1;
+	if (!(f > 0 && f <= 1))
+		add_err(ld, line_of(m),
+			"candidate: 'sample' must be a fraction above 0, at most 1 (0.1 = 10%% of "
+			"the clients)");
+	else
+		c->cand_mode.share = f;
+}
+
+/*
  * The candidate section: a policy of its own, loaded into a second config.
  * Its limits go to Redis in the same calls as the enforced ones, so both
  * together must fit the limits of one call.
@@ -603,7 +643,7 @@ static void policy_max_limits(const struct agent_config *cfg, size_t *principal,
 void load_candidate(struct loader *ld, const config_setting_t *root)
 {
 	static const char *const known[] = {"limits", "tiers", "default_tier", "anonymous",
-					    "endpoints", NULL};
+					    "endpoints", "mode", "sample", NULL};
 	const config_setting_t *s = config_setting_get_member(root, "candidate");
 	struct loader cl = {.file = ld->file, .errs = ld->errs};
 	struct agent_config *cfg = ld->cfg, *c;
@@ -619,6 +659,7 @@ void load_candidate(struct loader *ld, const config_setting_t *root)
 	c = cl.cfg = xcalloc(1, sizeof(*c));
 	c->file = xstrdup(cfg->file);
 	cfg->candidate = c;
+	load_cand_mode(ld, s, c);
 	load_policy(&cl, s, true);
 	/* what the compiled limits need of the rest: this configuration's */
 	c->gateways = cfg->gateways;

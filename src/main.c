@@ -456,6 +456,30 @@ static void check_notes(const struct ruleset *rs)
 	}
 }
 
+/*
+ * What -c says of the Redis deadlines: with spoe_timeout, a decision is given
+ * HAProxy's budget (its share, CFG_ANSWER_SHARE) whatever command_timeout_ms
+ * says; command_timeout_ms, derived unless set, bounds the other commands.
+ */
+static void deadline_notes(const char *file, const struct agent_config *c)
+{
+	unsigned budget = config_answer_budget_ms(c), cmd = config_command_timeout_ms(c);
+	const char *how = c->redis.command_timeout_ms ? "set"
+			  : budget                    ? "derived from spoe_timeout"
+						      : "derived: no spoe_timeout";
+
+	if (c->store != STORE_KIND_REDIS)
+		return;
+	if (budget)
+		printf("%s: redis deadlines: decisions %u ms after their NOTIFY arrived "
+		       "(%.0f%% of spoe_timeout), other commands %u ms after they are sent "
+		       "(command_timeout_ms, %s)\n",
+		       file, budget, CFG_ANSWER_SHARE * 100, cmd, how);
+	else
+		printf("%s: redis deadlines: commands %u ms after they are sent "
+		       "(command_timeout_ms, %s)\n", file, cmd, how);
+}
+
 int main(int argc, char **argv)
 {
 	const char *file = "/etc/spoa-ratelimit/spoa-ratelimit.conf";
@@ -508,10 +532,16 @@ int main(int argc, char **argv)
 			fprintf(stderr, "%s\n", advice);
 		printf("%s: configuration is valid (%zu tiers, %zu limits, %zu endpoints)\n", file,
 		       rs->ntiers, rs->cfg->nlimits, rs->nendpoints);
-		if (rs->cand)
-			printf("%s: candidate policy (%zu tiers, %zu limits, %zu endpoints)\n", file,
-			       rs->cand->ntiers, rs->cand->cfg->nlimits, rs->cand->nendpoints);
+		if (rs->cand && rs->cand->cfg->cand_mode.sampled)
+			printf("%s: candidate policy (%zu tiers, %zu limits, %zu endpoints), "
+			       "sampled: %g%% of the clients\n", file, rs->cand->ntiers,
+			       rs->cand->cfg->nlimits, rs->cand->nendpoints,
+			       rs->cand->cfg->cand_mode.share * 100);
+		else if (rs->cand)
+			printf("%s: candidate policy (%zu tiers, %zu limits, %zu endpoints), exact\n",
+			       file, rs->cand->ntiers, rs->cand->cfg->nlimits, rs->cand->nendpoints);
 		check_notes(rs);
+		deadline_notes(file, rs->cfg);
 		ruleset_unref(rs);
 		return 0;
 	}

@@ -31,13 +31,13 @@
 
 /*
  * With spoe_timeout set, a decision sent to Redis is answered by the time
- * ANSWER_SHARE of HAProxy's processing budget has passed since its NOTIFY
- * arrived, by the failure ladder if Redis has not answered (or has not been
- * asked: a backlog's excess). The rest of the budget is for the ACK's way
- * back and HAProxy's own queueing; past the budget HAProxy lets the request
- * through with no limit at all, the ladder at least applies the local one.
+ * CFG_ANSWER_SHARE of HAProxy's processing budget has passed since its NOTIFY
+ * arrived (its answer_by: the store's deadline for it), by the failure ladder
+ * if Redis has not answered (or has not been asked: a backlog's excess). The
+ * rest of the budget is for the ACK's way back and HAProxy's own queueing;
+ * past the budget HAProxy lets the request through with no limit at all, the
+ * ladder at least applies the local one.
  */
-#define ANSWER_SHARE 0.8
 
 /* What we read from the message. */
 struct req_args {
@@ -294,7 +294,7 @@ void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 			   ruleset_endpoint(rs, ra.route.p, ra.route.len, ra.method.p,
 					    ra.method.len, ra.path.p, ra.path.len));
 	if (rs->cfg->spoe_timeout_ms)
-		d->answer_by = d->t0 + rs->cfg->spoe_timeout_ms * (ANSWER_SHARE / 1000.) -
+		d->answer_by = d->t0 + rs->cfg->spoe_timeout_ms * (CFG_ANSWER_SHARE / 1000.) -
 			       spoa_req_age_us(req) / 1e6;
 	decision_begin(d);
 }

@@ -64,16 +64,21 @@
  * still queued at its queue deadline is shed: answered STORE_OVERLOAD and
  * freed. The probe of an open breaker skips the queue.
  *
- * Deadlines: a command's deadline is command_timeout_ms from when it is sent,
- * or its query's answer_by (when its caller must be answered: HAProxy gives up
- * on the NOTIFY soon after) if that comes first; the queue deadline likewise,
- * and a decision submitted past its answer_by is shed at once. Every sent
- * command joins one FIFO with its deadline; one timer tracks the earliest of
- * its head and the queue's head. Every command gets the same timeout, and
- * answer_by follows the NOTIFYs' arrival, so the FIFO head is (nearly) always
- * the oldest deadline whichever node the command went to, even after
- * redirections (which keep the deadline); one out of order is answered at most
- * one timeout late. When it
+ * Deadlines: one budget, HAProxy's. A decision whose caller must be answered
+ * by a time (its query's answer_by: spoe_timeout is known, HAProxy gives up
+ * on the NOTIFY soon after) has that time as its deadline, however long ago
+ * it was sent: a reply late for command_timeout_ms but in HAProxy's budget is
+ * still an exact answer. Any other command (no answer_by: a lookup, a
+ * heartbeat, a lease refreshed with nobody waiting) has command_timeout_ms
+ * from when it is sent. The queue deadline is queue_s after a command
+ * arrived, or its answer_by if that comes first, and a decision submitted
+ * past its answer_by is shed at once. Every sent command joins one of two
+ * FIFOs with its deadline: <waiting_by> (answer_by deadlines, which follow the
+ * NOTIFYs' arrival) or <waiting> (all the same timeout from their send); one
+ * timer tracks the earliest of the heads of both and of the queue. So each
+ * FIFO's head is (nearly) always its oldest deadline whichever node the
+ * command went to, even after redirections (which keep the deadline); one out
+ * of order is answered at most one timeout late. When it
  * expires the caller is answered STORE_TIMEOUT at once, the node's limit is
  * cut (when the time went to waiting for Redis, not to this agent's turns),
  * and the command is marked abandoned: hiredis still owns its callback, which
@@ -114,17 +119,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <hiredis/adapters/libev.h>
 
 #include "crc16.h"
 #include "log.h"
 #include "scripts.h"
 #include "sentinel.h"
 #include "store_int.h"
+#include "tls.h"
 #include "util.h"
 
 static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval);
-static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata);
+static void cmd_reply_cb(struct rconn *rc, void *reply, void *privdata);
 
 const char *store_status_str(int st)
 {
@@ -280,10 +285,10 @@ void node_error(struct store_node *n, enum store_errclass ec)
 	n->err_at = mono();
 	/* a READONLY outside a cluster: this is a replica now (a master demoted by a
 	 * failover, a moved name); a new connection finds the master again */
-	if (ec == STORE_EC_READONLY && n->s->mode != MODE_CLUSTER && n->ac &&
+	if (ec == STORE_EC_READONLY && n->s->mode != MODE_CLUSTER && n->rc &&
 	    (n->sentineled || n->named)) {
 		store_log_trouble(n, "READONLY", "no longer the master, reconnecting");
-		redisAsyncDisconnect(n->ac); /* safe inside its callbacks */
+		rconn_disconnect(n->rc); /* safe inside its callbacks */
 	}
 }
 
@@ -294,14 +299,17 @@ void node_error(struct store_node *n, enum store_errclass ec)
  * still owed, late ones included: they still keep Redis busy). It follows the
  * wait of replies (from the send to the reply, less the time this agent spent
  * in its own loop turns meanwhile: see "Loop turns" below), AIMD style:
- *  - a reply within max(2 x the lowest latency seen, command timeout / 8),
- *    while at least half the limit is in use, raises the limit: by one per
- *    reply during slow start (doubling per round trip), by 1/limit once
- *    congestion was seen (one per round trip);
- *  - a wait longer than half the command timeout, or a command whose
- *    deadline passed after such a wait, cuts it by LIMIT_DECREASE, at most once per command
- *    timeout (one congestion event, one cut);
+ *  - a reply within max(2 x the lowest latency seen, budget / 8), while at
+ *    least half the limit is in use, raises the limit: by one per reply
+ *    during slow start (doubling per round trip), by 1/limit once congestion
+ *    was seen (one per round trip);
+ *  - a wait longer than half the budget (a "late" reply), or a command whose
+ *    deadline passed after such a wait, cuts it by LIMIT_DECREASE, at most
+ *    once per budget (one congestion event, one cut);
  *  - in between it holds.
+ * The budget is what decisions get for their reply (reply_budget()): HAProxy's
+ * share when spoe_timeout is known, else the command timeout; "late" thus
+ * means the same thing as the deadlines decisions are answered by.
  * It stays within [limit_floor(), max_concurrency]. The lowest latency is
  * re-learnt every RTT_WINDOW_S (Redis may have moved).
  */
@@ -340,14 +348,23 @@ static double limit_floor(const struct store *s)
 	return f < s->max_concurrency ? f : s->max_concurrency;
 }
 
-/* Congestion at <n> (a missed deadline, a slow reply): cut the limit once per timeout. */
+/*
+ * Seconds a decision's reply is given: HAProxy's share of its budget when the
+ * agent knows it (decisions are answered by then), else the command timeout.
+ */
+static double reply_budget(const struct store *s)
+{
+	return s->answer_budget_s > 0 ? s->answer_budget_s : s->command_timeout_ms / 1000.;
+}
+
+/* Congestion at <n> (a missed deadline, a slow reply): cut the limit once per budget. */
 static void limit_decrease(struct store_node *n, double now)
 {
 	struct store *s = n->s;
 	double floor = limit_floor(s);
 
 	n->slow_start = false;
-	if (now - n->last_decrease < s->command_timeout_ms / 1000.)
+	if (now - n->last_decrease < reply_budget(s))
 		return;
 	n->last_decrease = now;
 	limit_set(n, n->limit * LIMIT_DECREASE < floor ? floor : n->limit * LIMIT_DECREASE);
@@ -387,7 +404,7 @@ static void lat_observe(struct store_node *n, double rtt, double now)
 void limit_sample(struct store_node *n, double rtt, double now)
 {
 	struct store *s = n->s;
-	double timeout = s->command_timeout_ms / 1000., good, v;
+	double timeout = reply_budget(s), good, v;
 
 	lat_observe(n, rtt, now);
 	if (now >= n->rtt_window_end) {
@@ -539,25 +556,32 @@ bool cmd_live(const struct store_cmd *c)
 	return c->cb || c->str_cb;
 }
 
+/* The deadline at the head of FIFO <l>, or <at> if empty or later. */
+static double head_deadline(const struct list *l, double at)
+{
+	double d;
+
+	if (list_empty(l))
+		return at;
+	d = LIST_ELEM(l->next, struct store_cmd, node)->deadline;
+	return at > 0 && at < d ? at : d;
+}
+
 /*
  * Arms the command timer for the earliest deadline: the oldest waiting
- * command's or the oldest queued one's. Stalls are the tick's business.
+ * command's of either FIFO or the oldest queued one's. Stalls are the tick's
+ * business.
  */
 static void cmd_timer_arm(struct store *s)
 {
-	double now = mono(), at = 0;
+	double now = mono(), at;
 
 	ev_timer_stop(s->loop, &s->cmd_timer);
-	if (s->freeing || (list_empty(&s->waiting) && list_empty(&s->queued)))
+	if (s->freeing || (list_empty(&s->waiting) && list_empty(&s->waiting_by) &&
+			   list_empty(&s->queued)))
 		return;
-	if (!list_empty(&s->waiting))
-		at = LIST_ELEM(s->waiting.next, struct store_cmd, node)->deadline;
-	if (!list_empty(&s->queued)) {
-		double q = LIST_ELEM(s->queued.next, struct store_cmd, node)->deadline;
-
-		if (list_empty(&s->waiting) || q < at)
-			at = q;
-	}
+	at = head_deadline(&s->queued, head_deadline(&s->waiting_by,
+						     head_deadline(&s->waiting, 0)));
 	ev_timer_set(&s->cmd_timer, at > now ? at - now : 0., 0.);
 	ev_timer_start(s->loop, &s->cmd_timer);
 }
@@ -659,9 +683,10 @@ void node_fail_queue(struct store_node *n, enum store_status st)
 }
 
 /*
- * <at>, or the time its caller must be answered by when that comes first (a
- * decision whose NOTIFY HAProxy gives up on sooner: answered by the failure
- * ladder while HAProxy still listens, rather than not at all).
+ * The queue deadline <at>, or the time <c>'s caller must be answered by when
+ * that comes first (a decision whose NOTIFY HAProxy gives up on sooner:
+ * answered by the failure ladder while HAProxy still listens, rather than not
+ * at all).
  */
 static double cmd_bound(const struct store_cmd *c, double at)
 {
@@ -671,20 +696,28 @@ static double cmd_bound(const struct store_cmd *c, double at)
 }
 
 /*
- * Sends the new command <c> on <n> now and starts its deadline, from now.
- * Returns 0 or -1 (<c> untouched). Never invokes user callbacks.
+ * Sends the new command <c> on <n> now and starts its deadline: its caller's
+ * answer_by when it has one (HAProxy's budget, whatever the command timeout),
+ * else command_timeout_ms from now. Returns 0 or -1 (<c> untouched). Never
+ * invokes user callbacks.
  */
 static int cmd_start(struct store_node *n, struct store_cmd *c)
 {
 	struct store *s = n->s;
+	struct list *fifo = &s->waiting;
 
 	if (cmd_send(n, c, false) < 0)
 		return -1;
-	c->deadline = cmd_bound(c, c->sent_at + s->command_timeout_ms / 1000.);
+	if (c->kind == CMD_DECIDE && c->q.answer_by > 0) {
+		c->deadline = c->q.answer_by;
+		fifo = &s->waiting_by;
+	} else {
+		c->deadline = c->sent_at + s->command_timeout_ms / 1000.;
+	}
 	/* the timer follows the earliest deadline: arm it when this one is the
-	 * only waiting command (a queued one may have armed it earlier: fine) */
-	list_append(&s->waiting, &c->node);
-	if (s->waiting.next == &c->node)
+	 * only command of its FIFO (another may have armed it earlier: fine) */
+	list_append(fifo, &c->node);
+	if (fifo->next == &c->node)
 		cmd_timer_arm(s);
 	return 0;
 }
@@ -727,6 +760,27 @@ int cmd_dispatch_nocb(struct store_node *n, struct store_cmd *c)
 	return 0;
 }
 
+/* Answers TIMEOUT the sent commands of FIFO <l> whose deadline passed at <now>. */
+static void cmd_expire(struct store *s, struct list *l, double now)
+{
+	while (!list_empty(l)) {
+		struct store_cmd *c = LIST_ELEM(l->next, struct store_cmd, node);
+		bool parked = c->parked;
+
+		if (c->deadline > now)
+			break;
+		cmd_unpark(c);
+		/* sent and unanswered in time: congestion at that node if it
+		 * kept us waiting late (half the budget), unless the time went
+		 * to this agent's own turns */
+		if (!parked && c->at && cmd_wait(c, now) >= reply_budget(s) / 2)
+			limit_decrease(c->at, now);
+		cmd_answer(c, STORE_TIMEOUT, NULL);
+		if (parked)
+			cmd_free(c);
+	}
+}
+
 static void cmd_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	struct store *s = container_of(t, struct store, cmd_timer);
@@ -734,21 +788,8 @@ static void cmd_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 
 	(void)loop;
 	(void)revents;
-	while (!list_empty(&s->waiting)) {
-		struct store_cmd *c = LIST_ELEM(s->waiting.next, struct store_cmd, node);
-		bool parked = c->parked;
-
-		if (c->deadline > now)
-			break;
-		cmd_unpark(c);
-		/* sent and unanswered in time: congestion at that node, unless
-		 * the time went to this agent's own turns */
-		if (!parked && c->at && cmd_wait(c, now) >= s->command_timeout_ms / 2000.)
-			limit_decrease(c->at, now);
-		cmd_answer(c, STORE_TIMEOUT, NULL);
-		if (parked)
-			cmd_free(c);
-	}
+	cmd_expire(s, &s->waiting_by, now);
+	cmd_expire(s, &s->waiting, now);
 	/* queued too long: shed, the excess only */
 	while (!list_empty(&s->queued)) {
 		struct store_cmd *c = LIST_ELEM(s->queued.next, struct store_cmd, node);
@@ -847,38 +888,6 @@ static int parse_result(const redisReply *rep, const struct store_query *q,
 
 /* ---- sending ------------------------------------------------------------- */
 
-/*
- * Sends the command <argv> (<argc> arguments of <lens> bytes) for <c>, in
- * RESP formatted here into a buffer on the stack: hiredis' own formatting
- * (a fresh sds grown with sdscatfmt per argument) was a visible share of a
- * decision's time. A command too large for the buffer (never, with the
- * bounds of a decision) takes hiredis' path. Returns REDIS_OK or REDIS_ERR.
- */
-int send_formatted(redisAsyncContext *ac, redisCallbackFn *fn, void *priv, int argc,
-		   const char **argv, const size_t *lens)
-{
-	char buf[16384], *p = buf, *end = buf + sizeof(buf);
-	int i;
-
-	*p++ = '*';
-	p += fmt_i64(p, argc);
-	*p++ = '\r';
-	*p++ = '\n';
-	for (i = 0; i < argc; i++) {
-		if ((size_t)(end - p) < lens[i] + 28)
-			return redisAsyncCommandArgv(ac, fn, priv, argc, argv, lens);
-		*p++ = '$';
-		p += fmt_i64(p, (int64_t)lens[i]);
-		*p++ = '\r';
-		*p++ = '\n';
-		memcpy(p, argv[i], lens[i]);
-		p += lens[i];
-		*p++ = '\r';
-		*p++ = '\n';
-	}
-	return redisAsyncFormattedCommand(ac, fn, priv, buf, (size_t)(p - buf));
-}
-
 /* Appends the string <str> of <len> bytes to <av>. */
 void argv_str(struct argv_buf *av, const char *str, size_t len)
 {
@@ -973,13 +982,13 @@ int cmd_write(struct store_node *n, struct store_cmd *c, bool eval)
 	if (c->asking) {
 		const char *asking[1] = {"ASKING"};
 
-		if (redisAsyncCommandArgv(n->ac, NULL, NULL, 1, asking, NULL) != REDIS_OK)
+		if (rconn_command(n->rc, NULL, NULL, 1, asking, NULL) != 0)
 			return REDIS_ERR;
 	}
 	if (c->kind == CMD_HGET) {
 		const char *hget[3] = {c->hfield ? "HGET" : "HGETALL", c->hkey, c->hfield};
 
-		return redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, c->hfield ? 3 : 2, hget, NULL);
+		return rconn_command(n->rc, cmd_reply_cb, c, c->hfield ? 3 : 2, hget, NULL);
 	}
 	if (c->kind == CMD_HEARTBEAT) {
 		const char *hb[6] = {"EVAL", script_heartbeat, "1", c->hkey, c->hfield, nkeys};
@@ -987,7 +996,7 @@ int cmd_write(struct store_node *n, struct store_cmd *c, bool eval)
 
 		snprintf(nkeys, sizeof(nkeys), "%u", c->window_ms);
 		hbl[5] = strlen(nkeys);
-		return redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, 6, hb, hbl);
+		return rconn_command(n->rc, cmd_reply_cb, c, 6, hb, hbl);
 	}
 
 	av.argv = argv;
@@ -1007,8 +1016,7 @@ int cmd_write(struct store_node *n, struct store_cmd *c, bool eval)
 		query_push_args(&av, &c->q);
 	}
 	argc = av.argc;
-	return eval ? redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, argc, argv, lens)
-		    : send_formatted(n->ac, cmd_reply_cb, c, argc, argv, lens);
+	return rconn_command(n->rc, cmd_reply_cb, c, argc, argv, lens);
 }
 
 /*
@@ -1021,7 +1029,7 @@ static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval)
 {
 	struct store *s = n->s;
 
-	if (!n->ac || n->state != ND_READY)
+	if (!n->rc || n->state != ND_READY)
 		return -1;
 	if (batch_wants(n, c, eval))
 		batch_add(n, c);
@@ -1061,8 +1069,8 @@ static void flusher_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 		list_del(&n->flush_node);
 		n->flush_pending = false;
 		batch_flush(n);
-		if (n->ac && n->state == ND_READY)
-			redisAsyncHandleWrite(n->ac);
+		if (n->rc && n->state == ND_READY)
+			rconn_flush(n->rc);
 	}
 	ev_prepare_stop(loop, w);
 }
@@ -1190,10 +1198,10 @@ void cmd_reply(struct store_node *n, struct store_cmd *c, const redisReply *rep)
  * connection is gone. A reply in time is a latency sample for the node's
  * limit, and the room it frees lets queued commands go.
  */
-static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+static void cmd_reply_cb(struct rconn *rc, void *reply, void *privdata)
 {
 	struct store_cmd *c = privdata;
-	struct store_node *n = ac->data;
+	struct store_node *n = rconn_data(rc);
 	redisReply *rep = reply;
 	double now;
 
@@ -1205,7 +1213,7 @@ static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 			limit_sample(n, cmd_wait(c, now), now);
 	}
 	cmd_reply(n, c, rep);
-	if (rep && n->ac == ac && !n->s->freeing)
+	if (rep && n->rc == rc && !n->s->freeing)
 		node_send_queue(n);
 }
 
@@ -1226,7 +1234,7 @@ static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	list_for_each_safe(l, tmp, &s->nodes) {
 		struct store_node *n = LIST_ELEM(l, struct store_node, link);
 
-		if (!(n->ac && n->state == ND_READY && n->out && now - n->last_progress >= s->stall_s)) {
+		if (!(n->rc && n->state == ND_READY && n->out && now - n->last_progress >= s->stall_s)) {
 			n->stall_seen = false;
 		} else if (!n->stall_seen) {
 			/* confirmed by the next tick, after a poll: an agent resumed
@@ -1481,6 +1489,46 @@ void store_set_auth(struct store *s, const char *user, const char *password)
 	s->password = password && *password ? xstrdup(password) : NULL;
 }
 
+/*
+ * Replaces the TLS settings (a reference to each is taken) that connections
+ * opened from now on use, to Redis and to the Sentinels; connections already
+ * up keep theirs. A reload passes the contexts it built: certificates and keys
+ * renewed on disk are used from the next connection.
+ */
+void store_set_tls(struct store *s, struct tls_ctx *tls, struct tls_ctx *sentinel_tls)
+{
+	tls_ctx_free(s->tls);
+	s->tls = tls_ctx_ref(tls);
+	if (s->sentinel)
+		sentinel_set_tls(s->sentinel, sentinel_tls);
+}
+
+/*
+ * Sets the deadlines of commands sent from now on: <command_timeout_ms> for a
+ * command no NOTIFY waits on (0: 5), <queue_timeout_ms> in the queue (0: the
+ * command timeout), and <answer_budget_ms>, the share of HAProxy's budget a
+ * decision's reply gets (0: spoe_timeout unknown, the command timeout then),
+ * which is also what the adaptive limits call late (reply_budget()). Commands
+ * already out keep theirs.
+ */
+void store_set_timeouts(struct store *s, unsigned command_timeout_ms, unsigned queue_timeout_ms,
+			unsigned answer_budget_ms)
+{
+	double longest;
+
+	s->command_timeout_ms = command_timeout_ms ? command_timeout_ms : 5;
+	s->queue_s = (queue_timeout_ms ? queue_timeout_ms : s->command_timeout_ms) / 1000.;
+	s->answer_budget_s = answer_budget_ms / 1000.;
+	/* a stall is 20 times the longest a reply is waited for, at least 1 s and at most 5 s */
+	longest = s->answer_budget_s > s->command_timeout_ms / 1000. ? s->answer_budget_s
+								      : s->command_timeout_ms / 1000.;
+	s->stall_s = longest * 20;
+	if (s->stall_s < 1.)
+		s->stall_s = 1.;
+	if (s->stall_s > 5.)
+		s->stall_s = 5.;
+}
+
 const struct store_stats *store_stats(const struct store *s)
 {
 	return &s->stats;
@@ -1491,7 +1539,7 @@ static const char *node_state_str(enum node_state st)
 	static const char *const names[ND_COUNT] = {"disconnected", "connecting", "loading",
 						    "ready"};
 
-	return st < ND_COUNT ? names[st] : "?";
+	return st < ND_COUNT && names[st] ? names[st] : "?";
 }
 
 /*
@@ -1550,28 +1598,23 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 	s->user = opts->user && *opts->user ? xstrdup(opts->user) : NULL;
 	s->password = opts->password && *opts->password ? xstrdup(opts->password) : NULL;
 	s->connect_timeout_ms = opts->connect_timeout_ms ? opts->connect_timeout_ms : 200;
-	s->command_timeout_ms = opts->command_timeout_ms ? opts->command_timeout_ms : 5;
 	s->max_pending = opts->max_pending ? opts->max_pending : 10000;
 	s->resolver_opts.nameservers = opts->nameservers && *opts->nameservers
 					       ? xstrdup(opts->nameservers) : NULL;
 	s->resolver_opts.timeout_ms = opts->resolve_timeout_ms;
 	s->breaker_failures = opts->breaker_failures ? opts->breaker_failures : 5;
 	s->breaker_cooldown_s = (opts->breaker_cooldown_ms ? opts->breaker_cooldown_ms : 500) / 1000.;
-	s->queue_s = (opts->queue_timeout_ms ? opts->queue_timeout_ms : s->command_timeout_ms) / 1000.;
 	s->max_concurrency = opts->max_concurrency ? opts->max_concurrency : 256;
 	if (s->max_concurrency < LIMIT_MIN)
 		s->max_concurrency = LIMIT_MIN;
 	s->batch_max = opts->batch_max ? opts->batch_max : 32;
 	if (s->batch_max > STORE_BATCH_MAX)
 		s->batch_max = STORE_BATCH_MAX;
-	/* a stall is 20 command timeouts, at least 1 s and at most 5 s */
-	s->stall_s = s->command_timeout_ms * 20 / 1000.;
-	if (s->stall_s < 1.)
-		s->stall_s = 1.;
-	if (s->stall_s > 5.)
-		s->stall_s = 5.;
+	store_set_timeouts(s, opts->command_timeout_ms, opts->queue_timeout_ms,
+			   opts->answer_budget_ms);
 	list_init(&s->nodes);
 	list_init(&s->waiting);
+	list_init(&s->waiting_by);
 	list_init(&s->queued);
 	list_init(&s->flushq);
 	ev_prepare_init(&s->flusher, flusher_cb);
@@ -1598,10 +1641,12 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 			.addrs = opts->sentinels, .naddrs = opts->nsentinels,
 			.master = opts->sentinel_master, .user = opts->sentinel_user,
 			.password = opts->sentinel_password, .timeout_ms = s->connect_timeout_ms,
+			.tls = opts->sentinel_tls, .resolver = &s->resolver_opts,
 		};
 
 		s->sentinel = sentinel_new(loop, &so, node_master_switched, s);
 	}
+	s->tls = tls_ctx_ref(opts->tls);
 	s->seed = node_new(s, &ep, true);
 	node_connect(s->seed);
 	*out = s;
@@ -1640,6 +1685,9 @@ void store_free(struct store *s)
 	}
 	while (!list_empty(&s->waiting))
 		cmd_answer(LIST_ELEM(s->waiting.next, struct store_cmd, node), STORE_SHUTDOWN, NULL);
+	while (!list_empty(&s->waiting_by))
+		cmd_answer(LIST_ELEM(s->waiting_by.next, struct store_cmd, node), STORE_SHUTDOWN,
+			   NULL);
 	for (i = 0; i < CRC16_SLOTS; i++)
 		slot_set(s, i, NULL);
 	list_for_each_safe(l, tmp, &s->nodes)
@@ -1653,6 +1701,7 @@ void store_free(struct store *s)
 		free(c);
 	}
 	sentinel_free(s->sentinel);
+	tls_ctx_free(s->tls);
 	resolver_free(s->resolver);
 	free((char *)s->resolver_opts.nameservers);
 	free(s->slots);

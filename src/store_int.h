@@ -15,11 +15,11 @@
 #include <stdbool.h>
 
 #include <ev.h>
-#include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 
 #include "list.h"
 #include "pool.h"
+#include "rconn.h"
 #include "resolve.h"
 #include "store.h"
 
@@ -90,7 +90,7 @@ struct store_node {
 	bool locating;                  /* ... asking them now */
 	int dial_port;                  /* the port dialled (the Sentinels'), 0: port */
 	enum node_state state;
-	redisAsyncContext *ac;          /* owned by hiredis; NULL when disconnected */
+	struct rconn *rc;               /* owned; NULL when disconnected */
 	ev_timer conn_timer;            /* connect deadline / reconnect backoff */
 	unsigned backoff_ms;
 	struct list parked;             /* store_cmd.park: redirected here, waiting for READY */
@@ -128,7 +128,8 @@ struct store_node {
 
 /* One query, from store_decide()/store_hget() to its answer and its reply. */
 struct store_cmd {
-	struct list node;               /* in store.waiting until answered or expired */
+	struct list node;               /* in store.waiting(_by) until answered or expired,
+					 * in store.queued while queued */
 	struct list park;               /* in store_node.parked while parked, or in
 					 * store_node.queue while queued */
 	struct store *s;                /* ref: owner */
@@ -166,11 +167,12 @@ struct store {
 	struct resolver_opts resolver_opts; /* nameservers owned */
 	struct resolver *resolver;      /* owned; made at the first name looked up */
 	struct sentinel *sentinel;      /* owned or NULL: the seed is a master under Sentinel */
+	struct tls_ctx *tls;            /* owned or NULL: clear text; new connections use it */
 	enum store_mode mode;
 	struct list nodes;              /* store_node.link, owned */
 	struct store_node **slots;      /* owned array of CRC16_SLOTS refs: owner or NULL */
 	struct store_node **scratch;    /* owned array of CRC16_SLOTS: next map */
-	ev_timer cmd_timer;             /* deadline of the oldest waiting command */
+	ev_timer cmd_timer;             /* earliest deadline of the FIFOs' heads */
 	ev_timer tick;                  /* housekeeping */
 	struct list flushq;             /* store_node.flush_node: output to send */
 	ev_prepare flusher;             /* sends flushq's output before each poll */
@@ -180,9 +182,13 @@ struct store {
 	double busy;                    /* seconds the loop spent in turns (not polling) */
 	double turn_end_at;             /* mono() the last turn ended (its poll began) */
 	char sha[41];                   /* digest of the script, from SCRIPT LOAD */
-	struct list waiting;            /* store_cmd.node, oldest first */
+	struct list waiting;            /* store_cmd.node, sent, deadline command_timeout_ms
+					 * from the send: oldest first */
+	struct list waiting_by;         /* store_cmd.node, sent, deadline the query's answer_by:
+					 * in the order of the NOTIFYs (nearly) */
 	struct list queued;             /* store_cmd.node of queued commands, oldest first */
 	double queue_s;                 /* queue budget of a command */
+	double answer_budget_s;         /* HAProxy's share a decision's reply gets, 0: unknown */
 	unsigned max_concurrency;       /* ceiling of the nodes' limits */
 	unsigned batch_max;             /* decisions per script call (1: no batching) */
 	struct store_stats stats;
@@ -201,7 +207,6 @@ struct store {
 
 /* store_reply.c */
 redisReplyObjectFunctions *reply_functions(void);
-void reply_attach(redisAsyncContext *ac);
 void reply_cache_free(void);
 
 /* store.c */
@@ -224,8 +229,6 @@ int cmd_write(struct store_node *n, struct store_cmd *c, bool eval);
 void limit_sample(struct store_node *n, double rtt, double now);
 double cmd_wait(const struct store_cmd *c, double now);
 void node_send_queue(struct store_node *n);
-int send_formatted(redisAsyncContext *ac, redisCallbackFn *fn, void *priv, int argc,
-		   const char **argv, const size_t *lens);
 
 /* An argv under construction: strings by reference, numbers formatted into nums. */
 struct argv_buf {

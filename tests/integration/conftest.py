@@ -634,8 +634,9 @@ def agent_bin():
 def agent(procs, tmp, agent_bin):
     """Factory: agent(redis=Redis|None, redis_cfg={...}, args=(...), metrics=False,
     **config overrides) -> Agent (started, listening). redis_cfg entries are merged into
-    the `redis` group; args are extra command-line arguments (e.g. ("-w", 2)); metrics=True
-    sets `metrics.listen` to a free loopback port (Agent.metrics_addr, Agent.http())."""
+    the `redis` group (a value of None removes the entry); args are extra command-line
+    arguments (e.g. ("-w", 2)); metrics=True sets `metrics.listen` to a free loopback port
+    (Agent.metrics_addr, Agent.http())."""
     def start(redis=None, name="agent", redis_cfg=None, wait_redis=True, args=(),
               metrics=False, **over):
         ports = free_ports(2)
@@ -643,7 +644,11 @@ def agent(procs, tmp, agent_bin):
         if metrics:
             over["metrics"] = {"listen": "127.0.0.1:%d" % ports[1]}
         cfg = agent_config(listen, redis.address if redis else None, **over)
-        cfg["redis"].update(redis_cfg or {})
+        for k, v in (redis_cfg or {}).items():
+            if v is None:
+                cfg["redis"].pop(k, None)
+            else:
+                cfg["redis"][k] = v
         return Agent(procs, tmp, cfg, name=name, wait_redis=wait_redis, args=args)
     return start
 

@@ -416,3 +416,130 @@ def test_candidate_rules_leave_room_for_the_enforced_top_offenders(agent):
     assert "tight_hour" in got and got["tight_hour"][0] == 1, got
     cand = top(a, "candidate")
     assert 0 < len(cand) <= 32, sorted(cand)
+
+
+# ---------------------------------------------------------------------------------------
+# Sampled mode: a candidate beside local quotas
+
+def script_calls(redis):
+    """Decision script calls so far (EVALSHA; the heartbeats are EVALs of their own)."""
+    for line in redis.cmd("INFO", "commandstats").splitlines():
+        if line.startswith("cmdstat_evalsha:"):
+            return int(line.split("calls=")[1].split(",")[0])
+    return 0
+
+
+def test_sampled_candidate_keeps_local_quotas_and_is_exact_for_its_clients(agent, redis):
+    """candidate.mode = "sampled", sample = 0.5, beside an enforced limit with an
+    accuracy_budget (local quotas). The same traffic (40 keys, 2 to 9 requests each, one
+    after the other) through an exact candidate costs a script call per decision; through
+    the sampled one, the clients out of the sample are decided locally (pre-checks), fewer
+    calls. The sampled clients are those with candidate buckets in Redis, about half; their
+    would-be denials are exactly what an exact run counts for them (a bucket of 5 per
+    hour: a client of n requests, n - 5 of them), and the others have none."""
+    big = {"rate": 1000000, "period": "1h", "accuracy_budget": 0.2}
+    cand = {"limits": {"c5": {"rate": 5, "period": "1h"}, "a5": {"rate": 5, "period": "1h"}},
+            "tiers": {"t": {"limits": ["c5"]}}, "default_tier": "t",
+            "anonymous": {"limits": ["a5"]}}
+    sends = {"smp-%d" % i: 2 + i % 8 for i in range(40)}
+    msgs = [sc.rl_message(key=k, tier="t") for k, n in sends.items() for _ in range(n)]
+
+    def one_run(prefix, mode):
+        a = agent(redis=redis, metrics=True, limits={"big": big},
+                  tiers={"t": {"limits": ["big"]}}, default_tier="t",
+                  anonymous={"limits": ["big"]}, local_quota={"leases": False},
+                  redis_cfg={"key_prefix": prefix}, candidate=dict(cand, **mode))
+        wait_until(lambda: scrape(a).get("spoa_ratelimit_gateways") == 1, 5,
+                   what="the gateway counted (local quotas on)")
+        m0 = scrape(a)
+        calls0 = script_calls(redis)
+        with sc.SpopClient(a.addr) as c:
+            c.hello()
+            vs = [c.request(2 * i + 1, 1, [m]) for i, m in enumerate(msgs)]
+        assert all(v["allow"] == 1 and v.get("degraded") is None for v in vs), vs
+        calls = script_calls(redis) - calls0
+
+        def would(m):
+            return {r: m.get("spoa_ratelimit_candidate_decisions_total", tier="t", rule=r2,
+                             result=r) - m0.get("spoa_ratelimit_candidate_decisions_total",
+                                                tier="t", rule=r2, result=r)
+                    for r, r2 in (("would_allow", "-"), ("would_deny", "c5"))}
+        sampled = [k for k in sends
+                   if redis.cmd("EXISTS", "%s:{%s}:c:c5" % (prefix, principal(None, k)))]
+        want = {"would_allow": sum(min(sends[k], 5) for k in sampled),
+                "would_deny": sum(max(0, sends[k] - 5) for k in sampled)}
+        published(a, lambda m: would(m) == want or None, "candidate counts %r" % want)
+        a.stop()
+        return calls, sampled
+
+    exact_calls, exact_sampled = one_run("rlx", {})
+    assert exact_sampled == list(sends)
+    assert exact_calls >= len(msgs)
+    calls, sampled = one_run("rls", {"mode": "sampled", "sample": 0.5})
+    assert 5 <= len(sampled) <= 35, sampled
+    assert calls < exact_calls, (calls, exact_calls)
+    # every request of a sampled client went to Redis
+    assert calls >= sum(sends[k] for k in sampled), (calls, sampled)
+
+
+def test_sampled_candidate_config(tmp):
+    """mode and sample are checked; -c says which mode."""
+    cand = ('candidate = { limits = { b = { rate = 1; period = "1m"; }; }; '
+            'tiers = { free = { limits = [ "b" ]; }; }; anonymous = { limits = [ "b" ]; };\n')
+    r = check(tmp, BASE + cand + 'mode = "sampled"; sample = 0.25; };\n')
+    assert r.returncode == 0, r.stderr
+    assert "candidate policy (1 tiers, 1 limits, 0 endpoints), sampled: 25% of the clients" \
+        in r.stdout, r.stdout
+    r = check(tmp, BASE + cand + 'mode = "sampled"; };\n')
+    assert "sampled: 10% of the clients" in r.stdout, r.stdout
+    r = check(tmp, BASE + cand + '};\n')
+    assert "candidate policy (1 tiers, 1 limits, 0 endpoints), exact" in r.stdout, r.stdout
+    for bad, msg in (('mode = "sometimes";', "candidate: mode 'sometimes': use \"exact\" or "
+                      "\"sampled\""),
+                     ('sample = 0.5;', "candidate: 'sample' is for mode = \"sampled\""),
+                     ('mode = "sampled"; sample = 0.0;', "'sample' must be a fraction above 0"),
+                     ('mode = "sampled"; sample = 1.5;', "'sample' must be a fraction above 0"),
+                     ('mode = "sampled"; sample = "half";', "'sample' must be a fraction")):
+        r = check(tmp, BASE + cand + bad + ' };\n')
+        assert r.returncode != 0 and msg in r.stderr, (bad, r.stderr)
+
+
+def test_sampled_candidate_scales_its_global_limits(agent, redis):
+    """A sampled candidate's endpoint global limit (shared by every client) sees only the
+    sampled clients' requests: its rate and burst are scaled by the sample. At 0.5, a global
+    limit of 10 an hour would deny a sampled client's 6th request, not its 11th."""
+    cand = {"limits": {"c100": {"rate": 100, "period": "1h"}, "g10": {"rate": 10, "period": "1h"},
+                       "a5": {"rate": 5, "period": "1h"}},
+            "tiers": {"t": {"limits": ["c100"]}}, "default_tier": "t",
+            "anonymous": {"limits": ["a5"]}, "mode": "sampled", "sample": 0.5,
+            "endpoints": LcList(
+                [{"name": "all", "path_prefix": "/x", "global_limits": ["g10"]}])}
+    a = agent(redis=redis, metrics=True,
+              limits={"b500": {"rate": 500, "period": "1h"}, "anon5": {"rate": 5, "period": "1h"}},
+              tiers={"t": {"limits": ["b500"]}}, default_tier="t",
+              anonymous={"limits": ["anon5"]}, candidate=cand)
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        # a client in the sample: the first whose request leaves a candidate bucket
+        sid = 1
+        for i in range(64):
+            key = "gs-%d" % i
+            c.request(sid, 1, [sc.rl_message(key=key, tier="t", path="/y")])
+            sid += 2
+            if redis.cmd("EXISTS", "rl:{%s}:c:c100" % principal(None, key)):
+                break
+        else:
+            pytest.fail("no sampled client among 64 at sample 0.5")
+        m0 = scrape(a)
+        for _ in range(8):
+            v = c.request(sid, 1, [sc.rl_message(key=key, tier="t", path="/x")])
+            sid += 2
+            assert v["allow"] == 1 and v.get("degraded") is None, v
+
+    def counts(m):
+        d = {r: m.get("spoa_ratelimit_candidate_decisions_total", tier="t", rule=rule,
+                      result=r) - m0.get("spoa_ratelimit_candidate_decisions_total", tier="t",
+                                         rule=rule, result=r)
+             for r, rule in (("would_allow", "-"), ("would_deny", "g10"))}
+        return d if sum(d.values()) == 8 else None
+    assert published(a, counts, "candidate counters") == {"would_allow": 5, "would_deny": 3}

@@ -37,6 +37,33 @@ def test_check_contrib_sample(agent_bin):
     assert r.returncode == 0, r
 
 
+@pytest.mark.parametrize("spoe, cmd, says", [
+    ("10ms", None, "decisions 8 ms after their NOTIFY arrived (80% of spoe_timeout), other "
+                   "commands 8 ms after they are sent (command_timeout_ms, derived from "
+                   "spoe_timeout)"),
+    ("10ms", 5, "decisions 8 ms after their NOTIFY arrived (80% of spoe_timeout), other "
+                "commands 5 ms after they are sent (command_timeout_ms, set)"),
+    ("1s", 3000, "decisions 800 ms after their NOTIFY arrived (80% of spoe_timeout), other "
+                 "commands 3000 ms after they are sent (command_timeout_ms, set)"),
+    (None, None, "commands 5 ms after they are sent (command_timeout_ms, derived: no "
+                 "spoe_timeout)"),
+    (None, 40, "commands 40 ms after they are sent (command_timeout_ms, set)"),
+])
+def test_check_says_the_redis_deadlines(agent_bin, tmp, spoe, cmd, says):
+    """-c prints the deadlines in force: with spoe_timeout a decision's is HAProxy's budget
+    whatever command_timeout_ms says; command_timeout_ms, derived unless set, for the rest."""
+    cfg = agent_config("127.0.0.1:%d" % free_port(), "127.0.0.1:6379", spoe_timeout=spoe)
+    if cmd is None:
+        del cfg["redis"]["command_timeout_ms"]
+    else:
+        cfg["redis"]["command_timeout_ms"] = cmd
+    p = tmp / "deadlines.conf"
+    p.write_text(to_libconfig(cfg))
+    r = run(agent_bin, "-c", "-f", p)
+    assert r.returncode == 0, r
+    assert "%s: redis deadlines: %s\n" % (p, says) in r.stdout, r.stdout
+
+
 BAD = '''listen = "127.0.0.1:1";
 store = "redis";
 redis = { address = "127.0.0.1:6379"; };

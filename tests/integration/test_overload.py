@@ -378,14 +378,22 @@ def test_resp3_replies_never_asked_for_are_errors(agent, first):
 # Reload
 
 def test_reload_logs_restart_only_redis_settings(agent, redis):
-    """Redis settings a reload cannot apply are each logged as ignored until restart."""
+    """Redis settings a reload cannot apply are each logged as ignored until restart; the
+    deadlines (command_timeout_ms, queue_timeout_ms, spoe_timeout) apply at once."""
     a = agent(redis=redis)
     for change in ({"max_pending": 777, "breaker_failures": 9, "breaker_cooldown_ms": 900},
-                   {"queue_timeout_ms": 7, "max_concurrency": 64}):
+                   {"max_concurrency": 64}):
         a.reload(redis=dict(a.cfg["redis"], **change))
         for k in change:
             wait_until(lambda: "reload: 'redis.%s' changed, ignored until restart" % k
                        in a.proc.log_text(), 10, 0.05, "redis.%s logged" % k)
+    a.reload(redis=dict(a.cfg["redis"], command_timeout_ms=70, queue_timeout_ms=7),
+             spoe_timeout="2s")
+    wait_until(lambda: a.proc.log_text().count("reload (SIGHUP) ok") >= 3, 10, 0.05,
+               "third reload")
+    for k in ("command_timeout_ms", "queue_timeout_ms"):
+        assert "'redis.%s' changed" % k not in a.proc.log_text()
+    assert "store settings changed" not in a.proc.log_text()
     assert "reload (SIGHUP) failed" not in a.proc.log_text()
     assert a.alive()
 

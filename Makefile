@@ -11,7 +11,8 @@
 #                        modes exact and sampled on one replayed load (~1 min)
 #   make attack          attacks on two gateways, one row each with PASS/FAIL (~2 min);
 #                        ATTACKS=sigstop,stall runs those rows only
-#   make fuzz-smoke      libFuzzer (clang): frame decoder, config loader, reply reader (~2 min)
+#   make fuzz-smoke      libFuzzer (clang): frame decoder, config loader, reply reader,
+#                        HTTP request parser (~2.5 min)
 #   make matrix          the tests on Debian 13, HAProxy 3.2/3.4, Valkey (root, ~15 min)
 #   make deb             Debian package (dpkg-buildpackage + lintian) into build/deb/
 #   make test-deb        build it, install it, run it, purge it (root; tests/package/)
@@ -66,7 +67,7 @@ SPOA_SRC  = spoa/spop.c spoa/server.c
 AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/store_node.c src/store_cmd.c \
             src/store_cluster.c src/store_batch.c src/store_reply.c src/rconn.c src/tls.c src/resolve.c src/sentinel.c src/limiter.c src/digest.c src/log.c src/util.c \
             src/memstore.c src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c \
-            src/normalize.c src/overrides.c src/ctl.c \
+            src/normalize.c src/overrides.c src/ctl.c src/status.c src/json.c \
             src/notify.c src/prepare.c src/parts.c src/candidate.c src/charge.c src/answer.c \
             src/principal.c src/blocked.c src/decision.c src/config_read.c src/config_policy.c
 SPOA_OBJ  = $(SPOA_SRC:%.c=$(BUILD)/%.o)
@@ -78,20 +79,20 @@ LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lu
 BIN       = $(BUILD)/spoa-ratelimit
 LIBSPOA   = $(BUILD)/libspoa.a
 UNIT_BINS = $(BUILD)/test_spop $(BUILD)/test_limiter $(BUILD)/test_memstore $(BUILD)/test_obs \
-            $(BUILD)/test_normalize $(BUILD)/test_overrides
+            $(BUILD)/test_normalize $(BUILD)/test_overrides $(BUILD)/test_status
 MODEL     = $(BUILD)/limit_model
 REPLAY    = $(BUILD)/fuzz_replay
 
 # a recipe that fails leaves no half-written target behind
 .DELETE_ON_ERROR:
 
-.PHONY: all deps unit replay itest test demo bench bench-script accuracy attack candidate-cost fuzz fuzz-smoke \
+.PHONY: all deps test-deps unit replay itest test demo bench bench-script accuracy attack candidate-cost fuzz fuzz-smoke \
         check-config matrix install uninstall clean help deb deb-deps test-deb version check-version
 
 all: $(BIN) $(LIBSPOA) $(BUILD)/spop-load
 
 help:
-	@sed -n '1,20p' Makefile
+	@sed -n '1,21p' Makefile
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -167,6 +168,12 @@ $(BUILD)/test_overrides: tests/unit/test_overrides.c $(filter-out $(BUILD)/src/m
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LIBS) -lcmocka
 
+# the status page with the metrics' view and the HTTP parser it is served by
+$(BUILD)/test_status: tests/unit/test_status.c $(filter-out $(BUILD)/src/main.o,$(AGENT_OBJ)) \
+                      $(LIBSPOA)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LIBS) -lcmocka
+
 $(MODEL): tests/tools/limit_model.c $(BUILD)/src/limiter.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lm
@@ -187,6 +194,11 @@ $(BUILD)/fuzz_resp_replay: tests/fuzz/fuzz_resp.c tests/fuzz/replay.c $(BUILD)/s
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS)
 
+$(BUILD)/fuzz_http_replay: tests/fuzz/fuzz_http.c tests/fuzz/replay.c $(BUILD)/src/http.o \
+                           $(BUILD)/src/log.o $(BUILD)/src/util.o
+	@echo "  LD      $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lev -lm
+
 $(REPLAY): tests/fuzz/fuzz_spop_frame.c tests/fuzz/replay.c $(LIBSPOA)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ tests/fuzz/fuzz_spop_frame.c tests/fuzz/replay.c \
@@ -198,17 +210,18 @@ unit: $(UNIT_BINS)
 # The fuzz corpus is replayed as a regression test under ASan/UBSan.
 replay:
 	$(Q)$(MAKE) --no-print-directory SANITIZE=address,undefined build-asan/fuzz_replay \
-	  build-asan/fuzz_config_replay build-asan/fuzz_resp_replay
+	  build-asan/fuzz_config_replay build-asan/fuzz_resp_replay build-asan/fuzz_http_replay
 	build-asan/fuzz_replay tests/fuzz/corpus/spop_frame
 	build-asan/fuzz_config_replay tests/fuzz/corpus/config
 	build-asan/fuzz_resp_replay tests/fuzz/corpus/resp
+	build-asan/fuzz_http_replay tests/fuzz/corpus/http
 
 SPOA_BIN ?= $(abspath $(BIN))
 itest: $(BIN) $(MODEL) $(BUILD)/gen/ratelimit.lua
 	SPOA_BIN=$(SPOA_BIN) LIMIT_MODEL=$(abspath $(MODEL)) \
 	  RATELIMIT_LUA=$(abspath $(BUILD)/gen/ratelimit.lua) $(PYTHON) -m pytest -q tests/integration
 
-test: deps
+test: test-deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)$(MAKE) --no-print-directory unit
 	$(Q)$(MAKE) --no-print-directory replay
@@ -225,7 +238,8 @@ check-layers:
 CLANG ?= clang
 
 FUZZ_BUILD = build-fuzz
-fuzz: $(FUZZ_BUILD)/fuzz_spop_frame $(FUZZ_BUILD)/fuzz_config $(FUZZ_BUILD)/fuzz_resp
+fuzz: $(FUZZ_BUILD)/fuzz_spop_frame $(FUZZ_BUILD)/fuzz_config $(FUZZ_BUILD)/fuzz_resp \
+      $(FUZZ_BUILD)/fuzz_http
 
 FUZZ_CONFIG_SRC = tests/fuzz/fuzz_config.c src/config.c src/rules.c src/util.c src/log.c \
                   src/limiter.c src/normalize.c spoa/spop.c src/secret.c src/config_read.c \
@@ -246,8 +260,16 @@ $(FUZZ_BUILD)/fuzz_resp: tests/fuzz/fuzz_resp.c tests/fuzz/fuzz.h src/store_repl
 	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \
 	  $(PKG_CFLAGS) -o $@ tests/fuzz/fuzz_resp.c src/store_reply.c -lhiredis
 
+# the metrics listener's request parser (src/http.c), reachable by whoever can connect
+FUZZ_HTTP_SRC = tests/fuzz/fuzz_http.c src/http.c src/log.c src/util.c
+$(FUZZ_BUILD)/fuzz_http: $(FUZZ_HTTP_SRC) tests/fuzz/fuzz.h src/http.h
+	@mkdir -p $(FUZZ_BUILD)
+	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \
+	  -o $@ $(FUZZ_HTTP_SRC) -lev -lm
+
 fuzz-smoke: fuzz
-	@mkdir -p $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/corpus-config $(FUZZ_BUILD)/corpus-resp
+	@mkdir -p $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/corpus-config $(FUZZ_BUILD)/corpus-resp \
+	  $(FUZZ_BUILD)/corpus-http
 	$(FUZZ_BUILD)/fuzz_spop_frame -max_total_time=60 -max_len=65536 \
 	  -dict=tests/fuzz/spop.dict $(FUZZ_BUILD)/corpus tests/fuzz/corpus/spop_frame
 	# libconfig 1.5 leaks a few bytes on some syntax errors: not ours, not counted
@@ -255,6 +277,8 @@ fuzz-smoke: fuzz
 	  $(FUZZ_BUILD)/corpus-config tests/fuzz/corpus/config
 	$(FUZZ_BUILD)/fuzz_resp -max_total_time=30 -max_len=65536 -dict=tests/fuzz/resp.dict \
 	  $(FUZZ_BUILD)/corpus-resp tests/fuzz/corpus/resp
+	$(FUZZ_BUILD)/fuzz_http -max_total_time=30 -max_len=65536 -dict=tests/fuzz/http.dict \
+	  $(FUZZ_BUILD)/corpus-http tests/fuzz/corpus/http
 
 # ---- the main job and the benchmark ----------------------------------------
 
@@ -321,6 +345,13 @@ endef
 
 deps:
 	$(call apt_install,$(DEB_PKGS))
+
+# What only the tests need: a headless browser for the status page
+# (tests/integration/test_status.py skips that test where it is missing).
+DEB_TEST_PKGS = chromium
+
+test-deps: deps
+	$(call apt_install,$(DEB_TEST_PKGS))
 
 # ---- Debian package (debian/) ------------------------------------------------
 #

@@ -3,7 +3,7 @@
  * The agent: the root context (loop, SPOP server, store, current ruleset)
  * created and freed, its rules swapped on a reload, its statistics published
  * into the metrics region, and its HTTP endpoints (/metrics, /top, /overrides,
- * /healthz, /ready) answered.
+ * /healthz, /ready, /status, /status.json) answered.
  *
  * DESIGN
  * What a decision does is in the files below this one (agent_int.h lists
@@ -20,6 +20,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <ev.h>
 
@@ -40,6 +41,7 @@
 #include "quota.h"
 #include "rules.h"
 #include "spoa.h"
+#include "status.h"
 #include "store.h"
 #include "topk.h"
 #include "util.h"
@@ -112,6 +114,8 @@ static void publish(struct agent *a)
 		ms->c[MC_REDIS_BATCHED] = st->batched;
 		for (i = 0; i < STORE_EC_COUNT; i++)
 			ms->c[MC_REDIS_ERR_OOM + i] = st->errors[i];
+		__atomic_store_n(&ms->nnodes, store_node_stats(a->store, ms->nodes, MET_NODES),
+				 __ATOMIC_RELEASE);
 	}
 	if (a->quota) {
 		const struct quota_stats *q = quota_stats(a->quota);
@@ -142,6 +146,7 @@ static void publish(struct agent *a)
 		if (mt)
 			mt->n = topk_list(a->topk[i].t, mt->top, MET_TOP_SNAP);
 	}
+	metrics_sample(a->metrics, ms, (int64_t)time(NULL));
 }
 
 static void publish_cb(struct ev_loop *loop, ev_timer *t, int revents)
@@ -188,6 +193,46 @@ static bool agent_ready(const struct agent *a)
 	return false;
 }
 
+/* Whether local quotas are configured: a limit with an accuracy budget, on Redis. */
+static bool agent_quotas(const struct agent *a)
+{
+	size_t i;
+
+	for (i = 0; a->quota && i < a->rs->cfg->nlimits; i++)
+		if (a->rs->cfg->limits[i].budget > 0)
+			return true;
+	return false;
+}
+
+/* The status page (<json>: /status.json), from the metrics and the agent's state. */
+static void status_reply(struct agent *a, struct http_reply *r, bool json)
+{
+	static const char *const store_kinds[STORE_KIND_COUNT] = {"redis", "allow", "memory"};
+	struct status_info si = {.version = VERSION,
+				 .now = (int64_t)time(NULL),
+				 .store = store_kinds[a->rs->cfg->store % STORE_KIND_COUNT],
+				 .ready = agent_ready(a),
+				 .fallback = agent_fallback_str(a),
+				 .candidate = a->rs->cand != NULL,
+				 .quotas = agent_quotas(a),
+				 .ovr = a->ovr};
+	struct met_view *v;
+	char why[256];
+
+	if (a->store && !store_health(a->store, why, sizeof(why)))
+		si.health = why;
+	publish(a);
+	v = metrics_view(a->metrics);
+	if (json) {
+		http_reply_status(r, 200, "application/json");
+		http_reply_header(r, "X-Content-Type-Options", "nosniff");
+		status_render_json(v, &si, r);
+	} else {
+		status_render_html(v, &si, r);
+	}
+	metrics_view_free(v);
+}
+
 static void http_cb(const char *path, struct http_reply *r, void *arg)
 {
 	struct agent *a = arg;
@@ -203,6 +248,8 @@ static void http_cb(const char *path, struct http_reply *r, void *arg)
 	} else if (strcmp(path, "/overrides") == 0 && a->ovr) {
 		http_reply_status(r, 200, "application/json");
 		ovr_render(a->ovr, r);
+	} else if (strcmp(path, "/status") == 0 || strcmp(path, "/status.json") == 0) {
+		status_reply(a, r, path[7] == '.');
 	} else if (strcmp(path, "/healthz") == 0) {
 		http_reply_status(r, 200, "text/plain");
 		http_reply_printf(r, "ok\n");
@@ -275,6 +322,8 @@ void agent_note_reload(struct agent *a, bool ok, uint64_t generation)
 	if (!a->ms)
 		return;
 	a->ms->c[ok ? MC_RELOADS_OK : MC_RELOADS_FAILED]++;
+	a->ms->c[MC_RELOAD_OK] = ok;
+	a->ms->c[MC_RELOAD_AT] = (uint64_t)time(NULL);
 	if (ok)
 		a->ms->c[MC_GENERATION] = generation;
 }

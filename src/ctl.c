@@ -8,14 +8,22 @@
  * step; every agent polling the version then applies it (see overrides.c).
  *
  * Entries are validated with the agents' own parser before they are written.
+ *
+ * `ctl status` needs no Redis: it reads the agent's /status.json on its
+ * metrics listener (metrics.listen) and prints it as tables, once or every
+ * few seconds (--watch).
  */
 #include "ctl.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -27,6 +35,7 @@
 
 #include "config.h"
 #include "digest.h"
+#include "json.h"
 #include "overrides.h"
 #include "rconn.h"
 #include "store.h"
@@ -34,6 +43,7 @@
 
 #define CTL_TIMEOUT_S   5       /* connect and command timeout */
 #define CTL_REDIRECTS   3       /* MOVED redirections followed */
+#define CTL_STATUS_MAX  (8U << 20) /* longest /status.json reply read */
 
 /*
  * KEYS[1] the hash; ARGV: field, value, max entries, now (Unix s). Drops the
@@ -86,6 +96,9 @@ static void ctl_usage(FILE *f)
 		"  remove TARGET                         lift every override of TARGET\n"
 		"  remove --field FIELD                  delete one field as listed (bad entries)\n"
 		"  (`add block|limit ...` is `block|limit ...`)\n"
+		"  status [--watch [SECONDS]] [-n COUNT] [--address IP:PORT]\n"
+		"                                        the agent's status page (/status.json)\n"
+		"                                        as tables, once or every SECONDS (2)\n"
 		"TARGET   key:RAWKEY (hashed here; key:- reads it from stdin), k:HEX (8 to 32 hex\n"
 		"         digits of the key's digest, as /top shows), ip:ADDR[/BITS] or ADDR[/BITS]\n"
 		"DURATION --for 10m | --until UNIXSECONDS\n"
@@ -755,6 +768,318 @@ done:
 	return ret;
 }
 
+/* ---- status ---------------------------------------------------------------- */
+
+/*
+ * GETs <path> from the HTTP listener at <addr> ("ip:port" or "[ip6]:port"; a
+ * wildcard address means this host). Returns the body (to be freed), or NULL
+ * with a message printed.
+ */
+static char *http_get(const char *addr, const char *path, size_t *len)
+{
+	struct timeval tv = {.tv_sec = CTL_TIMEOUT_S};
+	struct sockaddr_storage ss;
+	char host[INET6_ADDRSTRLEN + 1], req[256], *buf = NULL, *body;
+	size_t cap = 0, n = 0;
+	socklen_t sl;
+	int port, fd;
+
+	memset(&ss, 0, sizeof(ss));
+	if (hostport_split(addr, host, sizeof(host), &port) < 0) {
+		fprintf(stderr, "%s: expected ip:port or [ipv6]:port\n", addr);
+		return NULL;
+	}
+	if (inet_pton(AF_INET, host, &((struct sockaddr_in *)&ss)->sin_addr) == 1) {
+		struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
+
+		if (sin->sin_addr.s_addr == htonl(INADDR_ANY))
+			sin->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		sin->sin_family = AF_INET;
+		sin->sin_port = htons((uint16_t)port);
+		sl = sizeof(*sin);
+	} else if (inet_pton(AF_INET6, host, &((struct sockaddr_in6 *)&ss)->sin6_addr) == 1) {
+		struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
+
+		if (IN6_IS_ADDR_UNSPECIFIED(&sin6->sin6_addr))
+			sin6->sin6_addr = in6addr_loopback;
+		sin6->sin6_family = AF_INET6;
+		sin6->sin6_port = htons((uint16_t)port);
+		sl = sizeof(*sin6);
+	} else {
+		fprintf(stderr, "%s: not a numeric address\n", addr);
+		return NULL;
+	}
+	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
+	    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0 ||
+	    connect(fd, (struct sockaddr *)&ss, sl) < 0) {
+		fprintf(stderr, "%s: %s\n", addr, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return NULL;
+	}
+	snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
+		 path, addr);
+	if (send(fd, req, strlen(req), MSG_NOSIGNAL) != (ssize_t)strlen(req)) {
+		fprintf(stderr, "%s: send: %s\n", addr, strerror(errno));
+		close(fd);
+		return NULL;
+	}
+	for (;;) {
+		ssize_t r;
+
+		if (n + 1 >= cap) {
+			if (cap >= CTL_STATUS_MAX) {
+				fprintf(stderr, "%s: reply over %u bytes\n", addr, CTL_STATUS_MAX);
+				goto fail;
+			}
+			cap = cap ? cap * 2 : 65536;
+			buf = xrealloc(buf, cap);
+		}
+		r = recv(fd, buf + n, cap - n - 1, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			fprintf(stderr, "%s: %s\n", addr, strerror(errno));
+			goto fail;
+		}
+		if (r == 0)
+			break;
+		n += (size_t)r;
+	}
+	close(fd);
+	buf[n] = 0;
+	body = strstr(buf, "\r\n\r\n");
+	if (strncmp(buf, "HTTP/1.1 200 ", 13) != 0 || !body) {
+		fprintf(stderr, "%s%s: %.*s\n", addr, path, (int)strcspn(buf, "\r\n"), buf);
+		free(buf);
+		return NULL;
+	}
+	body += 4;
+	*len = n - (size_t)(body - buf);
+	memmove(buf, body, *len + 1);
+	return buf;
+fail:
+	close(fd);
+	free(buf);
+	return NULL;
+}
+
+/* <v> as a table cell: numbers as the agent wrote them, no control byte from a name. */
+static void cell_text(const struct json *v, char *out, size_t len)
+{
+	char *p;
+
+	if (!v || v->type == JSON_NULL)
+		snprintf(out, len, "-");
+	else if (v->type == JSON_BOOL)
+		snprintf(out, len, "%s", v->b ? "yes" : "no");
+	else if (v->type == JSON_NUM)
+		snprintf(out, len, "%.15g", v->num);
+	else if (v->type == JSON_STR)
+		snprintf(out, len, "%s", v->str);
+	else
+		snprintf(out, len, "(%zu)", v->n);
+	for (p = out; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			*p = '?';
+}
+
+#define CELL_MAX 160
+
+/* An array of objects as a table, its columns the first row's members. */
+static void print_table(FILE *f, const struct json *t)
+{
+	const struct json *first;
+	size_t w[32], i, c, ncols;
+	char cell[CELL_MAX];
+
+	fprintf(f, "  %s:", t->key);
+	if (!t->n || t->kids[0].type != JSON_OBJ) {
+		fprintf(f, " none\n");
+		return;
+	}
+	first = &t->kids[0];
+	ncols = first->n < ARRAY_SIZE(w) ? first->n : ARRAY_SIZE(w);
+	for (c = 0; c < ncols; c++)
+		w[c] = strlen(first->kids[c].key);
+	for (i = 0; i < t->n; i++)
+		for (c = 0; c < ncols; c++) {
+			cell_text(json_get(&t->kids[i], first->kids[c].key), cell, sizeof(cell));
+			if (strlen(cell) > w[c])
+				w[c] = strlen(cell);
+		}
+	fprintf(f, "\n   ");
+	for (c = 0; c < ncols; c++)
+		fprintf(f, " %-*s", (int)w[c], first->kids[c].key);
+	fprintf(f, "\n");
+	for (i = 0; i < t->n; i++) {
+		fprintf(f, "   ");
+		for (c = 0; c < ncols; c++) {
+			const struct json *v = json_get(&t->kids[i], first->kids[c].key);
+
+			cell_text(v, cell, sizeof(cell));
+			fprintf(f, v && v->type == JSON_NUM ? " %*s" : " %-*s", (int)w[c], cell);
+		}
+		fprintf(f, "\n");
+	}
+}
+
+/* The history of <key> in <series> as one line of characters, low to high. */
+static void print_spark(FILE *f, const struct json *series, const char *key)
+{
+	static const char levels[] = " .:-=+*#%@";
+	double max = 0;
+	size_t i;
+
+	for (i = 0; i < series->n; i++) {
+		const struct json *v = json_get(&series->kids[i], key);
+
+		if (v && v->type == JSON_NUM && v->num > max)
+			max = v->num;
+	}
+	fprintf(f, "  %-14s|", key);
+	for (i = 0; i < series->n; i++) {
+		const struct json *v = json_get(&series->kids[i], key);
+		double x = v && v->type == JSON_NUM && max > 0 ? v->num / max : 0;
+
+		fputc(levels[(int)(x * (sizeof(levels) - 2) + 0.5)], f);
+	}
+	fprintf(f, "| max %.15g/s\n", max);
+}
+
+/* One panel: "NAME [RED]", its values packed on lines, then its tables. */
+static void print_panel(FILE *f, const struct json *p, const struct json *alerts)
+{
+	const struct json *alert = json_get(alerts, p->key);
+	char cell[CELL_MAX], item[CELL_MAX + 80];
+	size_t i, col = 0;
+
+	fprintf(f, "\n== %s%s\n", p->key, alert && alert->type == JSON_BOOL && alert->b ? " [RED]"
+										      : "");
+	for (i = 0; i < p->n; i++) {
+		const struct json *v = &p->kids[i];
+
+		if (v->type == JSON_ARR || v->type == JSON_OBJ)
+			continue;
+		cell_text(v, cell, sizeof(cell));
+		snprintf(item, sizeof(item), "%s: %s", v->key, cell);
+		if (col && col + strlen(item) + 3 > 100) {
+			fprintf(f, "\n");
+			col = 0;
+		}
+		col += (size_t)fprintf(f, "%s%s", col ? "   " : "  ", item);
+	}
+	if (col)
+		fprintf(f, "\n");
+	for (i = 0; i < p->n; i++) {
+		const struct json *v = &p->kids[i];
+
+		if (v->type != JSON_ARR)
+			continue;
+		if (strcmp(v->key, "series") == 0) {
+			print_spark(f, v, "allowed");
+			print_spark(f, v, "denied");
+			print_spark(f, v, "degraded");
+			continue;
+		}
+		print_table(f, v);
+	}
+}
+
+/* Fetches and prints the status once. Returns 0, or 1 (printed). */
+static int status_once(const char *addr, bool clear)
+{
+	const struct json *schema, *state, *alerts, *agent, *ver;
+	char err[128];
+	struct json *j;
+	size_t len, i;
+	char *body = http_get(addr, "/status.json", &len);
+
+	if (!body)
+		return 1;
+	j = json_parse(body, len, err, sizeof(err));
+	free(body);
+	if (!j) {
+		fprintf(stderr, "%s/status.json: %s\n", addr, err);
+		return 1;
+	}
+	schema = json_get(j, "schema");
+	if (!schema || schema->type != JSON_NUM || schema->num != 1) {
+		fprintf(stderr, "%s/status.json: not schema 1 (a newer agent?)\n", addr);
+		json_free(j);
+		return 1;
+	}
+	state = json_get(j, "state");
+	alerts = json_get(j, "alerts");
+	agent = json_get(j, "agent");
+	ver = json_get(agent, "version");
+	if (clear)
+		fputs("\033[H\033[2J", stdout);
+	printf("spoa-ratelimit %s at %s: %s\n", ver && ver->type == JSON_STR ? ver->str : "?", addr,
+	       state && state->type == JSON_STR ? state->str : "?");
+	for (i = 0; i < j->n; i++)
+		if (j->kids[i].type == JSON_OBJ && strcmp(j->kids[i].key, "alerts") != 0)
+			print_panel(stdout, &j->kids[i], alerts);
+	fflush(stdout);
+	json_free(j);
+	return 0;
+}
+
+/*
+ * `ctl status [--watch [SECONDS]] [-n COUNT] [--address IP:PORT]`: the
+ * status of the agent whose metrics listener is <cfg>'s (or --address).
+ */
+static int ctl_status(const struct agent_config *cfg, int argc, char **argv)
+{
+	const char *addr = cfg ? cfg->metrics_listen : NULL;
+	double every = 0;
+	long count = -1, done;
+	int i, ret = 0;
+
+	for (i = 0; i < argc; i++) {
+		char *end;
+
+		if (strcmp(argv[i], "--watch") == 0) {
+			every = 2;
+			if (i + 1 < argc && argv[i + 1][0] != '-') {
+				every = strtod(argv[++i], &end);
+				if (*end || !(every >= 0.2 && every <= 3600)) {
+					fprintf(stderr, "--watch: seconds from 0.2 to 3600\n");
+					return 2;
+				}
+			}
+		} else if (strcmp(argv[i], "-n") == 0 && i + 1 < argc) {
+			count = strtol(argv[++i], &end, 10);
+			if (*end || count < 1) {
+				fprintf(stderr, "-n: a count of at least 1\n");
+				return 2;
+			}
+		} else if (strcmp(argv[i], "--address") == 0 && i + 1 < argc) {
+			addr = argv[++i];
+		} else {
+			return 2;
+		}
+	}
+	if (!addr) {
+		fprintf(stderr, "metrics.listen is not set in the configuration (or give "
+				"--address IP:PORT)\n");
+		return 1;
+	}
+	if (every == 0)
+		return status_once(addr, false);
+	for (done = 0; count < 0 || done < count; done++) {
+		struct timespec ts = {.tv_sec = (time_t)every,
+				      .tv_nsec = (long)((every - (double)(time_t)every) * 1e9)};
+
+		if (done)
+			nanosleep(&ts, NULL);
+		/* an agent that does not answer is said so, and asked again */
+		ret = status_once(addr, isatty(STDOUT_FILENO));
+	}
+	return ret;
+}
+
 int ctl_main(int argc, char **argv)
 {
 	const char *file = "/etc/spoa-ratelimit/spoa-ratelimit.conf", *cmd;
@@ -795,7 +1120,7 @@ int ctl_main(int argc, char **argv)
 		kind = OVR_BLOCK;
 	} else if (strcmp(cmd, "limit") == 0 || strcmp(cmd, "unlimit") == 0) {
 		kind = OVR_LIMIT;
-	} else if (strcmp(cmd, "list") != 0) {
+	} else if (strcmp(cmd, "list") != 0 && strcmp(cmd, "status") != 0) {
 		fprintf(stderr, "unknown command '%s'\n", cmd);
 		ctl_usage(stderr);
 		return 2;
@@ -807,6 +1132,13 @@ int ctl_main(int argc, char **argv)
 			fprintf(stderr, "%s\n", errs.msgs[k]);
 		cfg_errors_release(&errs);
 		return 1;
+	}
+	if (strcmp(cmd, "status") == 0) {
+		ret = ctl_status(c.cfg, argc - i, argv + i);
+		if (ret == 2)
+			ctl_usage(stderr);
+		config_free(c.cfg);
+		return ret;
 	}
 	if (c.cfg->store != STORE_KIND_REDIS) {
 		fprintf(stderr, "%s: overrides need store \"redis\"\n", file);

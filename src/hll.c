@@ -205,8 +205,19 @@ uint64_t hll_count(const struct hll *h)
 	size_t i;
 	int k;
 
-	for (i = 0; i < HLL_REGISTERS; i++)
-		hist[h->reg[i]]++;
+	for (i = 0; i < HLL_REGISTERS; i += 8) {
+		uint64_t w;
+		int j;
+
+		/* a sketch of few clients is mostly empty registers: 8 at a time */
+		memcpy(&w, &h->reg[i], sizeof(w));
+		if (!w) {
+			hist[0] += 8;
+			continue;
+		}
+		for (j = 0; j < 8; j++)
+			hist[h->reg[i + j]]++;
+	}
 	if (hist[0] == HLL_REGISTERS)
 		return 0;
 	z = m * hll_tau(1.0 - hist[HLL_RANK_MAX] / m);

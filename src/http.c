@@ -54,7 +54,7 @@
 #define HTTP_LINGER_BYTES   (64U << 10)     /* most input dropped while lingering */
 #define HTTP_ACCEPT_BURST   16              /* accepts per loop iteration */
 #define HTTP_WARN_EVERY_S   10.0            /* log refusals at most this often */
-#define HTTP_OUT_HEAD_MAX   512             /* status line and headers */
+#define HTTP_OUT_HEAD_MAX   (512 + HTTP_HEADERS_MAX) /* status line and headers */
 #define HTTP_IN_MIN         1024            /* first request head buffer */
 
 enum http_conn_state {
@@ -74,8 +74,7 @@ struct http_conn {
 	char *in;                          /* owned: request head, NULL until bytes come */
 	size_t in_cap;                     /* allocated size of in */
 	size_t in_len;                     /* bytes in in */
-	size_t start;                      /* first byte after leading empty lines */
-	size_t scan;                       /* where the search for the head end resumes */
+	struct http_scan hs;               /* the search for the end of the head */
 	struct http_reply reply;           /* the reply being sent */
 	size_t out_len;                    /* bytes of out_head + body to send */
 	size_t out_off;                    /* bytes of them sent */
@@ -102,6 +101,15 @@ struct http_server {
 };
 
 /* ---------------------------------------------------------------- replies */
+
+/* True for the characters of an RFC 9110 token (methods, header names). */
+static bool is_tchar(unsigned char ch)
+{
+	if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9'))
+		return true;
+	return ch != 0 && strchr("!#$%&'*+-.^_`|~", ch) != NULL;
+}
+
 
 /* Prepares <r> as an empty 200 text/plain reply. Nothing is allocated yet. */
 void http_reply_init(struct http_reply *r)
@@ -223,6 +231,32 @@ void http_reply_printf(struct http_reply *r, const char *fmt, ...)
 		BUG_ON(n < 0 || (size_t)n >= r->cap - r->len);
 	}
 	r->len += (size_t)n;
+}
+
+/*
+ * Adds the header "<name>: <value>" to <r>. A name that is not a token, a
+ * value with control characters (header injection), or headers beyond
+ * HTTP_HEADERS_MAX bytes break the reply into a 500.
+ */
+void http_reply_header(struct http_reply *r, const char *name, const char *value)
+{
+	size_t nl = strlen(name), vl = strlen(value), i;
+	int n;
+
+	if (r->broken)
+		return;
+	for (i = 0; i < nl; i++)
+		if (!is_tchar((unsigned char)name[i]))
+			break;
+	for (n = 0; (size_t)n < vl; n++)
+		if ((unsigned char)value[n] < 0x20 || (unsigned char)value[n] == 0x7f)
+			break;
+	if (nl == 0 || i < nl || (size_t)n < vl || nl + vl + 4 >= sizeof(r->headers) - r->hlen) {
+		reply_break(r);
+		return;
+	}
+	n = snprintf(r->headers + r->hlen, sizeof(r->headers) - r->hlen, "%s: %s\r\n", name, value);
+	r->hlen += (size_t)n;
 }
 
 static const char *status_reason(int status)
@@ -375,12 +409,12 @@ static void conn_respond(struct http_conn *c, bool head_only, bool allow)
 		     "Content-Length: %zu\r\n"
 		     "Date: %s\r\n"
 		     "Cache-Control: no-store\r\n"
-		     "%s"
+		     "%s%.*s"
 		     "Connection: close\r\n"
 		     "\r\n",
 		     r->status, status_reason(r->status), r->ctype, r->len, date,
-		     allow ? "Allow: GET, HEAD\r\n" : "");
-	/* bounded: ctype < HTTP_CTYPE_MAX, everything else is short and fixed */
+		     allow ? "Allow: GET, HEAD\r\n" : "", (int)r->hlen, r->headers);
+	/* bounded: ctype < HTTP_CTYPE_MAX, headers < HTTP_HEADERS_MAX, the rest short and fixed */
 	BUG_ON(n < 0 || (size_t)n >= sizeof(c->out_head));
 	c->out_head_len = (size_t)n;
 	c->out_len = c->out_head_len + (head_only ? 0 : r->len);
@@ -400,67 +434,54 @@ static void conn_error(struct http_conn *c, int status, bool head_only)
 	conn_respond(c, head_only, status == 405);
 }
 
-/* True for the characters of an RFC 9110 token (methods). */
-static bool is_tchar(unsigned char ch)
-{
-	if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9'))
-		return true;
-	return ch != 0 && strchr("!#$%&'*+-.^_`|~", ch) != NULL;
-}
-
 /*
- * Parses the request line of <len> bytes at <line> (no CR/LF), which lives in
- * c->in and is modified in place, and answers. Every path ends in a reply.
+ * Parses the request line of <len> bytes at <line> (no CR/LF), which is
+ * modified in place, into <req>: req->status is 0 and req->path the path to
+ * serve (in <line>: without query string or fragment, the path of an
+ * absolute-form target, "/" when empty), or req->status is the error to
+ * answer (400, 405, 505). req->head tells a HEAD request, once the method is
+ * known to be valid and the version is read. Never reads outside <line>.
  */
-static void conn_on_request(struct http_conn *c, char *line, size_t len)
+void http_request_parse(char *line, size_t len, struct http_request *req)
 {
 	char *method = line, *target, *version, *end = line + len;
-	const char *path;
 	size_t mlen, tlen, vlen, i;
-	bool head;
 
+	req->status = 400;
+	req->head = false;
+	req->path = NULL;
 	target = memchr(line, ' ', len);
-	if (!target || target == line) {
-		conn_error(c, 400, false);
+	if (!target || target == line)
 		return;
-	}
 	mlen = (size_t)(target - method);
 	target++;
 	version = memchr(target, ' ', (size_t)(end - target));
-	if (!version || version == target) {
-		conn_error(c, 400, false);
+	if (!version || version == target)
 		return;
-	}
 	tlen = (size_t)(version - target);
 	version++;
 	vlen = (size_t)(end - version);
-	for (i = 0; i < mlen; i++) {
-		if (!is_tchar((unsigned char)method[i])) {
-			conn_error(c, 400, false);
+	for (i = 0; i < mlen; i++)
+		if (!is_tchar((unsigned char)method[i]))
 			return;
-		}
-	}
 	for (i = 0; i < tlen; i++) {
 		unsigned char ch = (unsigned char)target[i];
 
-		if (ch <= 0x20 || ch >= 0x7f) {
-			conn_error(c, 400, false);
+		if (ch <= 0x20 || ch >= 0x7f)
 			return;
-		}
 	}
-	head = mlen == 4 && memcmp(method, "HEAD", 4) == 0;
+	req->head = mlen == 4 && memcmp(method, "HEAD", 4) == 0;
 	/* HTTP/<digit>.<digit>; any 1.x is served as 1.1 (RFC 9110 2.5) */
 	if (vlen != 8 || memcmp(version, "HTTP/", 5) != 0 || !isdigit((unsigned char)version[5]) ||
-	    version[6] != '.' || !isdigit((unsigned char)version[7])) {
-		conn_error(c, 400, head);
+	    version[6] != '.' || !isdigit((unsigned char)version[7]))
 		return;
-	}
 	if (version[5] != '1') {
-		conn_error(c, 505, head);
+		req->status = 505;
 		return;
 	}
-	if (!head && !(mlen == 3 && memcmp(method, "GET", 3) == 0)) {
-		conn_error(c, 405, false);
+	if (!req->head && !(mlen == 3 && memcmp(method, "GET", 3) == 0)) {
+		req->status = 405;
+		req->head = false;
 		return;
 	}
 	target[tlen] = 0;
@@ -470,64 +491,81 @@ static void conn_on_request(struct http_conn *c, char *line, size_t len)
 			target += 7;
 		else if (strncasecmp(target, "https://", 8) == 0)
 			target += 8;
-		else {
-			conn_error(c, 400, head);
+		else
 			return;
-		}
 		target += strcspn(target, "/?#");
 	}
 	target[strcspn(target, "?#")] = 0;
-	path = target[0] == '/' ? target : "/";
+	req->path = target[0] == '/' ? target : "/";
+	req->status = 0;
+}
+
+/* Answers the request line of <len> bytes at <line>, in c->in. */
+static void conn_on_request(struct http_conn *c, char *line, size_t len)
+{
+	struct http_request req;
+
+	http_request_parse(line, len, &req);
+	if (req.status) {
+		conn_error(c, req.status, req.head);
+		return;
+	}
 	http_reply_release(&c->reply);
-	c->srv->fn(path, &c->reply, c->srv->arg);
-	conn_respond(c, head, false);
+	c->srv->fn(req.path, &c->reply, c->srv->arg);
+	conn_respond(c, req.head, false);
 }
 
 /*
- * Looks for the end of the head (an empty line, CRLF or bare LF) in c->in.
- * Returns the length of the request line, which starts at c->start, or -1 if
- * the head is incomplete. Leading empty lines are skipped (RFC 9112 2.2).
- * Resumes where the previous call stopped, so a head sent byte by byte costs
- * linear time.
+ * Looks for the end of a request head (an empty line, CRLF or bare LF) in the
+ * <len> bytes at <in>, resuming the search of <st> (zeroed before the first
+ * call; <in> may only have grown since). Returns the length of the request
+ * line, which starts at st->start, and sets *<end> just past the empty line;
+ * or returns -1 if the head is incomplete. Leading empty lines are skipped
+ * (RFC 9112 2.2). A head sent byte by byte costs linear time.
  */
-static ssize_t head_complete(struct http_conn *c)
+ssize_t http_head_scan(struct http_scan *st, const char *in, size_t len, size_t *end)
 {
 	size_t i, line_end = 0;
 	bool have_line = false;
 
-	while (c->start < c->in_len && (c->in[c->start] == '\r' || c->in[c->start] == '\n'))
-		c->start++;
-	i = c->scan > c->start ? c->scan : c->start;
-	for (; i < c->in_len; i++) {
-		if (c->in[i] != '\n')
+	while (st->start < len && (in[st->start] == '\r' || in[st->start] == '\n'))
+		st->start++;
+	i = st->scan > st->start ? st->scan : st->start;
+	for (; i < len; i++) {
+		if (in[i] != '\n')
 			continue;
-		if (i + 1 < c->in_len && c->in[i + 1] == '\n')
+		if (i + 1 < len && in[i + 1] == '\n') {
+			*end = i + 2;
 			break;
-		if (i + 2 < c->in_len && c->in[i + 1] == '\r' && c->in[i + 2] == '\n')
+		}
+		if (i + 2 < len && in[i + 1] == '\r' && in[i + 2] == '\n') {
+			*end = i + 3;
 			break;
+		}
 	}
-	if (i >= c->in_len) {
+	if (i >= len) {
 		/* resume where a terminator could still begin */
-		c->scan = c->in_len > 2 ? c->in_len - 2 : 0;
+		st->scan = len > 2 ? len - 2 : 0;
 		return -1;
 	}
 	/* complete: the request line ends at the first LF after start */
-	for (i = c->start; i < c->in_len; i++) {
-		if (c->in[i] == '\n') {
+	for (i = st->start; i < len; i++) {
+		if (in[i] == '\n') {
 			line_end = i;
 			have_line = true;
 			break;
 		}
 	}
 	BUG_ON(!have_line);
-	if (line_end > c->start && c->in[line_end - 1] == '\r')
+	if (line_end > st->start && in[line_end - 1] == '\r')
 		line_end--;
-	return (ssize_t)(line_end - c->start);
+	return (ssize_t)(line_end - st->start);
 }
 
 static void conn_read_head(struct http_conn *c)
 {
 	for (;;) {
+		size_t end;
 		ssize_t n;
 
 		if (c->in_len == c->in_cap) {
@@ -560,9 +598,9 @@ static void conn_read_head(struct http_conn *c)
 			return;
 		}
 		c->in_len += (size_t)n;
-		n = head_complete(c);
+		n = http_head_scan(&c->hs, c->in, c->in_len, &end);
 		if (n >= 0) {
-			conn_on_request(c, c->in + c->start, (size_t)n);
+			conn_on_request(c, c->in + c->hs.start, (size_t)n);
 			return;
 		}
 		if (c->in_len == HTTP_HEAD_MAX) {

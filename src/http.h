@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "compiler.h"
 
@@ -29,6 +30,7 @@ struct ev_loop;
 #define HTTP_TIMEOUT_S     5.0             /* whole-connection deadline (seconds) */
 #define HTTP_REPLY_MAX     (8U << 20)      /* reply body bound, 500 beyond */
 #define HTTP_CTYPE_MAX     128             /* longest Content-Type accepted */
+#define HTTP_HEADERS_MAX   768             /* extra header bytes of a reply */
 
 #define HTTP_CTYPE_TEXT    "text/plain; charset=utf-8"
 
@@ -44,6 +46,8 @@ struct http_reply {
 	size_t len;                        /* body bytes */
 	size_t cap;                        /* allocated bytes of body */
 	bool broken;                       /* sent as a 500, body dropped */
+	size_t hlen;                       /* bytes in headers */
+	char headers[HTTP_HEADERS_MAX];    /* extra "Name: value\r\n" lines */
 };
 
 /*
@@ -54,6 +58,25 @@ struct http_reply {
  * must not block, run the loop, or free the server.
  */
 typedef void (*http_handler_fn)(const char *path, struct http_reply *r, void *arg);
+
+/*
+ * The request parser, on its own for its tests and fuzz target: the search
+ * for the end of a request head, resumed as bytes arrive, and the request
+ * line read into what the server answers.
+ */
+struct http_scan {
+	size_t start;                      /* first byte after leading empty lines */
+	size_t scan;                       /* where the search for the head end resumes */
+};
+
+struct http_request {
+	int status;                        /* 0: served, else 400, 405 or 505 */
+	bool head;                         /* HEAD: the reply's body is not sent */
+	const char *path;                  /* when served: the path, in the line */
+};
+
+ssize_t http_head_scan(struct http_scan *st, const char *in, size_t len, size_t *end);
+void http_request_parse(char *line, size_t len, struct http_request *req);
 
 /* Counters of one server, for its own metrics. */
 struct http_stats {
@@ -72,6 +95,7 @@ void http_reply_release(struct http_reply *r);
 void http_reply_status(struct http_reply *r, int status, const char *content_type);
 void http_reply_append(struct http_reply *r, const char *data, size_t len);
 void http_reply_printf(struct http_reply *r, const char *fmt, ...) PRINTF(2, 3);
+void http_reply_header(struct http_reply *r, const char *name, const char *value);
 
 struct http_server *http_server_new(struct ev_loop *loop, const char *addr, bool reuseport,
 				    http_handler_fn fn, void *arg, char *err,

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "util.h"
@@ -25,6 +26,10 @@
 struct metrics {
 	unsigned nslots;
 	size_t size;                    /* bytes mapped */
+	int64_t started;                /* Unix seconds: made by the agent's first process */
+	size_t hist_next;               /* where the next point of hist goes */
+	size_t nhist;                   /* points in hist (release store) */
+	struct met_point hist[MET_HIST]; /* written by worker 0's slot only */
 	struct met_slot slots[];
 };
 
@@ -47,6 +52,7 @@ struct metrics *metrics_new(unsigned workers)
 		return NULL;
 	m->nslots = workers;
 	m->size = size;
+	m->started = (int64_t)time(NULL);
 	return m;
 }
 
@@ -202,14 +208,6 @@ static bool slot_live(const struct met_slot *s)
 
 /* ---------------------------------------------------------------- merging */
 
-struct merged_top {
-	char rule[MET_NAME];
-	uint64_t denied;
-	struct hll hll;
-	size_t n;
-	struct topk_entry e[MET_TOP_SNAP * MET_WORKERS_MAX];
-};
-
 static int cmp_entry(const void *a, const void *b)
 {
 	const struct topk_entry *x = a, *y = b;
@@ -219,11 +217,15 @@ static int cmp_entry(const void *a, const void *b)
 	return strcmp(x->item, y->item);
 }
 
-/* Merges the top-offender snapshots of every live slot, per rule. */
-static size_t merge_tops(const struct metrics *m, struct merged_top **out)
+/*
+ * Merges the top-offender snapshots of every live slot, per rule (to be freed
+ * with free_tops()). Each rule's entries are allocated for the workers there
+ * are, not for MET_WORKERS_MAX: a scrape touches what it uses.
+ */
+static size_t merge_tops(const struct metrics *m, struct met_merged_top **out)
 {
-	struct merged_top *mt = xcalloc(MET_TOP_RULES, sizeof(*mt));
-	size_t n = 0, w, i, j, k;
+	struct met_merged_top *mt = xcalloc(MET_TOP_RULES, sizeof(*mt));
+	size_t n = 0, w, i, j, k, cap = MET_TOP_SNAP * m->nslots;
 
 	for (w = 0; w < m->nslots; w++) {
 		const struct met_slot *s = &m->slots[w];
@@ -234,7 +236,7 @@ static size_t merge_tops(const struct metrics *m, struct merged_top **out)
 		ntop = __atomic_load_n(&s->ntop, __ATOMIC_ACQUIRE);
 		for (i = 0; i < ntop; i++) {
 			const struct met_top *t = &s->top[i];
-			struct merged_top *d = NULL;
+			struct met_merged_top *d = NULL;
 
 			for (j = 0; j < n; j++)
 				if (strcmp(mt[j].rule, t->rule) == 0)
@@ -244,9 +246,16 @@ static size_t merge_tops(const struct metrics *m, struct merged_top **out)
 					continue;
 				d = &mt[n++];
 				memcpy(d->rule, t->rule, MET_NAME);
+				d->e = xmalloc(cap * sizeof(*d->e));
 			}
 			d->denied += t->denied;
 			hll_merge(&d->hll, &t->hll);
+			if (!d->n) {
+				/* the first worker's list: its items are distinct already */
+				d->n = t->n < MET_TOP_SNAP ? t->n : MET_TOP_SNAP;
+				memcpy(d->e, t->top, d->n * sizeof(*d->e));
+				continue;
+			}
 			for (j = 0; j < t->n && j < MET_TOP_SNAP; j++) {
 				for (k = 0; k < d->n; k++) {
 					if (strcmp(d->e[k].item, t->top[j].item) == 0) {
@@ -255,7 +264,7 @@ static size_t merge_tops(const struct metrics *m, struct merged_top **out)
 						break;
 					}
 				}
-				if (k == d->n && d->n < ARRAY_SIZE(d->e))
+				if (k == d->n && d->n < cap)
 					d->e[d->n++] = t->top[j];
 			}
 		}
@@ -267,6 +276,15 @@ static size_t merge_tops(const struct metrics *m, struct merged_top **out)
 	}
 	*out = mt;
 	return n;
+}
+
+static void free_tops(struct met_merged_top *mt, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		free(mt[i].e);
+	free(mt);
 }
 
 /* ---------------------------------------------------------------- rendering */
@@ -337,7 +355,7 @@ static const char *top_rule(const char *t, bool cand)
  * Distinct denied clients and top offenders per rule: of the enforced rules,
  * or of the candidate's (<cand>: families spoa_ratelimit_candidate_*).
  */
-static void render_tops(struct http_reply *r, const struct merged_top *mt, size_t ntop, bool cand)
+static void render_tops(struct http_reply *r, const struct met_merged_top *mt, size_t ntop, bool cand)
 {
 	const char *dc = cand ? "spoa_ratelimit_candidate_denied_clients"
 			      : "spoa_ratelimit_denied_clients";
@@ -375,10 +393,10 @@ static void render_tops(struct http_reply *r, const struct merged_top *mt, size_
 	}
 }
 
-/* The candidate policy's verdicts, summed over the live workers. */
-static void render_candidate(const struct metrics *m, struct http_reply *r)
+/* The candidate policy's verdicts, summed over the live workers (<*n> rows, to be freed). */
+static struct met_cand_row *merge_cand(const struct metrics *m, size_t *n_out)
 {
-	struct met_cand_row *rows = xcalloc(MET_CAND_ROWS * MET_WORKERS_MAX, sizeof(*rows));
+	struct met_cand_row *rows = xcalloc(MET_CAND_ROWS * m->nslots, sizeof(*rows));
 	size_t nrows = 0, i, j;
 	unsigned w;
 
@@ -409,6 +427,16 @@ static void render_candidate(const struct metrics *m, struct http_reply *r)
 			rows[j].lifted += src->lifted;
 		}
 	}
+	*n_out = nrows;
+	return rows;
+}
+
+/* The candidate policy's verdicts, summed over the live workers. */
+static void render_candidate(const struct metrics *m, struct http_reply *r)
+{
+	size_t nrows, j;
+	struct met_cand_row *rows = merge_cand(m, &nrows);
+
 	prom_family(r, "spoa_ratelimit_candidate_decisions_total", PROM_COUNTER,
 		    "Verdicts of the candidate policy (never enforced), by candidate tier and "
 		    "the candidate rule that would deny (\"-\" when it would allow).");
@@ -462,7 +490,7 @@ struct merged {
 /* Merges the live slots of <m> into <mg> (mg->rows to be freed). */
 static void merge_slots(const struct metrics *m, struct merged *mg)
 {
-	struct met_row *rows = xcalloc(MET_ROWS * MET_WORKERS_MAX, sizeof(*rows));
+	struct met_row *rows = xcalloc(MET_ROWS * m->nslots, sizeof(*rows));
 	size_t nrows = 0, i, j;
 	unsigned w;
 
@@ -773,7 +801,7 @@ static const struct family families[] = {
  */
 void metrics_render(const struct metrics *m, struct http_reply *r)
 {
-	struct merged_top *mt;
+	struct met_merged_top *mt;
 	struct merged mg;
 	size_t ntop;
 
@@ -789,14 +817,14 @@ void metrics_render(const struct metrics *m, struct http_reply *r)
 	render_tops(r, mt, ntop, false);
 	render_candidate(m, r);
 	render_tops(r, mt, ntop, true);
-	free(mt);
+	free_tops(mt, ntop);
 	free(mg.rows);
 }
 
 /* Renders the merged top offenders as JSON (the /top view). */
 void metrics_render_top(const struct metrics *m, struct http_reply *r)
 {
-	struct merged_top *mt;
+	struct met_merged_top *mt;
 	size_t ntop = merge_tops(m, &mt), i, j;
 
 	int cand;
@@ -828,5 +856,158 @@ void metrics_render_top(const struct metrics *m, struct http_reply *r)
 		}
 	}
 	http_reply_printf(r, "]}\n");
-	free(mt);
+	free_tops(mt, ntop);
+}
+
+/* ---------------------------------------------------------------- the status page */
+
+/* Every decision counted by the live workers, by result. */
+static void sum_results(const struct metrics *m, uint64_t v[MET_RESULTS])
+{
+	unsigned w;
+	size_t i;
+
+	memset(v, 0, MET_RESULTS * sizeof(v[0]));
+	for (w = 0; w < m->nslots; w++) {
+		const struct met_slot *s = &m->slots[w];
+		size_t n;
+
+		if (!slot_live(s))
+			continue;
+		n = __atomic_load_n(&s->nrows, __ATOMIC_ACQUIRE);
+		for (i = 0; i < n; i++) {
+			v[MR_ALLOWED] += s->rows[i].allowed;
+			v[MR_DENIED] += s->rows[i].denied;
+			v[MR_SHADOW_DENIED] += s->rows[i].shadow_denied;
+			v[MR_DEGRADED] += s->rows[i].degraded;
+			v[MR_LOCAL] += s->rows[i].local;
+		}
+	}
+}
+
+/*
+ * Adds a point to the decision history when <now> (Unix seconds) has entered
+ * a new MET_HIST_STEP_S step; only the first worker's slot <s> writes (one
+ * writer), the others return at once. A reader may see the oldest point torn
+ * while it is overwritten: the page clamps a negative rate to zero.
+ */
+void metrics_sample(struct metrics *m, const struct met_slot *s, int64_t now)
+{
+	int64_t t = now - now % MET_HIST_STEP_S;
+	size_t last;
+	struct met_point *p;
+
+	if (s != &m->slots[0])
+		return;
+	last = (m->hist_next + MET_HIST - 1) % MET_HIST;
+	if (m->nhist && m->hist[last].t >= t)
+		return;
+	p = &m->hist[m->hist_next];
+	p->t = t;
+	sum_results(m, p->v);
+	__atomic_store_n(&m->hist_next, (m->hist_next + 1) % MET_HIST, __ATOMIC_RELEASE);
+	if (m->nhist < MET_HIST)
+		__atomic_store_n(&m->nhist, m->nhist + 1, __ATOMIC_RELEASE);
+}
+
+/* Merges the Redis nodes the live workers report, by name. */
+static void merge_nodes(const struct metrics *m, struct met_view *v)
+{
+	unsigned w;
+	size_t i, j, k;
+
+	v->nodes = xcalloc(MET_NODES * m->nslots, sizeof(*v->nodes));
+	for (w = 0; w < m->nslots; w++) {
+		const struct met_slot *s = &m->slots[w];
+		size_t n;
+
+		if (!slot_live(s))
+			continue;
+		n = __atomic_load_n(&s->nnodes, __ATOMIC_ACQUIRE);
+		for (i = 0; i < n && i < MET_NODES; i++) {
+			const struct store_node_stats *src = &s->nodes[i];
+			struct store_node_stats *d;
+
+			for (j = 0; j < v->nnodes; j++)
+				if (strcmp(v->nodes[j].name, src->name) == 0)
+					break;
+			d = &v->nodes[j];
+			if (j == v->nnodes) {
+				v->nnodes++;
+				*d = *src;
+				continue;
+			}
+			/* a worker whose connection is not ready tells */
+			if (strcmp(src->state, "ready") != 0)
+				memcpy(d->state, src->state, sizeof(d->state));
+			d->breaker_open |= src->breaker_open;
+			d->limit += src->limit;
+			d->out += src->out;
+			d->queued += src->queued;
+			for (k = 0; k < STORE_EC_COUNT; k++)
+				d->errors[k] += src->errors[k];
+			for (k = 0; k < STORE_LAT_BUCKETS; k++)
+				d->lat[k] += src->lat[k];
+		}
+	}
+}
+
+/*
+ * What the status page shows, merged from every live worker: counters summed
+ * (and their highest values), decisions by rule, the candidate's verdicts,
+ * top offenders, Redis nodes, latencies and the decision history. To be freed
+ * with metrics_view_free().
+ */
+struct met_view *metrics_view(const struct metrics *m)
+{
+	struct met_view *v = xcalloc(1, sizeof(*v));
+	int64_t reload_at = -1;
+	struct merged mg;
+	size_t n, first, i;
+	unsigned w, k;
+
+	merge_slots(m, &mg);
+	v->live = mg.live;
+	v->started = m->started;
+	v->rows = mg.rows;
+	v->nrows = mg.nrows;
+	v->decision_lat = mg.dl;
+	v->redis_lat = mg.rl;
+	memcpy(v->degraded, mg.deg, sizeof(v->degraded));
+	for (w = 0; w < m->nslots; w++) {
+		const struct met_slot *s = &m->slots[w];
+
+		if (!slot_live(s))
+			continue;
+		for (k = 0; k < MC_COUNT; k++) {
+			v->sum[k] += s->c[k];
+			if (s->c[k] > v->max[k])
+				v->max[k] = s->c[k];
+		}
+		if (s->c[MC_RELOAD_AT] && (int64_t)s->c[MC_RELOAD_AT] > reload_at) {
+			reload_at = (int64_t)s->c[MC_RELOAD_AT];
+			v->reload_ok = s->c[MC_RELOAD_OK] != 0;
+		}
+	}
+	v->cand = merge_cand(m, &v->ncand);
+	v->ntop = merge_tops(m, &v->tops);
+	merge_nodes(m, v);
+	n = __atomic_load_n(&m->nhist, __ATOMIC_ACQUIRE);
+	first = (__atomic_load_n(&m->hist_next, __ATOMIC_ACQUIRE) + MET_HIST - n) % MET_HIST;
+	for (i = 0; i < n; i++)
+		v->hist[i] = m->hist[(first + i) % MET_HIST];
+	v->nhist = n;
+	return v;
+}
+
+/* Frees <v> and what it owns (NULL is a no-op). */
+void metrics_view_free(struct met_view *v)
+{
+	if (!v)
+		return;
+	free(v->rows);
+	free(v->cand);
+	free_tops(v->tops, v->ntop);
+	free(v->nodes);
+	free(v);
 }

@@ -111,6 +111,8 @@ enum met_counter {
 	MC_OVR_SKIPPED,         /* override entries skipped (bad, or over the cap) */
 	MC_OVR_POLL_ERRORS,     /* override polls or loads that failed */
 	MC_CAND_UNEVALUATED,    /* decisions made without their candidate's verdict */
+	MC_RELOAD_AT,           /* gauge: Unix seconds of the last reload, 0 = none */
+	MC_RELOAD_OK,           /* gauge: 1 if that reload was applied */
 	MC_COUNT                /* sentinel */
 };
 
@@ -147,6 +149,17 @@ struct met_top {
 	struct hll hll;
 };
 
+#define MET_NODES       16      /* Redis nodes each worker reports */
+#define MET_HIST        120     /* points of the decision history */
+#define MET_HIST_STEP_S 5       /* ... one every this many seconds: 10 minutes */
+#define MET_RESULTS     5       /* enum met_result */
+
+/* The decisions counted by the whole agent at one time (cumulative, by result). */
+struct met_point {
+	int64_t t;                      /* Unix seconds, a multiple of MET_HIST_STEP_S */
+	uint64_t v[MET_RESULTS];
+};
+
 struct met_slot {
 	pid_t pid;                      /* 0: unused */
 	uint64_t c[MC_COUNT];
@@ -160,6 +173,38 @@ struct met_slot {
 	struct met_top top[MET_TOP_RULES];
 	size_t ncand;
 	struct met_cand_row cand[MET_CAND_ROWS];
+	size_t nnodes;
+	struct store_node_stats nodes[MET_NODES]; /* the Redis nodes, as last published */
+};
+
+/* The top offenders of one rule, merged over the workers (MET_TOP_K kept). */
+struct met_merged_top {
+	char rule[MET_NAME];
+	uint64_t denied;
+	struct hll hll;
+	size_t n;
+	struct topk_entry *e;           /* owned: the workers' entries merged, sorted (n) */
+};
+
+/* Every live worker's slot merged, for the status page (metrics_view()). */
+struct met_view {
+	unsigned live;                  /* workers reporting */
+	int64_t started;                /* Unix seconds the agent started */
+	uint64_t sum[MC_COUNT];         /* each counter summed over the workers */
+	uint64_t max[MC_COUNT];         /* ... its highest value among them */
+	bool reload_ok;                 /* the last reload (max[MC_RELOAD_AT]) was applied */
+	struct met_row *rows;           /* owned: decisions by (tier, rule) */
+	size_t nrows;
+	struct met_cand_row *cand;      /* owned: the candidate's verdicts */
+	size_t ncand;
+	struct met_merged_top *tops;    /* owned: top offenders by rule */
+	size_t ntop;
+	uint64_t degraded[STORE_COUNT]; /* degraded answers by reason */
+	struct prom_hist decision_lat, redis_lat;
+	struct store_node_stats *nodes; /* owned: merged by name */
+	size_t nnodes;
+	struct met_point hist[MET_HIST]; /* the decision history, oldest first */
+	size_t nhist;
 };
 
 struct metrics;
@@ -172,6 +217,9 @@ void metrics_candidate(struct met_slot *s, const char *tier, const char *rule, i
 struct met_top *metrics_top(struct met_slot *s, const char *rule);
 void metrics_render(const struct metrics *m, struct http_reply *r);
 void metrics_render_top(const struct metrics *m, struct http_reply *r);
+void metrics_sample(struct metrics *m, const struct met_slot *s, int64_t now);
+struct met_view *metrics_view(const struct metrics *m);
+void metrics_view_free(struct met_view *v);
 
 /* Results for metrics_decision(). */
 enum met_result {

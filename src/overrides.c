@@ -52,6 +52,9 @@ struct ovr_table {
 	uint32_t *idx;                  /* owned: mask + 1 slots, entry index + 1, 0 = free */
 	size_t mask;
 	uint64_t lens[OVR_KIND_COUNT][OVR_T_COUNT][3]; /* prefix lengths present (bit = length) */
+	uint32_t *sorted[OVR_T_COUNT];  /* owned: entry indexes of a type by first 64 bits */
+	uint64_t *keys[OVR_T_COUNT];    /* owned: ... and those first 64 bits, in that order */
+	size_t nsorted[OVR_T_COUNT];
 };
 
 struct overrides {
@@ -516,9 +519,59 @@ static void table_add(struct ovr_table *tab, const struct ovr_entry *e)
 
 static void table_release(struct ovr_table *tab)
 {
+	size_t t;
+
+	for (t = 0; t < OVR_T_COUNT; t++) {
+		free(tab->sorted[t]);
+		free(tab->keys[t]);
+	}
 	free(tab->e);
 	free(tab->idx);
 	memset(tab, 0, sizeof(*tab));
+}
+
+/* The first 64 bits of <b>, big-endian: entries sort by them. */
+static uint64_t first64(const uint8_t *b)
+{
+	uint64_t v = 0;
+	int i;
+
+	for (i = 0; i < 8; i++)
+		v = v << 8 | b[i];
+	return v;
+}
+
+static int by_prefix(const void *x, const void *y, void *arg)
+{
+	const struct ovr_table *tab = arg;
+	uint64_t pa = first64(tab->e[*(const uint32_t *)x].t.b);
+	uint64_t pb = first64(tab->e[*(const uint32_t *)y].t.b);
+
+	return pa < pb ? -1 : pa > pb;
+}
+
+/*
+ * Sorts the entries of <tab> of each type by their first 64 bits, kept beside
+ * them in a compact array, for ovr_match_prefix(): its binary searches read
+ * the keys, not the (large) entries.
+ */
+static void table_sort(struct ovr_table *tab)
+{
+	size_t t, i;
+
+	for (t = 0; t < OVR_T_COUNT; t++) {
+		size_t n = 0;
+
+		tab->sorted[t] = xmalloc((tab->n ? tab->n : 1) * sizeof(*tab->sorted[t]));
+		for (i = 0; i < tab->n; i++)
+			if (tab->e[i].t.type == t)
+				tab->sorted[t][n++] = (uint32_t)i;
+		qsort_r(tab->sorted[t], n, sizeof(*tab->sorted[t]), by_prefix, tab);
+		tab->keys[t] = xmalloc((n ? n : 1) * sizeof(*tab->keys[t]));
+		for (i = 0; i < n; i++)
+			tab->keys[t][i] = first64(tab->e[tab->sorted[t][i]].t.b);
+		tab->nsorted[t] = n;
+	}
 }
 
 /*
@@ -549,6 +602,105 @@ static const struct ovr_entry *table_match(const struct ovr_table *tab, int kind
 			return e;
 	}
 	return NULL;
+}
+
+/* Whether the first <bits> bits of <a> and <b> (16 bytes each) are equal. */
+static bool prefix_equal(const uint8_t *a, const uint8_t *b, unsigned bits)
+{
+	unsigned whole = bits / 8, rest = bits % 8;
+
+	if (memcmp(a, b, whole) != 0)
+		return false;
+	return !rest || ((a[whole] ^ b[whole]) & (uint8_t)(0xff00 >> rest)) == 0;
+}
+
+/* Whether <e> should be preferred to <cur>: a block first, then the longest prefix. */
+static bool better(const struct ovr_entry *e, const struct ovr_entry *cur)
+{
+	if (!cur)
+		return true;
+	if (e->kind != cur->kind)
+		return e->kind == OVR_BLOCK;
+	return e->t.bits > cur->t.bits;
+}
+
+#define OVR_INSIDE_MAX 256      /* entries inside one prefix looked at */
+
+/*
+ * The entries of type <type> whose first 64 bits are <key> masked to <keep>
+ * bits (a range of tab->sorted[type]): [*lo, *hi).
+ */
+static void sorted_range(const struct ovr_table *tab, uint8_t type, uint64_t key, unsigned keep,
+			 size_t *lo, size_t *hi)
+{
+	uint64_t mask = keep >= 64 ? ~UINT64_C(0) : keep ? ~(~UINT64_C(0) >> keep) : 0;
+	const uint64_t *keys = tab->keys[type];
+	size_t a = 0, b = tab->nsorted[type];
+
+	key &= mask;
+	while (a < b) {
+		size_t mid = a + (b - a) / 2;
+
+		if (keys[mid] < key)
+			a = mid + 1;
+		else
+			b = mid;
+	}
+	*lo = a;
+	for (b = a; b < tab->nsorted[type] && (keys[b] & mask) == key; b++)
+		;
+	*hi = b;
+}
+
+/*
+ * The override in force at <now> that applies to a client known by the
+ * prefix <t> only (what /top shows: 32 bits of a key's digest, an address
+ * prefix): an entry whose prefix covers <t>, or one inside it (a block made
+ * on a key's whole digest); a block before a limit, then the longest. NULL if
+ * none. A binary search per prefix length present shorter than <t>, and one
+ * for the entries inside <t> (at most OVR_INSIDE_MAX of them looked at).
+ */
+const struct ovr_entry *ovr_match_prefix(const struct overrides *ov, const struct ovr_target *t,
+					 int64_t now)
+{
+	const struct ovr_table *tab = &ov->tab;
+	const struct ovr_entry *best = NULL;
+	size_t lo, hi, i;
+	unsigned bits, k;
+
+	if (t->type >= OVR_T_COUNT || !tab->nsorted[t->type])
+		return NULL;
+	/* entries inside <t> (or equal to it): the same first min(bits, 64) bits */
+	sorted_range(tab, t->type, first64(t->b), t->bits, &lo, &hi);
+	for (i = lo; i < hi && i < lo + OVR_INSIDE_MAX; i++) {
+		const struct ovr_entry *e = &tab->e[tab->sorted[t->type][i]];
+
+		if (e->until > now && prefix_equal(e->t.b, t->b, e->t.bits < t->bits ? e->t.bits
+										      : t->bits) &&
+		    better(e, best))
+			best = e;
+	}
+	/* entries covering <t>: for each shorter length present, <t> cut to it */
+	for (bits = 0; bits < t->bits; bits++) {
+		uint8_t cut[16];
+
+		for (k = 0; k < OVR_KIND_COUNT; k++)
+			if (tab->lens[k][t->type][bits / 64] >> (bits % 64) & 1)
+				break;
+		if (k == OVR_KIND_COUNT)
+			continue;
+		memcpy(cut, t->b, sizeof(cut));
+		mask_bits(cut, sizeof(cut), bits);
+		sorted_range(tab, t->type, first64(cut), 64, &lo, &hi);
+		for (i = lo; i < hi; i++) {
+			const struct ovr_entry *e = &tab->e[tab->sorted[t->type][i]];
+
+			if (e->t.bits == bits && e->until > now &&
+			    memcmp(e->t.b, cut, sizeof(cut)) == 0 && better(e, best))
+				best = e;
+		}
+	}
+	return best;
 }
 
 const struct ovr_entry *ovr_match_key(const struct overrides *ov, int kind,
@@ -733,6 +885,7 @@ static void load(struct overrides *ov, const char *buf, size_t len)
 		if (!e->expired && !table_find(&nt, e->kind, &e->t))
 			audit("lifted", e, now);
 	}
+	table_sort(&nt);
 	table_release(&ov->tab);
 	ov->tab = nt;
 	ov->have_version = true;

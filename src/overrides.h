@@ -119,6 +119,8 @@ void ovr_free(struct overrides *ov);
 bool ovr_settled(const struct overrides *ov);
 void ovr_kick(struct overrides *ov);
 size_t ovr_count(const struct overrides *ov);
+const struct ovr_entry *ovr_match_prefix(const struct overrides *ov, const struct ovr_target *t,
+					 int64_t now);
 const struct ovr_entry *ovr_match_key(const struct overrides *ov, int kind,
 				      const uint8_t digest[16], int64_t now);
 const struct ovr_entry *ovr_match_addr(const struct overrides *ov, int kind, const uint8_t *addr,

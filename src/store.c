@@ -533,6 +533,54 @@ const struct store_stats *store_stats(const struct store *s)
 	return &s->stats;
 }
 
+/* The upper bound of latency bucket <i> of store_node_stats(), in seconds (the last: infinity). */
+double store_lat_bound(unsigned i)
+{
+	return node_lat_bound(i);
+}
+
+static const char *node_state_str(enum node_state st)
+{
+	static const char *const names[ND_COUNT] = {"disconnected", "connecting", "loading",
+						    "ready"};
+
+	return st < ND_COUNT && names[st] ? names[st] : "?";
+}
+
+/*
+ * Fills <out> with the state of at most <max> of the nodes of <s>, the retired
+ * ones left out; returns how many. Their latencies are those of the last one
+ * or two STORE_LAT_WINDOW_S windows.
+ */
+size_t store_node_stats(const struct store *s, struct store_node_stats *out, size_t max)
+{
+	double now = mono();
+	struct list *l;
+	size_t n = 0, i;
+
+	for (l = s->nodes.next; l != &s->nodes && n < max; l = l->next) {
+		struct store_node *nd = LIST_ELEM(l, struct store_node, link);
+		struct store_node_stats *o = &out[n];
+
+		if (nd->retired)
+			continue;
+		node_lat_turn(nd, now);
+		memset(o, 0, sizeof(*o));
+		snprintf(o->name, sizeof(o->name), "%s", nd->name ? nd->name : "?");
+		snprintf(o->state, sizeof(o->state), "%s", node_state_str(nd->state));
+		o->breaker_open = nd->breaker_open;
+		o->limit = (unsigned)nd->limit;
+		o->out = nd->out;
+		o->queued = nd->nqueued;
+		o->slots = s->mode == MODE_CLUSTER ? nd->nslots : 16384;
+		memcpy(o->errors, nd->errors, sizeof(o->errors));
+		for (i = 0; i < STORE_LAT_BUCKETS; i++)
+			o->lat[i] = nd->lat[0][i] + nd->lat[1][i];
+		n++;
+	}
+	return n;
+}
+
 /*
  * Creates a store for <opts> on <loop> and starts connecting to the seed
  * (asynchronously). Returns 0 with <*out> set, or -1 with a message in <err>.

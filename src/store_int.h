@@ -124,6 +124,9 @@ struct store_node {
 	unsigned nbatch;
 	bool flush_pending;             /* commands written to ac's buffer, not yet sent */
 	unsigned nqueued;
+	uint64_t errors[STORE_EC_COUNT]; /* error replies by class */
+	uint64_t lat[2][STORE_LAT_BUCKETS]; /* reply latencies: this window, the one before */
+	double lat_window_end;          /* mono() when this window becomes the one before */
 	int err_class;                  /* enum store_errclass of the last error reply, -1 none */
 	double err_at;                  /* mono() of that reply */
 	uint64_t log_suppressed;        /* trouble not logged */

@@ -11,6 +11,7 @@
  * hear of a node through struct node_ops (store_node.h).
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,6 +172,7 @@ enum store_errclass error_class(const char *err)
 void node_error(struct store_node *n, enum store_errclass ec)
 {
 	n->s->stats.errors[ec]++;
+	n->errors[ec]++;
 	n->err_class = (int)ec;
 	n->err_at = mono();
 	/* a READONLY outside a cluster: this is a replica now (a master demoted by a
@@ -260,12 +262,43 @@ void limit_decrease(struct store_node *n, double now)
 	limit_set(n, n->limit * LIMIT_DECREASE < floor ? floor : n->limit * LIMIT_DECREASE);
 }
 
+/* Turns the latency windows of <n> at <now>: what is older than two windows goes. */
+void node_lat_turn(struct store_node *n, double now)
+{
+	if (now < n->lat_window_end)
+		return;
+	if (now < n->lat_window_end + STORE_LAT_WINDOW_S)
+		memcpy(n->lat[1], n->lat[0], sizeof(n->lat[1]));
+	else
+		memset(n->lat[1], 0, sizeof(n->lat[1]));
+	memset(n->lat[0], 0, sizeof(n->lat[0]));
+	n->lat_window_end = now + STORE_LAT_WINDOW_S;
+}
+
+/* The upper bound of latency bucket <i>, in seconds (the last: infinity). */
+double node_lat_bound(unsigned i)
+{
+	return i + 1 >= STORE_LAT_BUCKETS ? HUGE_VAL : 50e-6 * (double)(1U << i);
+}
+
+/* Counts a reply of <n> that took <rtt> seconds in its latency window. */
+static void lat_observe(struct store_node *n, double rtt, double now)
+{
+	unsigned i = 0;
+
+	node_lat_turn(n, now);
+	while (i + 1 < STORE_LAT_BUCKETS && rtt > node_lat_bound(i))
+		i++;
+	n->lat[0][i]++;
+}
+
 /* A reply from <n> took <rtt> seconds. */
 void limit_sample(struct store_node *n, double rtt, double now)
 {
 	struct store *s = n->s;
 	double timeout = reply_budget(s), good, v;
 
+	lat_observe(n, rtt, now);
 	if (now >= n->rtt_window_end) {
 		if (n->rtt_min_next > 0)
 			n->rtt_min = n->rtt_min_next;

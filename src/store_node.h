@@ -52,6 +52,8 @@ void node_error(struct store_node *n, enum store_errclass ec);
 double reply_budget(const struct store *s);
 void limit_decrease(struct store_node *n, double now);
 void limit_sample(struct store_node *n, double rtt, double now);
+void node_lat_turn(struct store_node *n, double now);
+double node_lat_bound(unsigned i);
 
 /* True when <n> has room under its limit for one more command. */
 static inline bool limit_room(const struct store_node *n)

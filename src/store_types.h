@@ -92,6 +92,23 @@ typedef void (*store_done_fn)(enum store_status st, const struct store_result *r
  * For a heartbeat <val> is the decimal count of live agents. */
 typedef void (*store_str_fn)(enum store_status st, const char *val, size_t len, void *arg);
 
+#define STORE_LAT_BUCKETS  16    /* reply latencies: <= 50 us doubling, the last beyond */
+#define STORE_LAT_WINDOW_S 10.0  /* latencies kept: this window and the one before */
+#define STORE_NODE_NAME    80    /* a node's name as reported (cut) */
+
+/* One Redis node as the status page shows it. */
+struct store_node_stats {
+	char name[STORE_NODE_NAME];     /* "host:port", "[ip6]:port" or "unix:/path" */
+	char state[16];                 /* "ready", "connecting", "loading", "disconnected" */
+	bool breaker_open;              /* open, or half-open while probing */
+	unsigned limit;                 /* adaptive concurrency limit now */
+	unsigned out;                   /* commands in flight */
+	unsigned queued;                /* commands waiting for room under the limit */
+	unsigned slots;                 /* cluster slots routed here (16384 when single) */
+	uint64_t errors[STORE_EC_COUNT]; /* error replies by class, since the start */
+	uint64_t lat[STORE_LAT_BUCKETS]; /* replies of the last 10 to 20 s, by latency */
+};
+
 struct store_stats {
 	uint64_t sent;                  /* EVALSHA/EVAL/HGET commands sent (re-sends too) */
 	uint64_t replies;               /* replies received in time */

@@ -1,0 +1,437 @@
+"""The status page (src/status.c): /status and /status.json on the metrics listener, with the
+counts a test drove; the overrides shown beside the offenders; `spoa-ratelimit ctl status`;
+and the page in a real headless browser (Debian's chromium), with traffic flowing and then with
+Redis stopped, a screenshot of each kept beside the test's logs."""
+import base64
+import hashlib
+import html.parser
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+import spop_client as sc
+from conftest import agent_config, check_config, http_request, to_libconfig, wait_until
+from test_ops import fingerprint, pipeline
+from test_overrides import ctl, ctl_ok
+
+LIMITS = {"key_rpm": {"rate": 5, "period": "1h", "on_failure": "open"},
+          "anon_rpm": {"rate": 3, "period": "1h", "on_failure": "open"}}
+TIERS = {"free": {"limits": ["key_rpm"]}}
+STEP_S = 5                      # MET_HIST_STEP_S
+
+# /status.json, schema 1: every panel's fields (name: JSON types allowed) and tables
+# (name: columns). Exact: a field or column added or removed must be added here too.
+NUM, INT, STR, BOOL, NULL = (float, int), (int,), (str,), (bool,), (type(None),)
+SCHEMA = {
+    "decisions": ({"allowed": NUM, "denied": NUM, "shadow_denied": NUM, "degraded": NUM,
+                   "local": NUM, "total": INT, "step_s": INT, "latency_p50_ms": NUM + NULL,
+                   "latency_p99_ms": NUM + NULL},
+                  {"series": ["t", "allowed", "denied", "shadow_denied", "degraded", "local"],
+                   "rules": ["tier", "rule", "allowed", "denied", "shadow_denied", "degraded",
+                             "local"]}),
+    "denials": ({"denied_share": NUM, "blocked": INT},
+                {"rules": ["rule", "denied", "distinct_clients"],
+                 "offenders": ["rule", "rank", "client", "denied", "error", "override"]}),
+    "redis": ({"health": STR + NULL, "breaker_open": INT, "breaker_opened": INT,
+               "concurrency_limit": INT, "pending": INT, "queued": INT, "shed": INT,
+               "late": INT, "commands": INT},
+              {"nodes": ["name", "state", "breaker_open", "limit", "in_flight", "queued",
+                         "p50_ms", "p90_ms", "p99_ms", "replies", "errors"],
+               "errors": ["class", "count"]}),
+    "degraded": ({"total": INT, "rate": NUM, "fallback": STR},
+                 {"reasons": ["reason", "count"], "ladder": ["answer", "count"]}),
+    "quotas": ({"enabled": BOOL, "keys": INT, "lease_grants": INT,
+                "lease_calls_per_decision": NUM, "outstanding": INT, "unreported": INT,
+                "report_lost": INT, "untracked": INT, "gateways": INT}, {}),
+    "candidate": ({"configured": BOOL, "enforced_denied": INT, "would_deny": INT,
+                   "new_denials": INT, "lifted": INT, "unevaluated": INT},
+                  {"rules": ["tier", "rule", "would_deny", "new_denials"],
+                   "lifted_rules": ["tier", "rule", "lifted"],
+                   "candidate_clients": ["rule", "denied", "distinct_clients"],
+                   "candidate_offenders": ["rule", "rank", "client", "denied", "error"]}),
+    "overrides": ({"enabled": BOOL, "entries": INT, "blocked": INT, "limited": INT,
+                   "poll_errors": INT, "skipped": INT}, {}),
+    "agent": ({"state": STR, "version": STR, "now": INT, "uptime_s": INT, "workers": INT,
+               "generation": INT, "reloads_ok": INT, "reloads_failed": INT,
+               "last_reload": STR + NULL, "last_reload_ok": BOOL + NULL, "store": STR,
+               "ready": BOOL, "spop_connections": INT}, {}),
+}
+CELL_TYPES = (int, float, str, bool, type(None))
+
+
+def status_json(a):
+    status, body = a.http("/status.json")
+    assert status == 200, body
+    return json.loads(body)
+
+
+def check_schema(j):
+    """<j> is exactly /status.json schema 1: the keys, their order of panels, the types."""
+    assert list(j) == ["schema", "state", "alerts"] + list(SCHEMA)
+    assert j["schema"] == 1 and j["state"] in ("ok", "degraded", "not ready")
+    assert set(j["alerts"]) == set(SCHEMA) and all(type(v) is bool for v in j["alerts"].values())
+    for name, (fields, tables) in SCHEMA.items():
+        panel = j[name]
+        assert list(panel) == list(fields) + list(tables), name
+        for k, types in fields.items():
+            v = panel[k]
+            assert type(v) in types, (name, k, v)
+        for k, cols in tables.items():
+            assert isinstance(panel[k], list), (name, k)
+            for row in panel[k]:
+                assert list(row) == cols, (name, k, row)
+                assert all(type(v) in CELL_TYPES for v in row.values()), (name, k, row)
+
+
+def rows(j, panel, table, **match):
+    return [r for r in j[panel][table] if all(r[k] == v for k, v in match.items())]
+
+
+def status_agent(agent, redis, **over):
+    cfg = dict(limits=LIMITS, tiers=TIERS, default_tier="free",
+               redis_cfg={"command_timeout_ms": 2000})
+    cfg.update(over)
+    return agent(redis=redis, metrics=True, **cfg)
+
+
+def series_sum(j, key):
+    """The decisions of result <key> the history counts (its rates times the step)."""
+    return round(sum(p[key] for p in j["decisions"]["series"]) * STEP_S)
+
+
+def test_status_json_schema_and_what_the_test_drove(agent, redis):
+    """The counts on the page are the decisions the test sent: 25 denials of one key by
+    key_rpm, 2 of an anonymous address by anon_rpm; the offender by its fingerprint, never its
+    key; the Redis node the agent talks to; the history adds up to the same denials."""
+    a = status_agent(agent, redis)
+    # two points of history before the traffic, so that it all falls in its steps
+    wait_until(lambda: len(status_json(a)["decisions"]["series"]) >= 1, 3 * STEP_S, 0.2,
+               "the history's first step")
+    base = status_json(a)
+    msgs = [sc.rl_message(key="status-heavy")] * 30
+    msgs += [sc.rl_message(key="status-light-%d" % i) for i in range(20)]
+    msgs += [sc.rl_message(ip="10.1.2.3")] * 5
+    acks = pipeline(a.addr, msgs)
+    assert not any(v.get("degraded") for v in acks)
+    assert sum(v["allow"] == 0 for v in acks) == 27
+
+    j = status_json(a)
+    check_schema(j)
+    assert j["state"] == "ok" and j["agent"]["ready"] is True
+    assert j["agent"]["generation"] == 1 and j["agent"]["workers"] == 1
+    assert j["agent"]["store"] == "redis" and j["agent"]["version"]
+    [key_row] = rows(j, "decisions", "rules", tier="free", rule="key_rpm")
+    assert key_row["denied"] == 25
+    assert key_row["allowed"] - rows(base, "decisions", "rules", tier="free",
+                                     rule="key_rpm")[0]["allowed"] == 25
+    [anon_row] = rows(j, "decisions", "rules", rule="anon_rpm")
+    assert anon_row["denied"] == 2 and anon_row["allowed"] == 3
+    assert rows(j, "denials", "rules", rule="key_rpm") == [
+        {"rule": "key_rpm", "denied": 25, "distinct_clients": 1}]
+    assert rows(j, "denials", "offenders", rule="key_rpm") == [
+        {"rule": "key_rpm", "rank": 1, "client": fingerprint("status-heavy"), "denied": 25,
+         "error": 0, "override": None}]
+    [anon_top] = rows(j, "denials", "offenders", rule="anon_rpm")
+    assert anon_top["client"] == "10.1.2.3/32" and anon_top["denied"] == 2
+    [node] = j["redis"]["nodes"]
+    assert node["name"] == redis.address and node["state"] == "ready"
+    assert node["breaker_open"] is False and node["replies"] > 0 and node["errors"] == 0
+    assert node["p50_ms"] is not None and node["p50_ms"] <= node["p99_ms"]
+    assert j["redis"]["health"] is None and j["redis"]["breaker_open"] == 0
+    # the harness's first probes may have met a Redis not connected yet: count from the base
+    assert j["degraded"]["total"] == base["degraded"]["total"]
+    assert j["candidate"]["configured"] is False and j["quotas"]["enabled"] is False
+    body = json.dumps(j) + a.http("/status")[1]
+    assert "status-heavy" not in body and "status-light" not in body
+    # the history: every decision since the base falls in its steps
+    got = wait_until(lambda: (lambda s: s if series_sum(s, "denied") - series_sum(base, "denied")
+                              >= 27 else None)(status_json(a)), 3 * STEP_S, 0.2,
+                     "the denials in the history")
+    assert series_sum(got, "denied") - series_sum(base, "denied") == 27
+    assert series_sum(got, "allowed") - series_sum(base, "allowed") == 28
+
+
+class Page(html.parser.HTMLParser):
+    """What a page shows: the text of each element with a data-k, each table's body rows
+    by data-t, each section's classes, the text of #state and #live, the scripts."""
+
+    def __init__(self, text):
+        super().__init__()
+        self.values, self.tables, self.sections, self.ids = {}, {}, {}, {}
+        self.scripts, self.styles, self._stack = [], [], []
+        self._table = self._row = None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self._stack.append((tag, a.get("data-k"), a.get("id"), []))
+        if tag == "section":
+            self.sections[a.get("id")] = (a.get("class") or "").split()
+        elif tag == "table":
+            self._table = self.tables.setdefault(a.get("data-t"), [])
+        elif tag == "tr" and self._table is not None:
+            self._row = []
+        elif tag == "script":
+            self.scripts.append(a)
+
+    def handle_endtag(self, tag):
+        while self._stack:
+            t, k, ident, text = self._stack.pop()
+            s = "".join(text)
+            if self._stack:
+                self._stack[-1][3].append(s)
+            if k:
+                self.values[k] = s
+            if ident:
+                self.ids[ident] = s
+            if t == "td" and self._row is not None:
+                self._row.append(s)
+            if t == "tr" and self._row is not None:
+                if self._row:
+                    self._table.append(self._row)
+                self._row = None
+            if t == "table":
+                self._table = None
+            if t == tag:
+                break
+
+    def handle_data(self, data):
+        if self._stack:
+            self._stack[-1][3].append(data)
+
+
+def csp_hash(text):
+    return "'sha256-%s'" % base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
+
+
+def test_status_page_headers_snapshot_and_hostile_clients(agent, redis, tmp):
+    """/status without a script is the whole snapshot; its CSP allows its own inline script
+    and style by hash and nothing else; raw API keys, even made of markup, never appear."""
+    a = status_agent(agent, redis)
+    hostile = ['<script>alert(1)</script>', '"><img src=x onerror=alert(2)>', "k:&amp;"]
+    msgs = [sc.rl_message(key=k) for k in hostile for _ in range(7)]
+    pipeline(a.addr, msgs)
+    r = http_request(a.metrics_addr, "/status")
+    assert r.status == 200
+    assert r.h("content-type") == "text/html; charset=utf-8"
+    assert r.h("x-content-type-options") == "nosniff"
+    assert r.h("referrer-policy") == "no-referrer"
+    body = r.body.decode()
+    script = body.split("<script>", 1)[1].split("</script>", 1)[0]
+    style = body.split("<style>", 1)[1].split("</style>", 1)[0]
+    assert r.h("content-security-policy") == (
+        "default-src 'none'; script-src %s; style-src %s; img-src data:; connect-src 'self'; "
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+        % (csp_hash(script), csp_hash(style)))
+    assert body.count("<script") == 1 and body.count("<style") == 1
+    for k in hostile:
+        assert k not in body and k.replace("<", "&lt;") not in body
+    p = Page(body)
+    offenders = p.tables["denials.offenders"]
+    assert sorted((row[2], row[3]) for row in offenders) == sorted(
+        (fingerprint(k), "2") for k in hostile)
+    assert p.tables["denials.rules"] == [["key_rpm", "6", "3"]]
+    assert p.values["agent.generation"] == "1" and p.values["state"] == "ok"
+    assert p.ids["live"] == "snapshot"           # no script ran: the server's first paint
+    head = http_request(a.metrics_addr, "/status", method="HEAD")
+    assert head.status == 200 and head.body == b""
+    assert head.h("content-security-policy") == r.h("content-security-policy")
+    j = http_request(a.metrics_addr, "/status.json")
+    assert j.h("content-type") == "application/json" and "<" not in j.body.decode()
+    # a rule's name is from the configuration, which keeps it to a safe alphabet
+    cfg = agent_config("127.0.0.1:1", limits={"<b>x</b>": {"rate": 1, "period": "1m"}},
+                       tiers={"free": {"limits": ["<b>x</b>"]}}, default_tier="free",
+                       anonymous={"limits": ["<b>x</b>"]})
+    assert check_config(tmp, cfg).returncode != 0
+
+
+def test_status_shows_the_override_of_each_offender(agent, redis):
+    """A blocked key, a key under a limit override and an address inside a blocked prefix:
+    each offender's row names the override that applies, with its author and reason."""
+    a = status_agent(agent, redis)
+    ctl_ok(a, "block", "key:ovr-blocked", "--for", "10m", "--reason", "stuffing", "--by", "oncall")
+    ctl_ok(a, "limit", "key:ovr-limited", "--for", "10m", "--rate", "key_rpm=2", "--by", "sre")
+    ctl_ok(a, "block", "ip:10.9.0.0/16", "--for", "10m", "--reason", "scanner", "--by", "oncall")
+    # the three in force (a poll between two ctl calls may load the first ones only)
+    wait_until(lambda: status_json(a)["overrides"]["entries"] == 3, 5, 0.05,
+               "the overrides loaded")
+    msgs = [sc.rl_message(key="ovr-blocked")] * 3 + [sc.rl_message(key="ovr-limited")] * 6
+    msgs += [sc.rl_message(ip="10.9.1.2")] * 4 + [sc.rl_message(key="ovr-none")] * 7
+    pipeline(a.addr, msgs)
+    j = status_json(a)
+    check_schema(j)
+    by_client = {r["client"]: r for r in j["denials"]["offenders"]}
+    blocked = by_client[fingerprint("ovr-blocked")]
+    assert blocked["rule"] == "blocked"
+    assert blocked["override"].startswith("block until ")
+    assert blocked["override"].endswith(" by oncall: stuffing")
+    limited = by_client[fingerprint("ovr-limited")]
+    assert limited["rule"] == "key_rpm" and limited["denied"] == 4
+    assert limited["override"].startswith("limit key_rpm=2 until ")
+    assert limited["override"].endswith(" by sre")
+    scanner = by_client["10.9.1.2/32"]
+    assert scanner["rule"] == "blocked" and scanner["denied"] == 4
+    assert scanner["override"].endswith(" by oncall: scanner")
+    assert by_client[fingerprint("ovr-none")]["override"] is None
+    assert j["overrides"]["entries"] == 3 and j["denials"]["blocked"] >= 7
+    p = Page(a.http("/status")[1])
+    assert any(row[2] == "10.9.1.2/32" and row[5].endswith("by oncall: scanner")
+               for row in p.tables["denials.offenders"])
+
+
+def test_ctl_status_once_and_watching(agent, redis, tmp):
+    a = status_agent(agent, redis)
+    pipeline(a.addr, [sc.rl_message(key="ctl-status-heavy")] * 9)
+    rc, out, err = ctl(a, "status")
+    assert rc == 0, err
+    host, port = a.metrics_addr
+    assert out.startswith("spoa-ratelimit ") and " at %s:%d: ok\n" % (host, port) in out
+    for panel in SCHEMA:
+        assert "\n== %s" % panel in out
+    line = [ln for ln in out.splitlines() if fingerprint("ctl-status-heavy") in ln]
+    assert len(line) == 1 and line[0].split()[:5] == [
+        "key_rpm", "1", fingerprint("ctl-status-heavy"), "4", "0"]
+    assert "ctl-status-heavy" not in out
+    rc, out, err = ctl(a, "status", "--watch", "0.2", "-n", "3")
+    assert rc == 0 and out.count("\n== agent") == 3, (out, err)
+    assert "\033[2J" not in out                   # not a terminal: no screen clearing
+    rc, out, err = ctl(a, "status", "--watch", "0.1")
+    assert rc == 2 and "--watch" in err
+    a.stop()
+    rc, out, err = ctl(a, "status")
+    assert rc == 1 and "Connection refused" in err and out == ""
+    cfg = dict(a.cfg)
+    cfg.pop("metrics")
+    a.conf_path.write_text(to_libconfig(cfg))
+    rc, out, err = ctl(a, "status")
+    assert rc == 1 and "metrics.listen is not set" in err
+
+
+# ---------------------------------------------------------------------------------------
+# The page in a real browser
+
+CHROMIUM = shutil.which("chromium")
+
+
+def run_browser(argv, env, timeout=90):
+    """Runs chromium in a session of its own: on a timeout, it and the helpers it started
+    (its process group, whose id is its pid) are killed. (status, stdout, stderr)."""
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise
+    return p.returncode, out, err
+
+
+def browse(tmp, url, name):
+    """Loads <url> in headless chromium with a virtual time budget (the page's script runs,
+    fetches /status.json once and rewrites the page): the DOM as it then is, and a
+    screenshot <tmp>/<name>.png. Fails on any Content-Security-Policy violation."""
+    prof = tmp / ("chromium-" + name)
+    prof.mkdir()
+    argv = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--no-first-run", "--disable-extensions", "--disable-sync", "--hide-scrollbars",
+            "--enable-logging=stderr", "--user-data-dir=%s" % prof,
+            "--virtual-time-budget=4000", "--window-size=1280,1700"]
+    env = dict(os.environ, HOME=str(prof))
+    rc, dom, err = run_browser(argv + ["--dump-dom", url], env)
+    assert rc == 0, err[-3000:]
+    # chromium logs what the page's console says: a CSP refusal would be there
+    assert "Content Security Policy" not in err, err[-3000:]
+    shot = tmp / (name + ".png")
+    rc, _, err = run_browser(argv + ["--screenshot=%s" % shot, url], env)
+    assert rc == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", err[-3000:]
+    print("screenshot: %s" % shot)
+    return Page(dom)
+
+
+class Traffic(threading.Thread):
+    """Decisions at a steady pace on one SPOP connection until stopped (bounded)."""
+
+    def __init__(self, addr, keys, limit=6000):
+        super().__init__(daemon=True)
+        self.addr, self.keys, self.limit = addr, keys, limit
+        self.stopping = threading.Event()
+        self.sent = 0
+
+    def run(self):
+        with sc.SpopClient(self.addr, timeout=5) as c:
+            c.hello()
+            while not self.stopping.is_set() and self.sent < self.limit:
+                key = self.keys[self.sent % len(self.keys)]
+                c.request(2 * self.sent + 1, 1, [sc.rl_message(key=key)])
+                self.sent += 1
+                self.stopping.wait(0.01)
+
+    def stop(self):
+        self.stopping.set()
+        self.join(15)
+
+
+@pytest.mark.skipif(CHROMIUM is None,
+                    reason="chromium is not installed (Debian package chromium: make deps)")
+def test_status_page_in_a_browser_traffic_then_redis_stopped(agent, redis, tmp):
+    """The page in chromium: its script runs under its own CSP, fetches /status.json and shows
+    the denials of the rule the test drives; then Redis is frozen (SIGSTOP): the breaker
+    opens, the Redis and degraded panels turn red, degraded answers are counted by reason and by
+    what the failure ladder answered."""
+    a = status_agent(agent, redis, redis_cfg={"command_timeout_ms": 300,
+                                              "breaker_cooldown_ms": 600000})
+    url = "http://%s:%d/status" % a.metrics_addr
+    traffic = Traffic(a.addr, ["browser-heavy"] * 3 + ["browser-light-%d" % i for i in range(50)])
+    traffic.start()
+    try:
+        # a step with denials and no degraded answer (the harness's first probes may have
+        # met a Redis not connected yet)
+        wait_until(lambda: (lambda s: s and s[-1]["denied"] > 0 and s[-1]["degraded"] == 0)(
+                   status_json(a)["decisions"]["series"]), 6 * STEP_S, 0.2,
+                   "denials in the history")
+        p = browse(tmp, url, "status-traffic")
+    finally:
+        traffic.stop()
+    assert p.ids["live"].startswith("live, "), p.ids     # the script ran and fetched the JSON
+    assert p.values["state"] == "ok"
+    heavy = [row for row in p.tables["denials.offenders"]
+             if row[0] == "key_rpm" and row[2] == fingerprint("browser-heavy")]
+    assert len(heavy) == 1 and int(heavy[0][3]) > 0
+    assert [row for row in p.tables["denials.rules"] if row[0] == "key_rpm"]
+    assert "red" not in p.sections["redis"] and "red" not in p.sections["degraded"]
+    [node] = p.tables["redis.nodes"]
+    assert node[0] == redis.address and node[1] == "ready" and node[2] == "no"
+
+    redis.proc.signal(signal.SIGSTOP)
+    try:
+        traffic = Traffic(a.addr, ["browser-heavy", "browser-after"])
+        traffic.start()
+        try:
+            j = wait_until(lambda: (lambda s: s if s["alerts"]["redis"] and
+                                    s["alerts"]["degraded"] and
+                                    s["redis"]["breaker_open"] == 1 else None)(status_json(a)),
+                           4 * STEP_S, 0.2, "the breaker open, the Redis and degraded panels red")
+            p = browse(tmp, url, "status-redis-stopped")
+        finally:
+            traffic.stop()
+        assert p.ids["live"].startswith("live, ")
+        assert p.values["state"] in ("degraded", "not ready")
+        assert "red" in p.sections["redis"] and "red" in p.sections["degraded"]
+        assert p.values["redis.breaker_open"] == "1"
+        assert p.values["redis.health"] != "-"
+        reasons = {row[0]: int(row[1]) for row in p.tables["degraded.reasons"]}
+        # the first ones time out; then the stall drops the connection and the breaker is open
+        assert reasons["timeout"] > 0 and reasons["down"] + reasons["breaker"] > 0, reasons
+        ladder = {row[0]: int(row[1]) for row in p.tables["degraded.ladder"]}
+        assert ladder["open (allowed, no verdict)"] > 0, ladder
+        [node] = p.tables["redis.nodes"]
+        assert node[2] == "yes"
+    finally:
+        redis.proc.signal(signal.SIGCONT)

@@ -68,6 +68,7 @@ AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/stor
 SPOA_OBJ  = $(SPOA_SRC:%.c=$(BUILD)/%.o)
 AGENT_OBJ = $(AGENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/scripts.o
 AGENT_SRC += src/secret.c
+AGENT_SRC += src/heartbeat.c
 LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lua \
             lua/sliding_window.lua lua/decide.lua
 

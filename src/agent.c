@@ -27,6 +27,7 @@
 #include "blocked.h"
 #include "config.h"
 #include "decision.h"
+#include "heartbeat.h"
 #include "http.h"
 #include "list.h"
 #include "log.h"
@@ -131,9 +132,11 @@ static void publish(struct agent *a)
 		ms->c[MC_QUOTA_KEYS] = q->keys;
 		ms->c[MC_LEASE_OUTSTANDING] = q->outstanding;
 		ms->c[MC_UNREPORTED] = q->unreported;
-		ms->c[MC_GATEWAYS] = q->gateways;
 		ms->c[MC_QUOTA_FULL] = q->full;
 	}
+	ms->c[MC_GATEWAYS] = a->gateways;
+	ms->c[MC_FALLBACK_GATEWAYS] = fallback_gateways(a, a->rs->cfg);
+	ms->c[MC_FALLBACK_GATEWAYS_AUTO] = a->rs->cfg->gateways ? 0 : 1;
 	ms->c[MC_MEMORY_KEYS] = a->mem ? memstore_size(a->mem) : 0;
 	ms->c[MC_LOCAL_KEYS] = a->local ? memstore_size(a->local) : 0;
 	for (i = 0; i < a->ntopk; i++) {
@@ -172,6 +175,18 @@ static const char *agent_fallback_str(const struct agent *a)
 			: c->limits[i].on_failure == FAIL_CLOSED ? 2
 								 : 4;
 	return what[seen];
+}
+
+/* True when some limit falls back to a local limit without a local_rate of its own. */
+static bool agent_has_local(const struct agent *a)
+{
+	const struct agent_config *c = a->rs->cfg;
+	size_t i;
+
+	for (i = 0; i < c->nlimits; i++)
+		if (c->limits[i].on_failure == FAIL_LOCAL && !c->limits[i].local_rate)
+			return true;
+	return false;
 }
 
 /* Ready to decide: rules loaded, and Redis reachable or a fallback configured. */
@@ -215,6 +230,12 @@ static void http_cb(const char *path, struct http_reply *r, void *arg)
 							  "fallback configured");
 		if (a->store && !store_health(a->store, why, sizeof(why)))
 			http_reply_printf(r, "degraded: %s; %s\n", why, agent_fallback_str(a));
+		if (a->store && agent_has_local(a))
+			http_reply_printf(r, "fallback gateways: %llu (%s)\n",
+					  (unsigned long long)fallback_gateways(a, a->rs->cfg),
+					  a->rs->cfg->gateways ? "configured"
+					  : a->gateways	       ? "auto: live gateways counted last"
+								 : "auto: none counted yet");
 	} else {
 		http_reply_status(r, 404, "text/plain");
 		http_reply_printf(r, "not found\n");
@@ -226,14 +247,12 @@ static void quota_setup(struct agent *a, const struct ruleset *rs)
 {
 	const struct agent_config *c = rs->cfg;
 	struct quota_opts o = {.lease_ms = c->quota.lease_ms,
-			       .heartbeat_ms = c->quota.heartbeat_ms,
 			       .flush_ms = c->quota.flush_ms,
 			       .horizon = c->quota.horizon,
 			       .max_keys = c->quota.max_keys,
 			       .precheck = c->quota.precheck,
 			       .leases = c->quota.leases,
-			       .coalesce = c->quota.coalesce,
-			       .key_prefix = c->redis.key_prefix};
+			       .coalesce = c->quota.coalesce};
 	bool leasing = false;
 	size_t i;
 
@@ -242,9 +261,35 @@ static void quota_setup(struct agent *a, const struct ruleset *rs)
 	for (i = 0; i < c->nlimits; i++)
 		if (c->limits[i].budget > 0)
 			leasing = true;
-	if (!a->quota)
+	if (!a->quota) {
 		a->quota = quota_new(a->loop, a->store, &o);
+		quota_set_gateways(a->quota, a->gateways);
+	}
 	quota_configure(a->quota, &o, leasing);
+}
+
+/* The heartbeats counted the live gateways anew. */
+static void gateways_cb(uint64_t n, void *arg)
+{
+	struct agent *a = arg;
+
+	a->gateways = n;
+	if (a->quota)
+		quota_set_gateways(a->quota, n);
+}
+
+/* Creates or reconfigures the gateway heartbeat (Redis store only). */
+static void heartbeat_setup(struct agent *a, const struct ruleset *rs)
+{
+	if (!a->store)
+		return;
+	if (!a->hb)
+		a->hb = heartbeat_new(a->loop, a->store, gateways_cb, a);
+	heartbeat_configure(a->hb, rs->cfg->redis.key_prefix, rs->cfg->quota.heartbeat_ms);
+	/* another registry forgets the count: so do we */
+	a->gateways = heartbeat_gateways(a->hb);
+	if (a->quota)
+		quota_set_gateways(a->quota, a->gateways);
 }
 
 /* The first overrides load was tried, or Redis went: the parked decisions go on. */
@@ -363,6 +408,7 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 			LOG(LOG_ERR, "%s", err);
 			goto fail;
 		}
+		heartbeat_setup(a, rs);
 		quota_setup(a, rs);
 		if (rs->cfg->overrides.enabled)
 			a->ovr = ovr_new(loop, a->store, &ovr_opts, ovr_wake, a);
@@ -443,6 +489,7 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 	if (rs->cfg->tier_hash && rs->cfg->store != STORE_KIND_REDIS)
 		FREE_AND_NULL(rs->cfg->tier_hash);
 	tier_cache_setup(a, rs);
+	heartbeat_setup(a, rs);
 	quota_setup(a, rs);
 	if (o->overrides.enabled != n->overrides.enabled)
 		LOG(LOG_WARN, "reload: 'overrides.enabled' changed, ignored until restart");
@@ -518,6 +565,8 @@ void agent_free(struct agent *a)
 	a->store = NULL;
 	quota_free(a->quota);
 	a->quota = NULL;
+	heartbeat_free(a->hb);
+	a->hb = NULL;
 	ovr_free(a->ovr);
 	a->ovr = NULL;
 	spoa_server_disconnect_all(a->srv, SPOP_ST_NORMAL, "agent shutting down");

@@ -31,6 +31,7 @@
 
 #include <ev.h>
 
+#include "config.h"
 #include "list.h"
 #include "metrics.h"
 #include "quota.h"
@@ -78,6 +79,8 @@ struct agent {
 	struct memstore *mem;           /* owned, NULL unless store "memory" */
 	struct memstore *local;         /* owned: fallback state of on_failure "local" limits */
 	struct quota *quota;            /* owned, NULL unless store "redis": local quotas */
+	struct heartbeat *hb;           /* owned, NULL unless store "redis": live gateways */
+	uint64_t gateways;              /* live agents in the last heartbeat, 0 = none yet */
 	struct tier_slot *tcache;       /* owned: tier cache, tcache_size slots */
 	struct digest_slot *dcache;     /* owned: DCACHE_SLOTS, API key -> its digest */
 	struct decision *dfree;         /* owned: unused decisions, at most DFREE_MAX */
@@ -185,6 +188,16 @@ struct decision {
 	struct cand_applied cap[MAX_APPLIED];
 	struct part parts[NPARTS];      /* last: see decision_new() */
 };
+
+/*
+ * The gateways a local fallback limit divides its rate by: fallback.gateways
+ * when set, else ("auto") the live agents the heartbeats counted last, kept
+ * through an outage; 1 before any count.
+ */
+static inline uint64_t fallback_gateways(const struct agent *a, const struct agent_config *c)
+{
+	return c->gateways ? c->gateways : a->gateways ? a->gateways : 1;
+}
 
 /* True when <pt> holds limits of the enforced policy (not only the candidate's). */
 static inline bool part_enforced(const struct part *pt)

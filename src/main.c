@@ -456,6 +456,27 @@ static void check_notes(const struct ruleset *rs)
 	}
 }
 
+/*
+ * -c: what a local fallback limit divides its rate by, when some limit has one
+ * without a local_rate of its own.
+ */
+static void check_fallback(const struct agent_config *c)
+{
+	size_t i;
+
+	for (i = 0; i < c->nlimits; i++)
+		if (c->limits[i].on_failure == FAIL_LOCAL && !c->limits[i].local_rate)
+			break;
+	if (i == c->nlimits)
+		return;
+	if (c->gateways)
+		printf("fallback: local limits are rate / %u gateways (fallback.gateways)\n",
+		       c->gateways);
+	else if (c->store == STORE_KIND_REDIS)
+		printf("fallback: local limits are rate / the live gateways the heartbeats count "
+		       "(fallback.gateways = \"auto\"; 1 until the first count)\n");
+}
+
 int main(int argc, char **argv)
 {
 	const char *file = "/etc/spoa-ratelimit/spoa-ratelimit.conf";
@@ -512,6 +533,7 @@ int main(int argc, char **argv)
 			printf("%s: candidate policy (%zu tiers, %zu limits, %zu endpoints)\n", file,
 			       rs->cand->ntiers, rs->cand->cfg->nlimits, rs->cand->nendpoints);
 		check_notes(rs);
+		check_fallback(rs->cfg);
 		ruleset_unref(rs);
 		return 0;
 	}

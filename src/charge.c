@@ -169,7 +169,7 @@ void post_send(struct decision *d)
 	struct agent *a = d->a;
 	struct store_query q;
 	struct store_result rr;
-	bool sent = false;
+	bool sent = false, refund;
 	size_t i;
 	int p;
 
@@ -200,16 +200,21 @@ void post_send(struct decision *d)
 		if (!q.n)
 			continue;
 		sent = true;
-		a->post[q.cost[0] > 0 ? POST_CHARGED : POST_REFUNDED]++;
+		refund = q.cost[0] < 0;
+		a->post[refund ? POST_REFUNDED : POST_CHARGED]++;
 		if (a->mem) {
 			memstore_decide(a->mem, &q, now_us_real(), &rr);
 			continue;
 		}
 		if (!a->store)
 			continue;
-		/* a local quota of the key knows less is left (or more) */
-		if (a->quota)
+		/* a local quota of the key knows less is left (or more); a refund
+		 * goes after what its pre-checks admitted and did not report yet */
+		if (a->quota) {
+			if (refund)
+				quota_report_now(a->quota, query_hash(&pt->q), &pt->q);
 			quota_note_charge(a->quota, query_hash(&pt->q), &pt->q, units);
+		}
 		a->pending++;
 		d->waiting++;
 		if (store_decide(a->store, &q, post_done_cb, d) < 0) {

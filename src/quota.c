@@ -1003,6 +1003,21 @@ void quota_note_charge(struct quota *qt, uint64_t h, const struct store_query *q
 	e->known = units > e->known ? 0 : e->known - units;
 }
 
+/*
+ * Reports the pre-checked usage of key <h> (query <q>) not reported yet, now:
+ * a refund sent after it (a post-charge, on the same node) then finds that
+ * usage charged. Sent after the refund, the usage would be charged in full
+ * while the refund had been cut at a full bucket (or an empty window): a net
+ * overcharge of what the refund lost.
+ */
+void quota_report_now(struct quota *qt, uint64_t h, const struct store_query *q)
+{
+	struct qkey *e = qt ? key_find(qt, h, q) : NULL;
+
+	if (e && e->unreported > 0)
+		report_send(qt, e);
+}
+
 /* Reports in flight and keys with usage still to report (a drain waits for them). */
 size_t quota_pending(const struct quota *qt)
 {

@@ -99,6 +99,7 @@ void quota_flush(struct quota *qt);
 bool quota_undo(struct quota *qt, uint64_t h, const struct store_query *q, int how,
 		double lease_end);
 void quota_note_charge(struct quota *qt, uint64_t h, const struct store_query *q, int64_t units);
+void quota_report_now(struct quota *qt, uint64_t h, const struct store_query *q);
 size_t quota_pending(const struct quota *qt);
 const struct quota_stats *quota_stats(struct quota *qt);
 

@@ -167,6 +167,9 @@ struct decision {
 	bool keyed;                     /* an API key was sent */
 	bool post;                      /* a post-charge, not a decision: no answer, no req */
 	int64_t post_cost;              /* post: the request's cost, known from its response */
+	const struct rule_limit *post_shadow; /* post: the shadow limit that would have
+					 * denied the request (its ACK's `shadow`): not charged
+					 * for it, so neither charged nor refunded now */
 	const struct rule_tier *sent_tier; /* ref: rs, the tier HAProxy sent, if known */
 	struct list park;               /* on a->parked while it waits for the overrides */
 	const struct rule_tier *tier;   /* ref: rs, the tier applied */

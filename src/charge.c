@@ -188,7 +188,7 @@ void post_send(struct decision *d)
 			int64_t pre = pt->q.cost[ap->slot];
 
 			if (ap->part != p || (d->ep && d->ep->limit_cost[idx] >= 0) ||
-			    d->post_cost == pre)
+			    d->post_cost == pre || ap->l == d->post_shadow)
 				continue;
 			memcpy(q.keys[q.n], pt->q.keys[ap->slot], sizeof(q.keys[0]));
 			q.params[q.n] = pt->q.params[ap->slot];

@@ -30,6 +30,13 @@
  * response cost less). Later requests wait until the debt is repaid, and
  * their Retry-After and RateLimit fields say so. A failure is counted and
  * otherwise ignored: no failure ladder, no retry (the charge may have run).
+ *
+ * What is adjusted is what the request was charged: a shadow limit that
+ * would have denied it (named back in `shadow`) was not charged and is left
+ * alone; a refund of a key with pre-checked usage not reported yet goes after
+ * that report (else it would be cut at a full bucket, then the report charge
+ * the request in full). A limit a reload removed since keeps its charge: see
+ * doc/configuration.md, "Post-charges".
  */
 #include "charge.h"
 

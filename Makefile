@@ -8,6 +8,7 @@
 #   make bench-script    Redis CPU per decision of the script, single and multi (~1 min)
 #   make accuracy        20 agents on one Redis: admitted / limit, exact vs local-only
 #   make attack          attacks on two gateways, one row each with PASS/FAIL (~2 min)
+#   make soak            steady load, reloads, restarts: RSS/fds/Redis memory flat? (SOAK_MIN=10)
 #   make fuzz-smoke      libFuzzer (clang): frame decoder, config loader, reply reader (~2 min)
 #   make matrix          the tests on Debian 13, HAProxy 3.2/3.4, Valkey (root, ~15 min)
 #   make deb             Debian package (dpkg-buildpackage + lintian) into build/deb/
@@ -82,13 +83,13 @@ REPLAY    = $(BUILD)/fuzz_replay
 # a recipe that fails leaves no half-written target behind
 .DELETE_ON_ERROR:
 
-.PHONY: all deps unit replay itest test demo bench bench-script accuracy attack fuzz fuzz-smoke \
+.PHONY: all deps unit replay itest test demo bench bench-script accuracy attack soak fuzz fuzz-smoke \
         check-config matrix install uninstall clean help deb deb-deps test-deb version check-version
 
 all: $(BIN) $(LIBSPOA) $(BUILD)/spop-load
 
 help:
-	@sed -n '1,18p' Makefile
+	@sed -n '1,19p' Makefile
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -276,6 +277,16 @@ accuracy: deps
 attack: deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(PYTHON) tests/tools/attack.py --agent $(abspath $(BIN)) --load $(abspath $(BUILD)/spop-load)
+
+# steady load for SOAK_MIN minutes with reloads, Redis restarts and a worker restart:
+# RSS, descriptors and Redis memory sampled, each levelled off or not
+SOAK_MIN  ?= 10
+SOAK_RATE ?= 3000
+SOAK_KEYS ?= 200000
+soak: deps
+	$(Q)$(MAKE) --no-print-directory all
+	$(PYTHON) tests/tools/soak.py --agent $(abspath $(BIN)) --load $(abspath $(BUILD)/spop-load) \
+	  --minutes $(SOAK_MIN) --rate $(SOAK_RATE) --keys $(SOAK_KEYS)
 
 # ---- checks ----------------------------------------------------------------
 

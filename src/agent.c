@@ -147,11 +147,36 @@ static void publish(struct agent *a)
 	}
 }
 
+/*
+ * The local fallback limits' state is only charged while Redis cannot decide;
+ * once Redis answers again, a key whose state no degraded decision used for
+ * LOCAL_IDLE seconds is forgotten. Kept, the state of every key that ever met
+ * a failure (one command timing out under load) would stay until its limit
+ * reset, a daily window's until the end of the day: the table filled towards
+ * its bound (100,000 entries, about 20 MB a process) by the failures of a day.
+ */
+#define LOCAL_IDLE       60.0   /* seconds */
+#define LOCAL_CHECK      10.0   /* seconds between two looks */
+
+static void local_forget(struct agent *a)
+{
+	double now = mono();
+
+	if (now < a->local_check)
+		return;
+	a->local_check = now + LOCAL_CHECK;
+	if (a->local && a->store && store_ready(a->store) && memstore_size(a->local))
+		memstore_forget_idle(a->local, now_us_real() - (int64_t)(LOCAL_IDLE * 1e6));
+}
+
 static void publish_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
+	struct agent *a = container_of(t, struct agent, publish);
+
 	(void)loop;
 	(void)revents;
-	publish(container_of(t, struct agent, publish));
+	local_forget(a);
+	publish(a);
 }
 
 /* What answers while Redis cannot: the failure policies of the limits, for /ready. */

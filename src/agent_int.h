@@ -108,6 +108,7 @@ struct agent {
 	struct list parked;             /* decisions waiting for the first overrides load */
 	bool no_park;                   /* stopping: nothing waits any more */
 	ev_timer publish;               /* copies gauges and top-K snapshots into ms */
+	double local_check;             /* mono(): next look for idle local fallback state */
 	size_t ntopk;
 	struct {
 		char rule[MET_NAME];

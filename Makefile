@@ -49,11 +49,12 @@ endif
 PKG_CFLAGS := $(shell pkg-config --cflags hiredis libconfig 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs hiredis libconfig 2>/dev/null || echo -lhiredis -lconfig)
 CARES_LIBS := $(shell pkg-config --libs libcares 2>/dev/null || echo -lcares)
+SSL_LIBS   := $(shell pkg-config --libs openssl 2>/dev/null || echo -lssl -lcrypto)
 CFLAGS  += -std=gnu11 -D_GNU_SOURCE -DVERSION='"$(VERSION)"' $(OPT) $(LTO) $(WARN) $(SANFLAGS) \
            -MMD -MP -Ispoa -Isrc $(PKG_CFLAGS)
 LDFLAGS += $(SANFLAGS) $(LTO)
 AR_LTO   = $(if $(LTO),gcc-ar,ar)
-LIBS     = $(PKG_LIBS) $(CARES_LIBS) -lev -lm
+LIBS     = $(PKG_LIBS) $(CARES_LIBS) $(SSL_LIBS) -lev -lm
 
 ifneq ($(V),1)
 Q = @
@@ -61,7 +62,7 @@ endif
 
 SPOA_SRC  = spoa/spop.c spoa/server.c
 AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/store_node.c \
-            src/store_cluster.c src/store_batch.c src/store_reply.c src/resolve.c src/sentinel.c src/limiter.c src/digest.c src/log.c src/util.c \
+            src/store_cluster.c src/store_batch.c src/store_reply.c src/rconn.c src/tls.c src/resolve.c src/sentinel.c src/limiter.c src/digest.c src/log.c src/util.c \
             src/memstore.c src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c \
             src/normalize.c src/overrides.c src/ctl.c \
             src/notify.c src/prepare.c src/parts.c src/candidate.c src/charge.c src/answer.c \
@@ -155,9 +156,9 @@ $(BUILD)/test_obs: tests/unit/test_obs.c $(BUILD)/src/http.o $(BUILD)/src/prom.o
 $(BUILD)/test_normalize: tests/unit/test_normalize.c $(BUILD)/src/normalize.o $(BUILD)/src/rules.o \
                          $(BUILD)/src/config.o $(BUILD)/src/limiter.o $(BUILD)/src/util.o \
                          $(BUILD)/src/log.o $(BUILD)/spoa/spop.o $(BUILD)/src/secret.o \
-                         $(BUILD)/src/config_read.o $(BUILD)/src/config_policy.o
+                         $(BUILD)/src/config_read.o $(BUILD)/src/config_policy.o $(BUILD)/src/tls.o
 	@echo "  LD      $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lcmocka -lm
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(SSL_LIBS) -lcmocka -lm
 
 # the parser lives with the agent's runtime: link every agent object but main()
 $(BUILD)/test_overrides: tests/unit/test_overrides.c $(filter-out $(BUILD)/src/main.o,$(AGENT_OBJ)) \
@@ -177,9 +178,9 @@ $(BUILD)/fuzz_config_replay: tests/fuzz/fuzz_config.c tests/fuzz/replay.c $(BUIL
                              $(BUILD)/src/rules.o $(BUILD)/src/util.o $(BUILD)/src/log.o \
                              $(BUILD)/src/limiter.o $(BUILD)/src/normalize.o $(BUILD)/spoa/spop.o \
                              $(BUILD)/src/secret.o $(BUILD)/src/config_read.o \
-                             $(BUILD)/src/config_policy.o
+                             $(BUILD)/src/config_policy.o $(BUILD)/src/tls.o
 	@echo "  LD      $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lm
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(SSL_LIBS) -lm
 
 $(BUILD)/fuzz_resp_replay: tests/fuzz/fuzz_resp.c tests/fuzz/replay.c $(BUILD)/src/store_reply.o
 	@echo "  LD      $@"
@@ -227,11 +228,11 @@ fuzz: $(FUZZ_BUILD)/fuzz_spop_frame $(FUZZ_BUILD)/fuzz_config $(FUZZ_BUILD)/fuzz
 
 FUZZ_CONFIG_SRC = tests/fuzz/fuzz_config.c src/config.c src/rules.c src/util.c src/log.c \
                   src/limiter.c src/normalize.c spoa/spop.c src/secret.c src/config_read.c \
-                  src/config_policy.c
+                  src/config_policy.c src/tls.c
 $(FUZZ_BUILD)/fuzz_config: $(FUZZ_CONFIG_SRC) src/config.h src/rules.h
 	@mkdir -p $(FUZZ_BUILD)
 	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \
-	  $(PKG_CFLAGS) -o $@ $(FUZZ_CONFIG_SRC) -lconfig -lm
+	  $(PKG_CFLAGS) -o $@ $(FUZZ_CONFIG_SRC) -lconfig $(SSL_LIBS) -lm
 
 $(FUZZ_BUILD)/fuzz_spop_frame: tests/fuzz/fuzz_spop_frame.c tests/fuzz/fuzz.h spoa/spop.c spoa/spop.h
 	@mkdir -p $(FUZZ_BUILD)
@@ -305,9 +306,9 @@ matrix:
 
 # ---- dependencies: Debian 12 and 13 (package names that exist on both) ------
 
-DEB_PKGS = gcc make pkg-config xxd libev-dev libhiredis-dev libconfig-dev libcmocka-dev libc-ares-dev \
+DEB_PKGS = gcc make pkg-config xxd libev-dev libhiredis-dev libconfig-dev libcmocka-dev libc-ares-dev libssl-dev \
            redis-server redis-tools haproxy python3 python3-pytest wrk clang \
-           libclang-rt-dev socat dnsmasq-base
+           libclang-rt-dev socat dnsmasq-base openssl
 
 # apt-get installs those of the packages $(1) that are missing (sudo unless root).
 define apt_install

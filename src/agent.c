@@ -419,6 +419,8 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 			.sentinel_master = rs->cfg->redis.sentinel_master,
 			.sentinel_user = rs->cfg->redis.sentinel_user,
 			.sentinel_password = rs->cfg->redis.sentinel_password,
+			.sentinel_tls = rs->cfg->redis.sentinel_tls,
+			.tls = rs->cfg->redis.tls,
 			.connect_timeout_ms = rs->cfg->redis.connect_timeout_ms,
 			.command_timeout_ms = rs->cfg->redis.command_timeout_ms,
 			.max_pending = rs->cfg->redis.max_pending,
@@ -497,6 +499,12 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 			store_set_auth(a->store, n->redis.user, n->redis.password);
 		LOG(LOG_NOTICE, "reload: Redis credentials changed, used from the next connection");
 	}
+	/* TLS: the contexts built from the files as they are now (renewed certificates) */
+	if ((o->redis.tls != NULL) != (n->redis.tls != NULL))
+		LOG(LOG_WARN, "reload: 'redis.tls' turned %s, ignored until restart",
+		    n->redis.tls ? "on" : "off");
+	else if (a->store && n->redis.tls)
+		store_set_tls(a->store, n->redis.tls, n->redis.sentinel_tls);
 	if (o->redis.max_pending != n->redis.max_pending)
 		LOG(LOG_WARN, "reload: 'redis.max_pending' changed, ignored until restart");
 	if (o->redis.queue_timeout_ms != n->redis.queue_timeout_ms)

@@ -21,6 +21,7 @@
 #include "config_int.h"
 #include "log.h"
 #include "secret.h"
+#include "tls.h"
 #include "util.h"
 
 /*
@@ -74,6 +75,73 @@ static bool redis_address_ok(const char *addr)
 }
 
 /*
+ * A `tls { ca_file; ca_dir; cert_file; key_file; server_name; verify;
+ * min_version; }` group in <g> (<where> names it): built into an OpenSSL
+ * context now, so a certificate or key that cannot be read or does not match
+ * fails the load (a reload keeps the last good configuration). File names are
+ * resolved like secret files (secret.c): absolute, a systemd credential, or
+ * next to the configuration file. NULL when <g> has no such group.
+ */
+static struct tls_ctx *load_tls(struct loader *ld, const config_setting_t *g, const char *where)
+{
+	static const char *const known[] = {"ca_file", "ca_dir", "cert_file", "key_file",
+					    "server_name", "verify", "min_version", NULL};
+	const config_setting_t *t = g ? config_setting_get_member(g, "tls") : NULL;
+	static const char *const files[] = {"ca_file", "ca_dir", "cert_file", "key_file"};
+	char *val[4] = {NULL}, *name, *minv, *pem = NULL, err[512];
+	struct tls_opts o = {.verify = true};
+	struct tls_ctx *ctx = NULL;
+	size_t i;
+
+	if (!t)
+		return NULL;
+	if (!config_setting_is_group(t)) {
+		add_err(ld, line_of(t), "%s.tls: a group { ca_file = \"...\"; ... }", where);
+		return NULL;
+	}
+	check_known(ld, t, where, known);
+	for (i = 0; i < ARRAY_SIZE(files); i++) {
+		char *v = get_str(ld, t, files[i], NULL);
+
+		if (v && !*v)
+			add_err(ld, line_of(t), "%s.tls.%s is empty: name the file", where, files[i]);
+		else if (v)
+			val[i] = secret_path(v, ld->cfg->file);
+		free(v);
+	}
+	name = get_str(ld, t, "server_name", NULL);
+	minv = get_str(ld, t, "min_version", NULL);
+	get_bool(ld, t, "verify", &o.verify);
+	if (name && !(host_name_ok(name) || host_is_numeric(name)))
+		add_err(ld, line_of(t), "%s.tls.server_name '%s': a host name or an address",
+			where, name);
+	o.ca_file = val[0];
+	o.ca_dir = val[1];
+	o.cert_file = val[2];
+	o.key_file = val[3];
+	o.server_name = name;
+	o.min_version = minv;
+	if (o.key_file && secret_read_file(o.key_file, TLS_KEY_MAX, &pem, &o.key_len, err,
+					   sizeof(err)) == -1)
+		add_err(ld, line_of(t), "%s.tls.key_file '%s': %s", where, o.key_file, err);
+	o.key_pem = pem;
+	if (!ld->errs->n) {
+		ctx = tls_ctx_new(&o, err, sizeof(err));
+		if (!ctx)
+			add_err(ld, line_of(t), "%s.tls: %s", where, err);
+	}
+	if (pem) {
+		explicit_bzero(pem, o.key_len);
+		free(pem);
+	}
+	for (i = 0; i < ARRAY_SIZE(val); i++)
+		free(val[i]);
+	free(name);
+	free(minv);
+	return ctx;
+}
+
+/*
  * redis.sentinel { addresses = ["ip:port", ...]; master = "name"; user = ...;
  * password = ...; }: the master is found by asking these Sentinels (src/sentinel.c)
  * instead of redis.address, which must then not be set.
@@ -81,7 +149,7 @@ static bool redis_address_ok(const char *addr)
 static void load_sentinel(struct loader *ld, const config_setting_t *s)
 {
 	static const char *const known[] = {"addresses", "master", "user", "password",
-					    "password_file", NULL};
+					    "password_file", "tls", NULL};
 	const config_setting_t *g = s ? config_setting_get_member(s, "sentinel") : NULL;
 	const config_setting_t *list;
 	struct agent_config *cfg = ld->cfg;
@@ -107,12 +175,24 @@ static void load_sentinel(struct loader *ld, const config_setting_t *s)
 	cfg->redis.sentinel_password = get_str(ld, g, "password", NULL);
 	load_password_file(ld, g, "redis.sentinel", &cfg->redis.sentinel_password,
 			   &cfg->redis.sentinel_password_file, NULL);
+	/* the Sentinels speak TLS as the Redis they watch, unless told otherwise */
+	if (config_setting_get_member(g, "tls") &&
+	    config_setting_type(config_setting_get_member(g, "tls")) == CONFIG_TYPE_BOOL) {
+		bool on = true;
+
+		get_bool(ld, g, "tls", &on);
+		cfg->redis.sentinel_tls = on ? tls_ctx_ref(cfg->redis.tls) : NULL;
+	} else if (config_setting_get_member(g, "tls")) {
+		cfg->redis.sentinel_tls = load_tls(ld, g, "redis.sentinel");
+	} else {
+		cfg->redis.sentinel_tls = tls_ctx_ref(cfg->redis.tls);
+	}
 	list = config_setting_get_member(g, "addresses");
 	n = list && (config_setting_is_array(list) || config_setting_is_list(list))
 		    ? config_setting_length(list) : 0;
 	if (n < 1 || n > 16) {
 		add_err(ld, line_of(list ? list : g),
-			"redis.sentinel.addresses: a list of 1 to 16 \"ip:port\"");
+			"redis.sentinel.addresses: a list of 1 to 16 \"host:port\"");
 		return;
 	}
 	cfg->redis.sentinels = xcalloc((size_t)n, sizeof(char *));
@@ -120,12 +200,13 @@ static void load_sentinel(struct loader *ld, const config_setting_t *s)
 		const config_setting_t *e = config_setting_get_elem(list, (unsigned)i);
 		const char *v = config_setting_type(e) == CONFIG_TYPE_STRING
 					? config_setting_get_string(e) : "";
-		char host[64];
+		char host[256];
 		int port;
 
-		if (hostport_split(v, host, sizeof(host), &port) < 0 || !host_is_numeric(host)) {
-			add_err(ld, line_of(list), "redis.sentinel.addresses: '%s' is no ip:port or "
-				"[ipv6]:port", v);
+		if (hostport_split(v, host, sizeof(host), &port) < 0 ||
+		    !(host_is_numeric(host) || (v[0] != '[' && host_name_ok(host)))) {
+			add_err(ld, line_of(list), "redis.sentinel.addresses: '%s' is no host:port, "
+				"ip:port or [ipv6]:port", v);
 			continue;
 		}
 		cfg->redis.sentinels[cfg->redis.nsentinels++] = xstrdup(v);
@@ -396,7 +477,7 @@ static void load_redis(struct loader *ld, const config_setting_t *root)
 						  "breaker_cooldown_ms", "queue_timeout_ms",
 						  "max_concurrency", "batch_max", "password_file",
 						  "nameservers", "resolve_timeout_ms", "sentinel",
-						  NULL};
+						  "tls", NULL};
 	struct agent_config *cfg = ld->cfg;
 	const config_setting_t *s = config_setting_get_member(root, "redis");
 	const struct cfg_key keys[] = {
@@ -426,6 +507,11 @@ static void load_redis(struct loader *ld, const config_setting_t *root)
 	load_password_file(ld, s, "redis", &cfg->redis.password, &cfg->redis.password_file,
 			   &cfg->redis.password_line);
 	load_resolver(ld, s);
+	cfg->redis.tls = load_tls(ld, s, "redis");
+	if (cfg->redis.tls && strncmp(cfg->redis.address, "unix:", 5) == 0 &&
+	    !config_setting_get_member(s, "sentinel"))
+		add_err(ld, line_of(config_setting_get_member(s, "tls")),
+			"redis.tls: TLS goes over TCP: redis.address is a unix socket");
 	load_sentinel(ld, s);
 	cfg->redis.key_prefix = get_str(ld, s, "key_prefix", "rl");
 	if (!name_ok(cfg->redis.key_prefix) || strlen(cfg->redis.key_prefix) > 32)
@@ -598,6 +684,8 @@ void config_free(struct agent_config *cfg)
 	free(cfg->redis.sentinel_user);
 	free(cfg->redis.sentinel_password);
 	free(cfg->redis.sentinel_password_file);
+	tls_ctx_free(cfg->redis.tls);
+	tls_ctx_free(cfg->redis.sentinel_tls);
 	free(cfg->redis.password_file);
 	free(cfg->redis.key_prefix);
 	free(cfg->file);

@@ -129,6 +129,8 @@ struct agent_config {
 		char *sentinel_user;    /* owned or NULL: the Sentinels' AUTH */
 		char *sentinel_password;  /* owned or NULL: written here, or read from ... */
 		char *sentinel_password_file; /* owned or NULL: ... this file */
+		struct tls_ctx *tls;    /* a reference, or NULL: clear text (redis.tls) */
+		struct tls_ctx *sentinel_tls; /* the Sentinels' (redis.sentinel.tls, else tls) */
 		unsigned connect_timeout_ms;
 		unsigned command_timeout_ms;
 		unsigned max_pending;

@@ -17,11 +17,18 @@
 #include <string.h>
 #include <time.h>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <ev.h>
 #include <hiredis/hiredis.h>
 
 #include "config.h"
 #include "digest.h"
 #include "overrides.h"
+#include "rconn.h"
 #include "store.h"
 #include "util.h"
 
@@ -64,7 +71,7 @@ static const char script_remove[] =
 
 struct ctl {
 	struct agent_config *cfg;       /* owned */
-	redisContext *rc;               /* owned */
+	struct ctl_conn *rc;            /* owned */
 	char key[STORE_KEY_MAX];        /* the overrides hash */
 };
 
@@ -88,48 +95,216 @@ static void ctl_usage(FILE *f)
 		"/etc/spoa-ratelimit/spoa-ratelimit.conf)\n");
 }
 
-/* Connects to "ip:port", "[ip6]:port" or "unix:/path"; NULL (printed) on failure. */
-static redisContext *ctl_connect(const char *addr, const char *user, const char *password)
+/*
+ * A blocking connection for one command at a time: the agent's own transport
+ * (rconn: TLS when the configuration has it) on a loop of its own, run until
+ * the reply or CTL_TIMEOUT_S.
+ */
+struct ctl_conn {
+	struct ev_loop *loop;           /* owned */
+	struct rconn *rc;               /* owned, NULL once gone */
+	int state;                      /* 0 connecting, 1 up, -1 failed */
+	bool done;                      /* the reply (or the loss) came */
+	redisReply *rep;                /* owned copy of the reply */
+	ev_timer timer;
+	char err[256];
+};
+
+static redisReply *reply_copy(const redisReply *r)
 {
-	struct timeval tv = {.tv_sec = CTL_TIMEOUT_S};
-	char host[256], *colon;
-	redisContext *rc;
+	redisReply *c = xcalloc(1, sizeof(*c));
+	size_t i;
+
+	c->type = r->type;
+	c->integer = r->integer;
+	if (r->str) {
+		c->str = xmalloc(r->len + 1);
+		memcpy(c->str, r->str, r->len);
+		c->str[r->len] = 0;
+		c->len = r->len;
+	}
+	if (r->type == REDIS_REPLY_ARRAY && r->elements) {
+		c->element = xcalloc(r->elements, sizeof(*c->element));
+		c->elements = r->elements;
+		for (i = 0; i < r->elements; i++)
+			c->element[i] = r->element[i] ? reply_copy(r->element[i]) : NULL;
+	}
+	return c;
+}
+
+static void conn_up(struct rconn *rc, int status)
+{
+	struct ctl_conn *cc = rconn_data(rc);
+
+	cc->state = status == 0 ? 1 : -1;
+	if (status) {
+		snprintf(cc->err, sizeof(cc->err), "%s", rconn_errstr(rc));
+		cc->rc = NULL; /* freed on return */
+	}
+}
+
+static void conn_lost(struct rconn *rc, int status)
+{
+	struct ctl_conn *cc = rconn_data(rc);
+
+	(void)status;
+	snprintf(cc->err, sizeof(cc->err), "%s", rconn_errstr(rc)[0] ? rconn_errstr(rc)
+									: "connection lost");
+	cc->rc = NULL;
+	cc->done = true;
+}
+
+static void conn_reply(struct rconn *rc, void *reply, void *priv)
+{
+	struct ctl_conn *cc = priv;
+
+	(void)rc;
+	if (reply)
+		cc->rep = reply_copy(reply);
+	cc->done = true;
+}
+
+static void conn_timeout(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct ctl_conn *cc = t->data;
+
+	(void)loop;
+	(void)revents;
+	snprintf(cc->err, sizeof(cc->err), "timed out");
+	cc->state = cc->state ? cc->state : -1;
+	cc->done = true;
+}
+
+static void conn_free(struct ctl_conn *cc)
+{
+	if (!cc)
+		return;
+	rconn_free(cc->rc);
+	ev_timer_stop(cc->loop, &cc->timer);
+	ev_loop_destroy(cc->loop);
+	free(cc);
+}
+
+/* Runs the loop until <cc>'s flag <*flag> is set or the deadline passes. */
+static void conn_wait(struct ctl_conn *cc, const bool *flag, const int *state)
+{
+	ev_timer_set(&cc->timer, CTL_TIMEOUT_S, 0.);
+	ev_timer_start(cc->loop, &cc->timer);
+	while (flag ? !*flag : *state == 0)
+		ev_run(cc->loop, EVRUN_ONCE);
+	ev_timer_stop(cc->loop, &cc->timer);
+}
+
+/* One command on <cc>: its reply (owned, freeReplyObject()), or NULL with cc->err. */
+static redisReply *conn_command(struct ctl_conn *cc, int argc, const char **argv)
+{
 	redisReply *rep;
 
-	if (strncmp(addr, "unix:", 5) == 0) {
-		rc = redisConnectUnixWithTimeout(addr + 5, tv);
-	} else {
-		snprintf(host, sizeof(host), "%s", addr[0] == '[' ? addr + 1 : addr);
-		colon = strrchr(host, ':');
-		if (!colon) {
-			fprintf(stderr, "redis address '%s': ip:port expected\n", addr);
-			return NULL;
-		}
-		*colon = 0;
-		if (addr[0] == '[' && colon > host && colon[-1] == ']')
-			colon[-1] = 0;
-		rc = redisConnectWithTimeout(host, atoi(colon + 1), tv);
-	}
-	if (!rc || rc->err) {
-		fprintf(stderr, "redis %s: %s\n", addr, rc ? rc->errstr : "out of memory");
-		redisFree(rc);
+	cc->done = false;
+	cc->rep = NULL;
+	if (!cc->rc) {
+		if (!cc->err[0])
+			snprintf(cc->err, sizeof(cc->err), "connection lost");
 		return NULL;
 	}
-	(void)redisSetTimeout(rc, tv);
-	if (!password)
-		return rc;
-	if (user)
-		rep = redisCommand(rc, "AUTH %s %s", user, password);
+	if (rconn_command(cc->rc, conn_reply, cc, argc, argv, NULL) != 0) {
+		snprintf(cc->err, sizeof(cc->err), "cannot send");
+		return NULL;
+	}
+	rconn_flush(cc->rc);
+	conn_wait(cc, &cc->done, NULL);
+	rep = cc->rep;
+	cc->rep = NULL;
+	if (!rep && cc->rc) { /* timed out: the connection cannot be trusted any more */
+		rconn_free(cc->rc);
+		cc->rc = NULL;
+	}
+	return rep;
+}
+
+/* "host:port" (a name resolved here: blocking is fine for a command line), "ip:port",
+ * "[ip6]:port" or "unix:/path" into <ip> (numeric) and <port>, or <path>. */
+static int ctl_addr(const char *addr, char *ip, size_t iplen, int *port, const char **path)
+{
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+	char host[256];
+	int e;
+
+	*path = NULL;
+	if (strncmp(addr, "unix:", 5) == 0) {
+		*path = addr + 5;
+		return 0;
+	}
+	if (hostport_split(addr, host, sizeof(host), port) < 0) {
+		fprintf(stderr, "redis address '%s': host:port expected\n", addr);
+		return -1;
+	}
+	e = getaddrinfo(host, NULL, &hints, &res);
+	if (e || !res) {
+		fprintf(stderr, "redis %s: %s\n", addr, e ? gai_strerror(e) : "no address");
+		return -1;
+	}
+	if (res->ai_family == AF_INET6)
+		inet_ntop(AF_INET6, &((struct sockaddr_in6 *)res->ai_addr)->sin6_addr, ip,
+			  (socklen_t)iplen);
 	else
-		rep = redisCommand(rc, "AUTH %s", password);
+		inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, ip,
+			  (socklen_t)iplen);
+	freeaddrinfo(res);
+	return 0;
+}
+
+/* Connects to <addr> (with <tls> or in clear) and AUTHs; NULL (printed) on failure. */
+static struct ctl_conn *ctl_connect(const char *addr, const char *user, const char *password,
+				    struct tls_ctx *tls)
+{
+	struct ctl_conn *cc;
+	char ip[INET6_ADDRSTRLEN], host[256], err[256];
+	const char *path;
+	int port = 0;
+	redisReply *rep;
+
+	if (ctl_addr(addr, ip, sizeof(ip), &port, &path) < 0)
+		return NULL;
+	cc = xcalloc(1, sizeof(*cc));
+	cc->loop = ev_loop_new(EVFLAG_AUTO);
+	ev_timer_init(&cc->timer, conn_timeout, 0., 0.);
+	cc->timer.data = cc;
+	{
+		struct rconn_opts o = {.loop = cc->loop, .data = cc, .on_connect = conn_up,
+				       .on_disconnect = conn_lost, .tls = tls};
+
+		if (!path && hostport_split(addr, host, sizeof(host), &port) == 0 &&
+		    !host_is_numeric(host))
+			o.server_name = host;
+		cc->rc = rconn_connect(&o, path ? NULL : ip, port, path, err, sizeof(err));
+		if (!cc->rc) {
+			fprintf(stderr, "redis %s: %s\n", addr, err);
+			conn_free(cc);
+			return NULL;
+		}
+	}
+	conn_wait(cc, NULL, &cc->state);
+	if (cc->state != 1) {
+		fprintf(stderr, "redis %s: %s\n", addr, cc->err);
+		conn_free(cc);
+		return NULL;
+	}
+	if (!password)
+		return cc;
+	{
+		const char *argv[3] = {"AUTH", user ? user : password, password};
+
+		rep = conn_command(cc, user ? 3 : 2, argv);
+	}
 	if (!rep || rep->type == REDIS_REPLY_ERROR) {
-		fprintf(stderr, "redis %s: AUTH: %s\n", addr, rep ? rep->str : rc->errstr);
+		fprintf(stderr, "redis %s: AUTH: %s\n", addr, rep ? rep->str : cc->err);
 		freeReplyObject(rep);
-		redisFree(rc);
+		conn_free(cc);
 		return NULL;
 	}
 	freeReplyObject(rep);
-	return rc;
+	return cc;
 }
 
 /*
@@ -146,11 +321,12 @@ static int ctl_master(const struct agent_config *cfg, char *out, size_t outlen)
 		return 0;
 	}
 	for (i = 0; i < cfg->redis.nsentinels; i++) {
-		redisContext *rc = ctl_connect(cfg->redis.sentinels[i], cfg->redis.sentinel_user,
-					       cfg->redis.sentinel_password);
+		struct ctl_conn *rc = ctl_connect(cfg->redis.sentinels[i], cfg->redis.sentinel_user,
+						  cfg->redis.sentinel_password,
+						  cfg->redis.sentinel_tls);
 		const char *argv[3] = {"SENTINEL", "get-master-addr-by-name",
 				       cfg->redis.sentinel_master};
-		redisReply *rep = rc ? redisCommandArgv(rc, 3, argv, NULL) : NULL;
+		redisReply *rep = rc ? conn_command(rc, 3, argv) : NULL;
 		bool ok = rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
 			  rep->element[0]->type == REDIS_REPLY_STRING &&
 			  rep->element[1]->type == REDIS_REPLY_STRING;
@@ -161,9 +337,9 @@ static int ctl_master(const struct agent_config *cfg, char *out, size_t outlen)
 		else if (rc)
 			fprintf(stderr, "sentinel %s: %s\n", cfg->redis.sentinels[i],
 				rep && rep->type == REDIS_REPLY_ERROR ? rep->str
-				: rep ? "does not know the master" : rc->errstr);
+				: rep ? "does not know the master" : rc->err);
 		freeReplyObject(rep);
-		redisFree(rc);
+		conn_free(rc);
 		if (ok)
 			return 0;
 	}
@@ -181,12 +357,12 @@ static redisReply *ctl_run(struct ctl *c, int argc, const char **argv)
 	int i;
 
 	for (i = 0; i <= CTL_REDIRECTS; i++) {
-		redisReply *rep = redisCommandArgv(c->rc, argc, argv, NULL);
+		redisReply *rep = conn_command(c->rc, argc, argv);
 		char addr[300];
 		const char *to;
 
 		if (!rep) {
-			fprintf(stderr, "redis: %s\n", c->rc->errstr);
+			fprintf(stderr, "redis: %s\n", c->rc->err);
 			return NULL;
 		}
 		if (rep->type != REDIS_REPLY_ERROR || strncmp(rep->str, "MOVED ", 6) != 0)
@@ -194,8 +370,9 @@ static redisReply *ctl_run(struct ctl *c, int argc, const char **argv)
 		to = strchr(rep->str + 6, ' ');
 		snprintf(addr, sizeof(addr), "%s", to ? to + 1 : "");
 		freeReplyObject(rep);
-		redisFree(c->rc);
-		c->rc = ctl_connect(addr, c->cfg->redis.user, c->cfg->redis.password);
+		conn_free(c->rc);
+		c->rc = ctl_connect(addr, c->cfg->redis.user, c->cfg->redis.password,
+				    c->cfg->redis.tls);
 		if (!c->rc)
 			return NULL;
 	}
@@ -638,7 +815,8 @@ int ctl_main(int argc, char **argv)
 	}
 	ovr_hash_key(c.cfg->redis.key_prefix, c.key, sizeof(c.key));
 	c.rc = ctl_master(c.cfg, master, sizeof(master)) < 0
-		       ? NULL : ctl_connect(master, c.cfg->redis.user, c.cfg->redis.password);
+		       ? NULL : ctl_connect(master, c.cfg->redis.user, c.cfg->redis.password,
+					    c.cfg->redis.tls);
 	if (!c.rc) {
 		config_free(c.cfg);
 		return 1;
@@ -651,7 +829,7 @@ int ctl_main(int argc, char **argv)
 		ret = ctl_remove(&c, kind, argc - i, argv + i);
 	if (ret == 2)
 		ctl_usage(stderr);
-	redisFree(c.rc);
+	conn_free(c.rc);
 	config_free(c.cfg);
 	return ret;
 }

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,21 +60,20 @@ static ssize_t read_all(int fd, char *buf, size_t cap)
 }
 
 /*
- * Reads the secret held in the file <path>: its whole content less one final
- * line ending ("\n" or "\r\n"). Returns 0 with the secret in <*out> (owned,
- * NUL-terminated), or -1 with the reason in <err> (never the content). The
- * checks are made on the descriptor that is read, so a file swapped for
- * another (or a symbolic link re-pointed) after the checks is not read: it
- * must be a regular file, neither readable nor writable by others (group
- * access is fine: a service reads it through its group), at most SECRET_MAX
- * bytes, not empty, and one line without NUL bytes.
+ * Reads the whole file <path> into <*out> (owned, NUL-terminated, <*outlen>
+ * bytes without the NUL) with the checks of every secret file, made on the
+ * descriptor that is read, so a file swapped for another (or a symbolic link
+ * re-pointed) after the checks is not read: a regular file, neither readable
+ * nor writable by others (group access is fine: a service reads it through its
+ * group), at most <max> bytes and not empty. Returns 0, or -1 with the reason
+ * in <err> (never the content).
  */
-int secret_read(const char *path, char **out, char *err, size_t errlen)
+int secret_read_file(const char *path, size_t max, char **out, size_t *outlen, char *err,
+		     size_t errlen)
 {
 	char *buf = NULL;
 	struct stat st;
 	ssize_t n;
-	size_t len;
 	int fd;
 
 	/* O_NONBLOCK: a FIFO in its place must not block the open */
@@ -98,22 +98,52 @@ int secret_read(const char *path, char **out, char *err, size_t errlen)
 			 (unsigned)(st.st_mode & 07777));
 		goto fail;
 	}
-	if (st.st_size > SECRET_MAX) {
-		snprintf(err, errlen, "is larger than %d bytes", SECRET_MAX);
+	if ((uint64_t)st.st_size > max) {
+		snprintf(err, errlen, "is larger than %zu bytes", max);
 		goto fail;
 	}
-	buf = xmalloc(SECRET_MAX + 2);
+	buf = xmalloc(max + 2);
 	/* one byte more than allowed: a file that grew since fstat() is seen */
-	n = read_all(fd, buf, SECRET_MAX + 1);
+	n = read_all(fd, buf, max + 1);
 	if (n == -1) {
 		snprintf(err, errlen, "cannot read: %s", strerror(errno));
 		goto fail;
 	}
-	len = (size_t)n;
-	if (len > SECRET_MAX) {
-		snprintf(err, errlen, "is larger than %d bytes", SECRET_MAX);
+	if ((size_t)n > max) {
+		snprintf(err, errlen, "is larger than %zu bytes", max);
 		goto fail;
 	}
+	if (n == 0) {
+		snprintf(err, errlen, "is empty");
+		goto fail;
+	}
+	buf[n] = 0;
+	close(fd);
+	*out = buf;
+	*outlen = (size_t)n;
+	return 0;
+fail:
+	if (buf)
+		explicit_bzero(buf, max + 2);
+	free(buf);
+	close(fd);
+	return -1;
+}
+
+/*
+ * Reads the secret held in the file <path>: its whole content less one final
+ * line ending ("\n" or "\r\n"), with the checks of secret_read_file(), at most
+ * SECRET_MAX bytes, and one line without NUL bytes. Returns 0 with the secret
+ * in <*out> (owned, NUL-terminated), or -1 with the reason in <err> (never the
+ * content).
+ */
+int secret_read(const char *path, char **out, char *err, size_t errlen)
+{
+	char *buf;
+	size_t len;
+
+	if (secret_read_file(path, SECRET_MAX, &buf, &len, err, errlen) == -1)
+		return -1;
 	if (len && buf[len - 1] == '\n') {
 		len--;
 		if (len && buf[len - 1] == '\r')
@@ -129,13 +159,10 @@ int secret_read(const char *path, char **out, char *err, size_t errlen)
 			 "holds a NUL byte or a line break inside: the secret alone, on one line");
 		goto fail;
 	}
-	close(fd);
 	*out = buf;
 	return 0;
 fail:
-	if (buf)
-		explicit_bzero(buf, SECRET_MAX + 2);
+	explicit_bzero(buf, SECRET_MAX + 2);
 	free(buf);
-	close(fd);
 	return -1;
 }

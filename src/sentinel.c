@@ -23,33 +23,52 @@
  * locates again whenever its connection is lost, ROLE says the server is no
  * master, or a reply says READONLY.
  *
- * Addresses are numeric ("ip:port", "[ip6]:port"): hiredis would resolve a
- * name with a blocking getaddrinfo(). The Sentinels' own answers are numeric
- * unless they are run with `resolve-hostnames yes`; a name there is refused
- * with a clear error.
+ * A Sentinel's address may be a host name: it is resolved on the loop
+ * (resolve.c) when the client starts and again when its TTL runs out, and a
+ * Sentinel whose name has no address yet is passed over like one that is
+ * down. The Sentinels' own answers are numeric unless they run with
+ * `resolve-hostnames yes`; a name there is resolved before it is handed on.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <hiredis/adapters/libev.h>
-#include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 
 #include "list.h"
 #include "log.h"
+#include "rconn.h"
+#include "resolve.h"
 #include "sentinel.h"
+#include "tls.h"
 #include "util.h"
 
 #define WATCH_RETRY_S 1.0
 
+/* The argument of one Sentinel's name lookup. */
+struct sentinel_lookup {
+	struct sentinel *sn;
+	size_t i;
+};
+
 struct sentinel {
 	struct ev_loop *loop;           /* ref */
-	char *hosts[SENTINEL_MAX];      /* owned: numeric */
+	char *hosts[SENTINEL_MAX];      /* owned: numeric, or a name */
 	int ports[SENTINEL_MAX];
+	char ips[SENTINEL_MAX][INET6_ADDRSTRLEN]; /* a name's last address, "" none yet */
+	double ip_until[SENTINEL_MAX];  /* mono(): that answer's TTL runs out */
+	struct resolve_req *rqs[SENTINEL_MAX]; /* lookups in flight */
+	struct sentinel_lookup lk[SENTINEL_MAX]; /* ... their arguments */
 	size_t n;
+	struct resolver *resolver;      /* owned, made at the first name, or NULL */
+	struct resolver_opts resolver_opts; /* nameservers: a reference (the store's) */
+	bool names;                     /* some Sentinel is given by name */
+	ev_timer rtimer;                /* the names' TTLs */
+	struct resolve_req *mrq;        /* a master's name being resolved (locate) */
+	int mport;
 	char *master;                   /* owned */
 	char *user, *password;          /* owned or NULL */
+	struct tls_ctx *tls;            /* a reference, or NULL: clear text */
 	double timeout_s;
 	sentinel_switch_fn *on_switch;
 	void *arg;
@@ -57,7 +76,7 @@ struct sentinel {
 	/* locate */
 	sentinel_addr_fn *lcb;          /* NULL: no locate going on */
 	void *larg;
-	redisAsyncContext *lac;         /* the Sentinel asked now, or NULL */
+	struct rconn *lac;              /* the Sentinel asked now, or NULL */
 	size_t lidx;                    /* ... its index */
 	size_t ltried;                  /* Sentinels asked in this locate */
 	size_t preferred;               /* the one that answered last */
@@ -65,7 +84,7 @@ struct sentinel {
 	char lerr[160];                 /* why the last one did not answer */
 
 	/* watch */
-	redisAsyncContext *wac;         /* SUBSCRIBEd connection, or NULL */
+	struct rconn *wac;              /* SUBSCRIBEd connection, or NULL */
 	size_t widx;
 	ev_timer wtimer;                /* reconnect */
 };
@@ -73,28 +92,98 @@ struct sentinel {
 static void locate_next(struct sentinel *sn);
 static void watch_start(struct sentinel *sn);
 
-/* A new connection to Sentinel <i>, AUTHed when configured; NULL if it fails at once. */
-static redisAsyncContext *sentinel_dial(struct sentinel *sn, size_t i, redisConnectCallback *ccb,
-					redisDisconnectCallback *dcb)
-{
-	redisAsyncContext *ac = redisAsyncConnect(sn->hosts[i], sn->ports[i]);
+/* ---- names --------------------------------------------------------------- */
 
-	if (!ac)
-		return NULL;
-	if (ac->err) {
-		snprintf(sn->lerr, sizeof(sn->lerr), "%s:%d: %s", sn->hosts[i], sn->ports[i],
-			 ac->errstr);
-		redisAsyncFree(ac);
+/* The resolver, made when first needed; NULL (logged) when it cannot be. */
+static struct resolver *sentinel_resolver(struct sentinel *sn)
+{
+	char err[256];
+
+	if (!sn->resolver) {
+		sn->resolver = resolver_new(sn->loop, &sn->resolver_opts, err, sizeof(err));
+		if (!sn->resolver)
+			LOG(LOG_ERR, "sentinel: resolver: %s", err);
+	}
+	return sn->resolver;
+}
+
+static void name_resolved(void *arg, const struct resolve_result *res)
+{
+	struct sentinel_lookup *l = arg;
+	struct sentinel *sn = l->sn;
+	size_t i = l->i;
+
+	sn->rqs[i] = NULL;
+	if (res->ok) {
+		snprintf(sn->ips[i], sizeof(sn->ips[i]), "%s", res->addrs[0]);
+		sn->ip_until[i] = mono() + res->ttl_s;
+	} else {
+		LOG(LOG_WARN, "sentinel %s:%d: resolve: %s", sn->hosts[i], sn->ports[i], res->error);
+		sn->ip_until[i] = mono() + RESOLVE_TTL_MIN_S;
+	}
+}
+
+/* Looks up every name whose answer is missing or expired (no more than one at a time each). */
+static void names_refresh(struct sentinel *sn)
+{
+	double now = mono();
+	size_t i;
+
+	for (i = 0; i < sn->n && sn->resolver; i++) {
+		if (host_is_numeric(sn->hosts[i]) || sn->rqs[i] ||
+		    (sn->ips[i][0] && now < sn->ip_until[i]))
+			continue;
+		sn->lk[i].sn = sn;
+		sn->lk[i].i = i;
+		sn->rqs[i] = resolver_lookup(sn->resolver, sn->hosts[i], name_resolved, &sn->lk[i]);
+	}
+}
+
+static void rtimer_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	(void)loop;
+	(void)revents;
+	names_refresh(container_of(t, struct sentinel, rtimer));
+}
+
+/* Sentinel <i>'s address to dial now: numeric, or its name's last answer (NULL: none yet). */
+static const char *sentinel_ip(struct sentinel *sn, size_t i)
+{
+	if (host_is_numeric(sn->hosts[i]))
+		return sn->hosts[i];
+	if (!sn->ips[i][0]) {
+		names_refresh(sn);
 		return NULL;
 	}
-	ac->data = sn;
-	redisLibevAttach(sn->loop, ac);
-	redisAsyncSetConnectCallback(ac, ccb);
-	redisAsyncSetDisconnectCallback(ac, dcb);
+	return sn->ips[i];
+}
+
+/* A new connection to Sentinel <i>, AUTHed when configured; NULL if it fails at once. */
+static struct rconn *sentinel_dial(struct sentinel *sn, size_t i, rconn_event_fn *ccb,
+				   rconn_event_fn *dcb)
+{
+	struct rconn_opts o = {.loop = sn->loop, .data = sn, .on_connect = ccb,
+			       .on_disconnect = dcb, .tls = sn->tls, .keepalive = true};
+	const char *ip = sentinel_ip(sn, i);
+	char err[256];
+	struct rconn *ac;
+
+	if (!ip) {
+		snprintf(sn->lerr, sizeof(sn->lerr), "%s:%d: its name has no address yet",
+			 sn->hosts[i], sn->ports[i]);
+		return NULL;
+	}
+	if (ip != sn->hosts[i])
+		o.server_name = sn->hosts[i];
+	ac = rconn_connect(&o, ip, sn->ports[i], NULL, err, sizeof(err));
+	if (!ac) {
+		snprintf(sn->lerr, sizeof(sn->lerr), "%s:%d: %s", sn->hosts[i], sn->ports[i], err);
+		return NULL;
+	}
 	if (sn->password) {
 		const char *argv[3] = {"AUTH", sn->user ? sn->user : sn->password, sn->password};
 
-		redisAsyncCommandArgv(ac, NULL, NULL, sn->user ? 3 : 2, argv, NULL);
+		(void)rconn_command(ac, NULL, NULL, sn->user ? 3 : 2, argv, NULL);
 	}
 	return ac;
 }
@@ -104,13 +193,13 @@ static redisAsyncContext *sentinel_dial(struct sentinel *sn, size_t i, redisConn
 static void locate_done(struct sentinel *sn, const char *ip, int port, const char *err)
 {
 	sentinel_addr_fn *cb = sn->lcb;
-	redisAsyncContext *ac = sn->lac;
+	struct rconn *ac = sn->lac;
 
 	sn->lcb = NULL;
 	sn->lac = NULL;
 	ev_timer_stop(sn->loop, &sn->ltimer);
 	if (ac)
-		redisAsyncDisconnect(ac); /* safe from its own callbacks */
+		rconn_disconnect(ac); /* safe from its own callbacks */
 	if (cb)
 		cb(sn->larg, ip, port, err);
 }
@@ -118,13 +207,17 @@ static void locate_done(struct sentinel *sn, const char *ip, int port, const cha
 /* The attempt on the current Sentinel failed (<why>): the next one. */
 static void locate_fail(struct sentinel *sn, const char *why)
 {
-	redisAsyncContext *ac = sn->lac;
+	struct rconn *ac = sn->lac;
 
 	snprintf(sn->lerr, sizeof(sn->lerr), "%s:%d: %s", sn->hosts[sn->lidx], sn->ports[sn->lidx],
 		 why);
+	if (sn->mrq) {
+		resolve_cancel(sn->mrq);
+		sn->mrq = NULL;
+	}
 	sn->lac = NULL;
 	if (ac)
-		redisAsyncDisconnect(ac);
+		rconn_disconnect(ac);
 	sn->lidx = (sn->lidx + 1) % sn->n;
 	/* from the loop, not from within this Sentinel's callbacks */
 	ev_timer_stop(sn->loop, &sn->ltimer);
@@ -132,9 +225,26 @@ static void locate_fail(struct sentinel *sn, const char *why)
 	ev_timer_start(sn->loop, &sn->ltimer);
 }
 
-static void addr_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+/* The master's name, answered by a Sentinel, resolved: the locate is done. */
+static void master_resolved(void *arg, const struct resolve_result *res)
 {
-	struct sentinel *sn = ac->data;
+	struct sentinel *sn = arg;
+	char why[200];
+
+	sn->mrq = NULL;
+	if (!sn->lcb)
+		return;
+	if (res->ok) {
+		locate_done(sn, res->addrs[0], sn->mport, NULL);
+		return;
+	}
+	snprintf(why, sizeof(why), "the master's name: %s", res->error);
+	locate_fail(sn, why);
+}
+
+static void addr_reply_cb(struct rconn *ac, void *reply, void *privdata)
+{
+	struct sentinel *sn = rconn_data(ac);
 	redisReply *r = reply;
 	char host[64];
 	long port;
@@ -144,7 +254,7 @@ static void addr_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	if (ac != sn->lac || !sn->lcb)
 		return;
 	if (!r) {
-		locate_fail(sn, ac->errstr[0] ? ac->errstr : "connection lost");
+		locate_fail(sn, rconn_errstr(ac)[0] ? rconn_errstr(ac) : "connection lost");
 		return;
 	}
 	if (r->type == REDIS_REPLY_ERROR) {
@@ -162,27 +272,35 @@ static void addr_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 		return;
 	}
 	memcpy(host, r->element[0]->str, r->element[0]->len + 1);
-	if (!host_is_numeric(host)) {
-		locate_fail(sn, "answered a host name (resolve-hostnames): numeric addresses only");
+	sn->preferred = sn->lidx;
+	if (!host_is_numeric(host)) { /* resolve-hostnames yes: the master's name */
+		if (!host_name_ok(host) || !sentinel_resolver(sn)) {
+			locate_fail(sn, "answered a name that is no host name");
+			return;
+		}
+		ev_timer_stop(sn->loop, &sn->ltimer); /* the lookup has its own deadline */
+		sn->mport = (int)port;
+		sn->mrq = resolver_lookup(sn->resolver, host, master_resolved, sn);
+		if (!sn->mrq)
+			locate_fail(sn, "cannot resolve the master's name");
 		return;
 	}
-	sn->preferred = sn->lidx;
 	locate_done(sn, host, (int)port, NULL);
 }
 
-static void locate_connect_cb(const redisAsyncContext *cac, int status)
+static void locate_connect_cb(struct rconn *cac, int status)
 {
-	struct sentinel *sn = cac->data;
+	struct sentinel *sn = rconn_data(cac);
 
-	if (cac != sn->lac || status == REDIS_OK)
+	if (cac != sn->lac || status == 0)
 		return;
-	sn->lac = NULL; /* hiredis frees it after this callback */
-	locate_fail(sn, cac->errstr);
+	sn->lac = NULL; /* freed after this callback */
+	locate_fail(sn, rconn_errstr(cac));
 }
 
-static void locate_disconnect_cb(const redisAsyncContext *cac, int status)
+static void locate_disconnect_cb(struct rconn *cac, int status)
 {
-	struct sentinel *sn = cac->data;
+	struct sentinel *sn = rconn_data(cac);
 
 	(void)status;
 	if (cac != sn->lac)
@@ -208,7 +326,7 @@ static void locate_next(struct sentinel *sn)
 		locate_fail(sn, sn->lerr[0] ? sn->lerr : "out of memory");
 		return;
 	}
-	redisAsyncCommandArgv(sn->lac, addr_reply_cb, NULL, 3, argv, NULL);
+	(void)rconn_command(sn->lac, addr_reply_cb, NULL, 3, argv, NULL);
 	ev_timer_stop(sn->loop, &sn->ltimer);
 	ev_timer_set(&sn->ltimer, sn->timeout_s, 0.);
 	ev_timer_start(sn->loop, &sn->ltimer);
@@ -217,7 +335,7 @@ static void locate_next(struct sentinel *sn)
 static void ltimer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
 	struct sentinel *sn = container_of(t, struct sentinel, ltimer);
-	redisAsyncContext *ac = sn->lac;
+	struct rconn *ac = sn->lac;
 
 	(void)loop;
 	(void)revents;
@@ -227,8 +345,8 @@ static void ltimer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 		locate_next(sn);
 		return;
 	}
-	sn->lac = NULL; /* its callbacks, called from redisAsyncFree(), are ignored */
-	redisAsyncFree(ac);
+	sn->lac = NULL; /* its callbacks, called from rconn_free(), are ignored */
+	rconn_free(ac);
 	locate_fail(sn, "timed out");
 }
 
@@ -251,13 +369,16 @@ void sentinel_locate(struct sentinel *sn, sentinel_addr_fn *cb, void *arg)
 /* The locate going on, if any, will not call back. */
 void sentinel_cancel(struct sentinel *sn)
 {
-	redisAsyncContext *ac = sn->lac;
+	struct rconn *ac = sn->lac;
 
 	sn->lcb = NULL;
 	sn->lac = NULL;
 	ev_timer_stop(sn->loop, &sn->ltimer);
-	if (ac)
-		redisAsyncFree(ac); /* never called from its callbacks: see store_node.c */
+	if (sn->mrq) {
+		resolve_cancel(sn->mrq);
+		sn->mrq = NULL;
+	}
+	rconn_free(ac); /* deferred when called from its own callbacks */
 }
 
 /* ---- watch -------------------------------------------------------------- */
@@ -272,9 +393,9 @@ static void watch_retry(struct sentinel *sn)
 }
 
 /* "+switch-master" messages: "<name> <old ip> <old port> <new ip> <new port>". */
-static void switch_msg_cb(redisAsyncContext *ac, void *reply, void *privdata)
+static void switch_msg_cb(struct rconn *ac, void *reply, void *privdata)
 {
-	struct sentinel *sn = ac->data;
+	struct sentinel *sn = rconn_data(ac);
 	redisReply *r = reply;
 	char name[128], oip[64], nip[64];
 	int oport, nport;
@@ -285,7 +406,7 @@ static void switch_msg_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	if (r->type == REDIS_REPLY_ERROR) {
 		LOG(LOG_WARN, "sentinel %s:%d: SUBSCRIBE: %s", sn->hosts[sn->widx], sn->ports[sn->widx],
 		    r->str);
-		redisAsyncDisconnect(ac);
+		rconn_disconnect(ac);
 		return;
 	}
 	if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
@@ -300,18 +421,18 @@ static void switch_msg_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	sn->on_switch(sn->arg, nip, nport);
 }
 
-static void watch_connect_cb(const redisAsyncContext *cac, int status)
+static void watch_connect_cb(struct rconn *cac, int status)
 {
-	struct sentinel *sn = cac->data;
+	struct sentinel *sn = rconn_data(cac);
 
-	if (cac != sn->wac || status == REDIS_OK)
+	if (cac != sn->wac || status == 0)
 		return;
-	watch_retry(sn); /* hiredis frees it after this callback */
+	watch_retry(sn); /* freed after this callback */
 }
 
-static void watch_disconnect_cb(const redisAsyncContext *cac, int status)
+static void watch_disconnect_cb(struct rconn *cac, int status)
 {
-	struct sentinel *sn = cac->data;
+	struct sentinel *sn = rconn_data(cac);
 
 	(void)status;
 	if (cac == sn->wac)
@@ -327,7 +448,7 @@ static void watch_start(struct sentinel *sn)
 		watch_retry(sn);
 		return;
 	}
-	redisAsyncCommandArgv(sn->wac, switch_msg_cb, NULL, 2, argv, NULL);
+	(void)rconn_subscribe(sn->wac, switch_msg_cb, NULL, 2, argv);
 }
 
 static void wtimer_cb(struct ev_loop *loop, ev_timer *t, int revents)
@@ -341,8 +462,8 @@ static void wtimer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 
 /*
  * A client of the Sentinels <o> on <loop>; it starts watching for
- * +switch-master at once (<on_switch>(<arg>, ...)). The addresses must be
- * numeric "ip:port" (checked by the configuration).
+ * +switch-master at once (<on_switch>(<arg>, ...)). The addresses are
+ * "host:port", "ip:port" or "[ip6]:port" (checked by the configuration).
  */
 struct sentinel *sentinel_new(struct ev_loop *loop, const struct sentinel_opts *o,
 			      sentinel_switch_fn *on_switch, void *arg)
@@ -351,46 +472,68 @@ struct sentinel *sentinel_new(struct ev_loop *loop, const struct sentinel_opts *
 	size_t i;
 
 	sn->loop = loop;
+	if (o->resolver)
+		sn->resolver_opts = *o->resolver;
 	for (i = 0; i < o->naddrs && sn->n < SENTINEL_MAX; i++) {
-		char host[64];
+		char host[256];
 		int port;
 
 		if (hostport_split(o->addrs[i], host, sizeof(host), &port) < 0 ||
-		    !host_is_numeric(host))
+		    !(host_is_numeric(host) || host_name_ok(host)))
 			continue;
 		sn->hosts[sn->n] = xstrdup(host);
 		sn->ports[sn->n++] = port;
+		if (!host_is_numeric(host))
+			sn->names = true;
 	}
 	BUG_ON(!sn->n);
 	sn->master = xstrdup(o->master);
 	sn->user = o->user && *o->user ? xstrdup(o->user) : NULL;
 	sn->password = o->password && *o->password ? xstrdup(o->password) : NULL;
+	sn->tls = tls_ctx_ref(o->tls);
 	sn->timeout_s = (o->timeout_ms ? o->timeout_ms : 200) / 1000.;
 	sn->on_switch = on_switch;
 	sn->arg = arg;
 	ev_timer_init(&sn->ltimer, ltimer_cb, 0., 0.);
 	ev_timer_init(&sn->wtimer, wtimer_cb, 0., 0.);
+	ev_timer_init(&sn->rtimer, rtimer_cb, RESOLVE_TTL_MIN_S, RESOLVE_TTL_MIN_S);
+	if (sn->names && sentinel_resolver(sn)) {
+		names_refresh(sn);
+		ev_timer_start(loop, &sn->rtimer);
+	}
 	watch_start(sn);
 	return sn;
 }
 
 void sentinel_free(struct sentinel *sn)
 {
-	redisAsyncContext *ac;
+	struct rconn *ac;
 	size_t i;
 
 	if (!sn)
 		return;
 	sentinel_cancel(sn);
 	ev_timer_stop(sn->loop, &sn->wtimer);
+	ev_timer_stop(sn->loop, &sn->rtimer);
+	for (i = 0; i < sn->n; i++)
+		if (sn->rqs[i])
+			resolve_cancel(sn->rqs[i]);
+	resolver_free(sn->resolver);
 	ac = sn->wac;
 	sn->wac = NULL;
-	if (ac)
-		redisAsyncFree(ac);
+	rconn_free(ac);
+	tls_ctx_free(sn->tls);
 	for (i = 0; i < sn->n; i++)
 		free(sn->hosts[i]);
 	free(sn->master);
 	free(sn->user);
 	free(sn->password);
 	free(sn);
+}
+
+/* The TLS (a reference is taken, NULL: clear text) of the connections made from now on. */
+void sentinel_set_tls(struct sentinel *sn, struct tls_ctx *tls)
+{
+	tls_ctx_free(sn->tls);
+	sn->tls = tls_ctx_ref(tls);
 }

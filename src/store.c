@@ -113,17 +113,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <hiredis/adapters/libev.h>
 
 #include "crc16.h"
 #include "log.h"
 #include "scripts.h"
 #include "sentinel.h"
 #include "store_int.h"
+#include "tls.h"
 #include "util.h"
 
 static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval);
-static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata);
+static void cmd_reply_cb(struct rconn *rc, void *reply, void *privdata);
 
 const char *store_status_str(int st)
 {
@@ -278,10 +278,10 @@ void node_error(struct store_node *n, enum store_errclass ec)
 	n->err_at = mono();
 	/* a READONLY outside a cluster: this is a replica now (a master demoted by a
 	 * failover, a moved name); a new connection finds the master again */
-	if (ec == STORE_EC_READONLY && n->s->mode != MODE_CLUSTER && n->ac &&
+	if (ec == STORE_EC_READONLY && n->s->mode != MODE_CLUSTER && n->rc &&
 	    (n->sentineled || n->named)) {
 		store_log_trouble(n, "READONLY", "no longer the master, reconnecting");
-		redisAsyncDisconnect(n->ac); /* safe inside its callbacks */
+		rconn_disconnect(n->rc); /* safe inside its callbacks */
 	}
 }
 
@@ -814,38 +814,6 @@ static int parse_result(const redisReply *rep, const struct store_query *q,
 
 /* ---- sending ------------------------------------------------------------- */
 
-/*
- * Sends the command <argv> (<argc> arguments of <lens> bytes) for <c>, in
- * RESP formatted here into a buffer on the stack: hiredis' own formatting
- * (a fresh sds grown with sdscatfmt per argument) was a visible share of a
- * decision's time. A command too large for the buffer (never, with the
- * bounds of a decision) takes hiredis' path. Returns REDIS_OK or REDIS_ERR.
- */
-int send_formatted(redisAsyncContext *ac, redisCallbackFn *fn, void *priv, int argc,
-		   const char **argv, const size_t *lens)
-{
-	char buf[16384], *p = buf, *end = buf + sizeof(buf);
-	int i;
-
-	*p++ = '*';
-	p += fmt_i64(p, argc);
-	*p++ = '\r';
-	*p++ = '\n';
-	for (i = 0; i < argc; i++) {
-		if ((size_t)(end - p) < lens[i] + 28)
-			return redisAsyncCommandArgv(ac, fn, priv, argc, argv, lens);
-		*p++ = '$';
-		p += fmt_i64(p, (int64_t)lens[i]);
-		*p++ = '\r';
-		*p++ = '\n';
-		memcpy(p, argv[i], lens[i]);
-		p += lens[i];
-		*p++ = '\r';
-		*p++ = '\n';
-	}
-	return redisAsyncFormattedCommand(ac, fn, priv, buf, (size_t)(p - buf));
-}
-
 /* Appends the string <str> of <len> bytes to <av>. */
 void argv_str(struct argv_buf *av, const char *str, size_t len)
 {
@@ -940,13 +908,13 @@ int cmd_write(struct store_node *n, struct store_cmd *c, bool eval)
 	if (c->asking) {
 		const char *asking[1] = {"ASKING"};
 
-		if (redisAsyncCommandArgv(n->ac, NULL, NULL, 1, asking, NULL) != REDIS_OK)
+		if (rconn_command(n->rc, NULL, NULL, 1, asking, NULL) != 0)
 			return REDIS_ERR;
 	}
 	if (c->kind == CMD_HGET) {
 		const char *hget[3] = {c->hfield ? "HGET" : "HGETALL", c->hkey, c->hfield};
 
-		return redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, c->hfield ? 3 : 2, hget, NULL);
+		return rconn_command(n->rc, cmd_reply_cb, c, c->hfield ? 3 : 2, hget, NULL);
 	}
 	if (c->kind == CMD_HEARTBEAT) {
 		const char *hb[6] = {"EVAL", script_heartbeat, "1", c->hkey, c->hfield, nkeys};
@@ -954,7 +922,7 @@ int cmd_write(struct store_node *n, struct store_cmd *c, bool eval)
 
 		snprintf(nkeys, sizeof(nkeys), "%u", c->window_ms);
 		hbl[5] = strlen(nkeys);
-		return redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, 6, hb, hbl);
+		return rconn_command(n->rc, cmd_reply_cb, c, 6, hb, hbl);
 	}
 
 	av.argv = argv;
@@ -974,8 +942,7 @@ int cmd_write(struct store_node *n, struct store_cmd *c, bool eval)
 		query_push_args(&av, &c->q);
 	}
 	argc = av.argc;
-	return eval ? redisAsyncCommandArgv(n->ac, cmd_reply_cb, c, argc, argv, lens)
-		    : send_formatted(n->ac, cmd_reply_cb, c, argc, argv, lens);
+	return rconn_command(n->rc, cmd_reply_cb, c, argc, argv, lens);
 }
 
 /*
@@ -988,7 +955,7 @@ static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval)
 {
 	struct store *s = n->s;
 
-	if (!n->ac || n->state != ND_READY)
+	if (!n->rc || n->state != ND_READY)
 		return -1;
 	if (batch_wants(n, c, eval))
 		batch_add(n, c);
@@ -1028,8 +995,8 @@ static void flusher_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 		list_del(&n->flush_node);
 		n->flush_pending = false;
 		batch_flush(n);
-		if (n->ac && n->state == ND_READY)
-			redisAsyncHandleWrite(n->ac);
+		if (n->rc && n->state == ND_READY)
+			rconn_flush(n->rc);
 	}
 	ev_prepare_stop(loop, w);
 }
@@ -1157,10 +1124,10 @@ void cmd_reply(struct store_node *n, struct store_cmd *c, const redisReply *rep)
  * connection is gone. A reply in time is a latency sample for the node's
  * limit, and the room it frees lets queued commands go.
  */
-static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+static void cmd_reply_cb(struct rconn *rc, void *reply, void *privdata)
 {
 	struct store_cmd *c = privdata;
-	struct store_node *n = ac->data;
+	struct store_node *n = rconn_data(rc);
 	redisReply *rep = reply;
 	double now;
 
@@ -1172,7 +1139,7 @@ static void cmd_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 			limit_sample(n, cmd_wait(c, now), now);
 	}
 	cmd_reply(n, c, rep);
-	if (rep && n->ac == ac && !n->s->freeing)
+	if (rep && n->rc == rc && !n->s->freeing)
 		node_send_queue(n);
 }
 
@@ -1193,7 +1160,7 @@ static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	list_for_each_safe(l, tmp, &s->nodes) {
 		struct store_node *n = LIST_ELEM(l, struct store_node, link);
 
-		if (!(n->ac && n->state == ND_READY && n->out && now - n->last_progress >= s->stall_s)) {
+		if (!(n->rc && n->state == ND_READY && n->out && now - n->last_progress >= s->stall_s)) {
 			n->stall_seen = false;
 		} else if (!n->stall_seen) {
 			/* confirmed by the next tick, after a poll: an agent resumed
@@ -1448,6 +1415,20 @@ void store_set_auth(struct store *s, const char *user, const char *password)
 	s->password = password && *password ? xstrdup(password) : NULL;
 }
 
+/*
+ * Replaces the TLS settings (a reference to each is taken) that connections
+ * opened from now on use, to Redis and to the Sentinels; connections already
+ * up keep theirs. A reload passes the contexts it built: certificates and keys
+ * renewed on disk are used from the next connection.
+ */
+void store_set_tls(struct store *s, struct tls_ctx *tls, struct tls_ctx *sentinel_tls)
+{
+	tls_ctx_free(s->tls);
+	s->tls = tls_ctx_ref(tls);
+	if (s->sentinel)
+		sentinel_set_tls(s->sentinel, sentinel_tls);
+}
+
 const struct store_stats *store_stats(const struct store *s)
 {
 	return &s->stats;
@@ -1523,10 +1504,12 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 			.addrs = opts->sentinels, .naddrs = opts->nsentinels,
 			.master = opts->sentinel_master, .user = opts->sentinel_user,
 			.password = opts->sentinel_password, .timeout_ms = s->connect_timeout_ms,
+			.tls = opts->sentinel_tls, .resolver = &s->resolver_opts,
 		};
 
 		s->sentinel = sentinel_new(loop, &so, node_master_switched, s);
 	}
+	s->tls = tls_ctx_ref(opts->tls);
 	s->seed = node_new(s, &ep, true);
 	node_connect(s->seed);
 	*out = s;
@@ -1578,6 +1561,7 @@ void store_free(struct store *s)
 		free(c);
 	}
 	sentinel_free(s->sentinel);
+	tls_ctx_free(s->tls);
 	resolver_free(s->resolver);
 	free((char *)s->resolver_opts.nameservers);
 	free(s->slots);

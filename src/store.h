@@ -58,6 +58,8 @@ enum store_errclass {
 	STORE_EC_COUNT          /* sentinel */
 };
 
+struct tls_ctx;
+
 struct store_opts {
 	const char *address;            /* "host:port", "[ip6]:port" or "unix:/path"; a single
 					 * Redis or any node of a cluster; a host name is
@@ -69,6 +71,8 @@ struct store_opts {
 	const char *sentinel_master;    /* the name they monitor */
 	const char *sentinel_user;      /* their AUTH, or NULL */
 	const char *sentinel_password;
+	struct tls_ctx *sentinel_tls;   /* the Sentinels' TLS, or NULL: clear text */
+	struct tls_ctx *tls;            /* TLS to every Redis node, or NULL: clear text */
 	const char *user;               /* ACL user or NULL */
 	const char *password;           /* AUTH password or NULL */
 	unsigned connect_timeout_ms;
@@ -175,6 +179,7 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 	      char *err, size_t errlen) MUSTCHECK;
 void store_free(struct store *s);
 void store_set_auth(struct store *s, const char *user, const char *password);
+void store_set_tls(struct store *s, struct tls_ctx *tls, struct tls_ctx *sentinel_tls);
 int store_decide(struct store *s, const struct store_query *q, store_done_fn cb, void *arg);
 int store_hget(struct store *s, const char *key, const char *field, store_str_fn cb, void *arg);
 int store_hgetall(struct store *s, const char *key, store_str_fn cb, void *arg);

@@ -74,10 +74,10 @@ void batch_fail(struct store_node *n)
 }
 
 /* hiredis calls this once per batch call: with its reply, or NULL when the connection is gone. */
-static void batch_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+static void batch_reply_cb(struct rconn *rc, void *reply, void *privdata)
 {
 	struct batch_call *b = privdata;
-	struct store_node *n = ac->data;
+	struct store_node *n = rconn_data(rc);
 	redisReply *rep = reply;
 	size_t j = 0, nd = 0;
 	bool split;
@@ -109,7 +109,7 @@ static void batch_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 		}
 	}
 	free(b);
-	if (rep && n->ac == ac && !n->s->freeing)
+	if (rep && n->rc == rc && !n->s->freeing)
 		node_send_queue(n);
 }
 
@@ -148,7 +148,7 @@ static int batch_send_call(struct store_node *n, struct batch_call *b)
 	argv_num(&av, (int64_t)nd);
 	for (i = 0; i < b->count; i++)
 		query_push_decisions(&av, &b->cmds[i]->q);
-	ret = send_formatted(n->ac, batch_reply_cb, b, av.argc, av.argv, av.lens);
+	ret = rconn_command(n->rc, batch_reply_cb, b, av.argc, av.argv, av.lens);
 	free(av.argv);
 	free(av.lens);
 	free(av.nums);
@@ -167,7 +167,7 @@ void batch_flush(struct store_node *n)
 	while (n->nbatch) {
 		struct batch_call *b;
 
-		if (!n->ac || n->state != ND_READY) {
+		if (!n->rc || n->state != ND_READY) {
 			batch_fail(n);
 			return;
 		}

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <hiredis/adapters/libev.h>
 
 #include "crc16.h"
 #include "log.h"
@@ -249,9 +248,9 @@ static void topology_single(struct store *s, struct store_node *src, const char 
 	}
 }
 
-static void slots_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+static void slots_reply_cb(struct rconn *rc, void *reply, void *privdata)
 {
-	struct store_node *n = ac->data;
+	struct store_node *n = rconn_data(rc);
 	struct store *s = n->s;
 	redisReply *rep = reply;
 
@@ -294,7 +293,7 @@ static struct store_node *refresh_pick(struct store *s)
 		struct store_node *n = LIST_ELEM(l, struct store_node, link);
 		int rank;
 
-		if (n->state != ND_READY || !n->ac)
+		if (n->state != ND_READY || !n->rc)
 			continue;
 		rank = (n->breaker_open ? 0 : 4) + (n->nslots ? 2 : 0) + (i >= start ? 1 : 0);
 		if (rank > best_rank) {
@@ -316,7 +315,7 @@ void refresh_kick(struct store *s)
 	    now - s->refresh_last < REFRESH_MIN_S)
 		return; /* the tick or the next ready node comes back to it */
 	n = refresh_pick(s);
-	if (!n || redisAsyncCommandArgv(n->ac, slots_reply_cb, NULL, 2, argv, NULL) != REDIS_OK)
+	if (!n || rconn_command(n->rc, slots_reply_cb, NULL, 2, argv, NULL) != 0)
 		return;
 	s->refresh_wanted = false;
 	s->refresh_node = n;

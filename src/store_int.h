@@ -15,11 +15,11 @@
 #include <stdbool.h>
 
 #include <ev.h>
-#include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 
 #include "list.h"
 #include "pool.h"
+#include "rconn.h"
 #include "resolve.h"
 #include "store.h"
 
@@ -90,7 +90,7 @@ struct store_node {
 	bool locating;                  /* ... asking them now */
 	int dial_port;                  /* the port dialled (the Sentinels'), 0: port */
 	enum node_state state;
-	redisAsyncContext *ac;          /* owned by hiredis; NULL when disconnected */
+	struct rconn *rc;               /* owned; NULL when disconnected */
 	ev_timer conn_timer;            /* connect deadline / reconnect backoff */
 	unsigned backoff_ms;
 	struct list parked;             /* store_cmd.park: redirected here, waiting for READY */
@@ -163,6 +163,7 @@ struct store {
 	struct resolver_opts resolver_opts; /* nameservers owned */
 	struct resolver *resolver;      /* owned; made at the first name looked up */
 	struct sentinel *sentinel;      /* owned or NULL: the seed is a master under Sentinel */
+	struct tls_ctx *tls;            /* owned or NULL: clear text; new connections use it */
 	enum store_mode mode;
 	struct list nodes;              /* store_node.link, owned */
 	struct store_node **slots;      /* owned array of CRC16_SLOTS refs: owner or NULL */
@@ -198,7 +199,6 @@ struct store {
 
 /* store_reply.c */
 redisReplyObjectFunctions *reply_functions(void);
-void reply_attach(redisAsyncContext *ac);
 void reply_cache_free(void);
 
 /* store.c */
@@ -221,8 +221,6 @@ int cmd_write(struct store_node *n, struct store_cmd *c, bool eval);
 void limit_sample(struct store_node *n, double rtt, double now);
 double cmd_wait(const struct store_cmd *c, double now);
 void node_send_queue(struct store_node *n);
-int send_formatted(redisAsyncContext *ac, redisCallbackFn *fn, void *priv, int argc,
-		   const char **argv, const size_t *lens);
 
 /* An argv under construction: strings by reference, numbers formatted into nums. */
 struct argv_buf {

@@ -168,7 +168,7 @@ struct store_node *node_get(struct store *s, const struct endpoint *ep)
  */
 void node_close(struct store_node *n)
 {
-	redisAsyncContext *ac = n->ac;
+	struct rconn *rc = n->rc;
 
 	if (n->rq) {
 		resolve_cancel(n->rq);
@@ -178,11 +178,10 @@ void node_close(struct store_node *n)
 		sentinel_cancel(n->s->sentinel);
 		n->locating = false;
 	}
-	n->ac = NULL; /* our callbacks ignore this context from now on */
+	n->rc = NULL; /* our callbacks ignore this connection from now on */
 	n->state = ND_DISCONNECTED;
 	batch_fail(n);
-	if (ac)
-		redisAsyncFree(ac);
+	rconn_free(rc);
 }
 
 /* Frees <n>: idle, off the map, connection closed here. */
@@ -213,7 +212,7 @@ static void node_schedule_reconnect(struct store_node *n)
 	unsigned cap = BACKOFF_MAX_MS;
 
 	n->state = ND_DISCONNECTED;
-	n->ac = NULL;
+	n->rc = NULL;
 	ev_timer_stop(s->loop, &n->conn_timer);
 	if (s->freeing || n->retired)
 		return;
@@ -251,14 +250,14 @@ void node_lost(struct store_node *n)
 
 /* ---- connections --------------------------------------------------------- */
 
-static void load_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+static void load_reply_cb(struct rconn *rc, void *reply, void *privdata)
 {
-	struct store_node *n = ac->data;
+	struct store_node *n = rconn_data(rc);
 	struct store *s = n->s;
 	redisReply *rep = reply;
 
 	(void)privdata;
-	if (!rep || n->ac != ac)
+	if (!rep || n->rc != rc)
 		return;
 	if (rep->type != REDIS_REPLY_STRING || rep->len != 40) {
 		store_log_trouble(n, "SCRIPT LOAD", rep->type == REDIS_REPLY_ERROR ? rep->str
@@ -266,7 +265,7 @@ static void load_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 		/* e.g. LOADING while Redis reads its dataset: counted like any error */
 		node_error(n, rep->type == REDIS_REPLY_ERROR ? error_class(rep->str)
 							     : STORE_EC_OTHER);
-		redisAsyncDisconnect(ac);
+		rconn_disconnect(rc);
 		return;
 	}
 	memcpy(s->sha, rep->str, 40);
@@ -292,16 +291,16 @@ static void load_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 	node_send_parked(n);
 }
 
-static void auth_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+static void auth_reply_cb(struct rconn *rc, void *reply, void *privdata)
 {
-	struct store_node *n = ac->data;
+	struct store_node *n = rconn_data(rc);
 	redisReply *rep = reply;
 
 	(void)privdata;
-	if (rep && rep->type == REDIS_REPLY_ERROR && n->ac == ac) {
+	if (rep && rep->type == REDIS_REPLY_ERROR && n->rc == rc) {
 		store_log_trouble(n, "AUTH", rep->str);
 		node_error(n, error_class(rep->str));
-		redisAsyncDisconnect(ac);
+		rconn_disconnect(rc);
 	}
 }
 
@@ -310,15 +309,15 @@ static void auth_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
  * Sentinels' answer may be stale in the middle of a failover. Anything else
  * drops the connection; the next attempt asks the Sentinels again.
  */
-static void role_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
+static void role_reply_cb(struct rconn *rc, void *reply, void *privdata)
 {
-	struct store_node *n = ac->data;
+	struct store_node *n = rconn_data(rc);
 	redisReply *rep = reply;
 
 	const char *role;
 
 	(void)privdata;
-	if (!rep || n->ac != ac)
+	if (!rep || n->rc != rc)
 		return;
 	role = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
 	       rep->element[0]->type == REDIS_REPLY_STRING ? rep->element[0]->str : "no role";
@@ -326,55 +325,52 @@ static void role_reply_cb(redisAsyncContext *ac, void *reply, void *privdata)
 		return;
 	store_log_trouble(n, "ROLE", role);
 	node_error(n, STORE_EC_READONLY);
-	redisAsyncDisconnect(ac);
+	rconn_disconnect(rc);
 }
 
-static void connect_cb(const redisAsyncContext *cac, int status)
+static void connect_cb(struct rconn *rc, int status)
 {
-	redisAsyncContext *ac = (redisAsyncContext *)cac;
-	struct store_node *n = ac->data;
+	struct store_node *n = rconn_data(rc);
 	struct store *s = n->s;
 
-	if (n->ac != ac)
+	if (n->rc != rc)
 		return;
-	if (status != REDIS_OK) {
-		/* hiredis frees the context after this callback */
-		store_log_trouble(n, "connect", ac->errstr);
+	if (status != 0) {
+		/* the connection is freed after this callback */
+		store_log_trouble(n, "connect", rconn_errstr(rc));
 		node_lost(n);
 		return;
 	}
 	/* the connect deadline keeps running: it covers AUTH and SCRIPT LOAD too */
 	n->state = ND_LOADING;
-	if (n->host)
-		(void)redisEnableKeepAlive(&ac->c); /* TCP only: unix sockets refuse it */
 	if (s->password) {
 		const char *argv[3] = {"AUTH", s->user ? s->user : s->password, s->password};
 		int argc = s->user ? 3 : 2;
 
-		redisAsyncCommandArgv(ac, auth_reply_cb, NULL, argc, argv, NULL);
+		rconn_command(rc, auth_reply_cb, NULL, argc, argv, NULL);
 	}
 	if (n->sentineled) {
 		const char *argv[1] = {"ROLE"};
 
-		redisAsyncCommandArgv(ac, role_reply_cb, NULL, 1, argv, NULL);
+		rconn_command(rc, role_reply_cb, NULL, 1, argv, NULL);
 	}
 	{
 		const char *argv[3] = {"SCRIPT", "LOAD", script_ratelimit};
 		size_t lens[3] = {6, 4, script_ratelimit_len};
 
-		redisAsyncCommandArgv(ac, load_reply_cb, NULL, 3, argv, lens);
+		rconn_command(rc, load_reply_cb, NULL, 3, argv, lens);
 	}
 }
 
-static void disconnect_cb(const redisAsyncContext *cac, int status)
+static void disconnect_cb(struct rconn *rc, int status)
 {
-	struct store_node *n = cac->data;
+	struct store_node *n = rconn_data(rc);
 
-	if (n->ac != cac)
+	if (n->rc != rc)
 		return;
-	if (status != REDIS_OK)
-		store_log_trouble(n, "connection lost", cac->errstr);
-	/* hiredis frees the context after this callback; pending commands were
+	if (status != 0)
+		store_log_trouble(n, "connection lost", rconn_errstr(rc));
+	/* the connection is freed after this callback; pending commands were
 	 * already called back with a NULL reply */
 	node_lost(n);
 }
@@ -399,30 +395,33 @@ static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 static void node_dial(struct store_node *n, const char *host)
 {
 	struct store *s = n->s;
-	redisAsyncContext *ac;
+	struct rconn_opts o = {
+		.loop = s->loop,
+		.data = n,
+		.on_connect = connect_cb,
+		.on_disconnect = disconnect_cb,
+		.fn = reply_functions(),
+		.tls = s->tls,
+		/* a name is the name its certificate carries, unless the configuration
+		 * names one (tls.server_name); an address alone is verified as one */
+		.server_name = n->named ? n->host : NULL,
+		.keepalive = true,
+	};
+	char err[256];
+	struct rconn *rc;
 
-	ac = host ? redisAsyncConnect(host, n->dial_port ? n->dial_port : n->port)
-		  : redisAsyncConnectUnix(n->unix_path);
-	if (!ac) {
-		node_lost(n);
-		return;
-	}
-	if (ac->err) {
-		store_log_trouble(n, "connect", ac->errstr);
-		redisAsyncFree(ac);
+	rc = rconn_connect(&o, host, n->dial_port ? n->dial_port : n->port, n->unix_path, err,
+			   sizeof(err));
+	if (!rc) {
+		store_log_trouble(n, "connect", err);
 		node_lost(n);
 		return;
 	}
 	if (n->named || n->sentineled)
 		snprintf(n->addr, sizeof(n->addr), "%s", host);
 	n->was_ready = false;
-	reply_attach(ac);
-	ac->data = n;
-	n->ac = ac;
+	n->rc = rc;
 	n->state = ND_CONNECTING;
-	redisLibevAttach(s->loop, ac);
-	redisAsyncSetConnectCallback(ac, connect_cb);
-	redisAsyncSetDisconnectCallback(ac, disconnect_cb);
 }
 
 /* 1 when <addr> is among <n>'s addresses of the last lookup. */

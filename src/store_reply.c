@@ -207,12 +207,6 @@ redisReplyObjectFunctions *reply_functions(void)
 	return &reply_fns;
 }
 
-/* Makes <ac> build its replies with these functions; before its first reply. */
-void reply_attach(redisAsyncContext *ac)
-{
-	ac->c.reader->fn = reply_functions();
-}
-
 /* Gives the free list back to the allocator (at exit, for leak checkers). */
 void reply_cache_free(void)
 {

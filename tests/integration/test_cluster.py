@@ -125,6 +125,8 @@ class ClusterNode:
                 "--protected-mode", "no", "--repl-diskless-sync-delay", "0"]
         if cluster.password:
             argv += ["--requirepass", cluster.password, "--masterauth", cluster.password]
+        if cluster.extra_args:
+            argv += cluster.extra_args(port)
         self.proc = cluster.procs.spawn("redis-node", argv)
         self.id = None
 
@@ -143,8 +145,11 @@ class ClusterNode:
 class RedisCluster:
     """<masters> masters with <replicas> replicas each, created by redis-cli."""
 
-    def __init__(self, procs, tmp, masters=3, replicas=1, password=None, node_timeout=1000):
+    def __init__(self, procs, tmp, masters=3, replicas=1, password=None, node_timeout=1000,
+                 extra_args=None):
+        """<extra_args>: a function of a node's port giving more redis-server arguments."""
         self.procs, self.tmp = procs, tmp
+        self.extra_args = extra_args
         self.password, self.node_timeout = password, node_timeout
         self.nmasters, self.nreplicas = masters, replicas
         used = set()

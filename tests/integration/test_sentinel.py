@@ -246,7 +246,9 @@ def test_failover_under_load(procs, tmp, agent_bin):
     ({"addresses": ["127.0.0.1:26379", "[::1]:26380"], "master": "m", "password": "x"}, {},
      True, None),
     ({"addresses": [], "master": "m"}, {}, False, "addresses"),
-    ({"addresses": ["sentinel.example:26379"], "master": "m"}, {}, False, "addresses"),
+    ({"addresses": ["sentinel.example:26379"], "master": "m"}, {}, True, None),
+    ({"addresses": ["bad_name!:26379"], "master": "m"}, {}, False, "addresses"),
+    ({"addresses": ["[sentinel.example]:26379"], "master": "m"}, {}, False, "addresses"),
     ({"addresses": ["127.0.0.1:26379"]}, {}, False, "master"),
     ({"addresses": ["127.0.0.1:26379"], "master": "m"}, {"address": "127.0.0.1:6379"}, False,
      "address"),
@@ -261,3 +263,29 @@ def test_config(tmp, sentinel, extra, ok, msg):
     assert (r.returncode == 0) == ok, r.stdout + r.stderr
     if msg:
         assert "sentinel" in r.stderr and msg in r.stderr, r.stderr
+
+
+def test_sentinels_by_host_name(procs, tmp, agent_bin):
+    """Sentinels named by DNS name (resolved on the agent's loop, here by a DNS server of the
+    test's): the master found through them, decisions exact; `ctl` resolves them too. A
+    name that does not resolve is passed over like a Sentinel that is down."""
+    from conftest import Agent
+    from test_dns import Dns
+    cl = Cluster(procs, tmp)
+    dns = Dns(procs, tmp, {"sentinel-%d.test" % i: ["127.0.0.1"] for i in range(3)})
+    cfg = agent_config("127.0.0.1:%d" % free_port(), "127.0.0.1:1", limits=LIMITS, tiers=TIERS)
+    cfg["redis"].pop("address")
+    cfg["redis"].update({
+        "sentinel": {"addresses": ["nowhere.test:%d" % free_port()] +
+                     ["sentinel-%d.test:%d" % (i, p) for i, p in enumerate(cl.sentinel_ports)],
+                     "master": MASTER},
+        "nameservers": [dns.nameserver], "connect_timeout_ms": 300})
+    a = Agent(procs, tmp, cfg, name="agent-names")
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        vs = [c.request(2 * i + 1, 1, [sc.rl_message(key="sn-names")]) for i in range(5)]
+    assert all(v["allow"] == 1 and not v.get("degraded") for v in vs), vs
+    assert [remaining(v) for v in vs] == list(range(999999, 999994, -1)), vs
+    log = a.proc.log_text()
+    assert "redis master %s connected (127.0.0.1:%d)" % (MASTER, cl.master_port) in log, log
+    assert "nowhere.test" in log, log       # the name that does not resolve, said so

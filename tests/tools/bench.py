@@ -578,6 +578,56 @@ def run_exact_agent(h, args, agent_bin, rport, red, sha, params):
         h.stop(ag)
 
 
+def make_tls_files(h):
+    """A CA and a certificate for 127.0.0.1 it signs (openssl): (ca, crt, key) paths."""
+    d = h.tmp / "tls"
+    d.mkdir(exist_ok=True)
+    ossl = rh.which("openssl", "OPENSSL_BIN")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    ext = d / "ext.cnf"
+    ext.write_text("subjectAltName = IP:127.0.0.1\n")
+    for argv in (["req", "-x509"] + ec + ["-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+                                          "-subj", "/CN=bench CA"],
+                 ["req"] + ec + ["-keyout", "redis.key", "-out", "redis.csr",
+                                 "-subj", "/CN=redis"],
+                 ["x509", "-req", "-in", "redis.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                  "-CAcreateserial", "-out", "redis.crt", "-days", "2", "-extfile", "ext.cnf"]):
+        r = subprocess.run([ossl] + argv, cwd=d, capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise rh.SetupError("openssl %s: %s" % (argv[0], r.stderr))
+    os.chmod(d / "redis.key", 0o600)
+    return d / "ca.crt", d / "redis.crt", d / "redis.key"
+
+
+def run_tls_agent(h, args, agent_bin):
+    """Row T: row E with TLS between the agent and Redis (a Redis of its own, --tls-port)."""
+    print("[T] agent + Redis over TLS, exact (one GCRA limit): spop-load -c4 -p32 -r %d -d %d"
+          % (args.rate, args.duration))
+    ca, crt, key = make_tls_files(h)
+    tport = rh.free_ports(1)[0]
+    red, _ = rh.start_redis(h, "redis-T", extra=(
+        "--tls-port", str(tport), "--tls-cert-file", str(crt), "--tls-key-file", str(key),
+        "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no"))
+    cfg = agent_config("redis", tport)
+    cfg["redis"]["tls"] = {"ca_file": str(ca)}
+    ag, aport, _ = rh.start_agent(h, agent_bin, cfg, "agent-T")
+    try:
+        spop_load(h, args, "spop-load-T-warm", aport, 0, 2, conns=1, pipeline=1,
+                  extra=("-n", "20"))
+        meter = CpuMeter({"agent": ag, "redis": red})
+        meter.start()
+        res = spop_load(h, args, "spop-load-T", aport, args.rate, args.duration)
+        row = spop_row("T", "agent exact TLS", res, meter.stop(), args.duration)
+        print_spop("paced", row)
+        why = degraded_by(rh.agent_stats(h, ag))
+        if why:
+            print("               degraded by %s" % why)
+        return row
+    finally:
+        h.stop(ag)
+        h.stop(red)
+
+
 def redis_bench(h, args, setup, label, rport, red, cmd, decisions=1):
     """redis-benchmark -P 32 -c 8 of <cmd> (with __rand_int__ over BENCH_KEYS keys); CPU
     per decision, <decisions> a call."""
@@ -799,6 +849,8 @@ def run(h, args, agent_bin, script):
     seed_sha = rh.redis_cmd(rport, "SCRIPT", "LOAD", SEED_LUA)
     rows["E"] = run_exact_agent(h, args, agent_bin, rport, red, sha, params)
     print()
+    rows["T"] = run_tls_agent(h, args, agent_bin)
+    print()
     # same key length as the agent's (32 hex digits), BENCH_KEYS of them
     pad = "0" * 20 + "__rand_int__"
     print("[P] [Q] redis-benchmark -P 32 -c 8 -r %d -n %d on the same Redis:" % (
@@ -837,13 +889,15 @@ def run(h, args, agent_bin, script):
 
 def report(args, http, rows):
     order = [(s, r) for s in "ABC" for r in http[s]] + \
-        [(k, rows[k]) for k in "NDEPQFMS" if rows.get(k)]
+        [(k, rows[k]) for k in "NDETPQFMS" if rows.get(k)]
     names = {"A": "no SPOE", "B": "null agent", "C": "exact", "N": "spoa-example",
-             "D": 'agent "allow"', "E": "agent exact", "P": "our script -P32",
+             "D": 'agent "allow"', "E": "agent exact", "T": "agent exact TLS",
+             "P": "our script -P32",
              "Q": "seed script -P32", "F": "floor script -P32",
              "M": "multi form D=%d -P32" % MULTI_D, "S": "sustained exact"}
     how = {"A": "wrk", "B": "wrk", "C": "wrk", "N": "spop-load -r %d" % args.rate,
            "D": "spop-load -r %d" % args.rate, "E": "spop-load -r %d" % args.rate,
+           "T": "spop-load -r %d" % args.rate,
            "P": "redis-benchmark", "Q": "redis-benchmark", "F": "redis-benchmark",
            "M": "redis-benchmark", "S": "spop-load -r, 0 degraded"}
     print("results (CPU from /proc: us per decision / request / call of the row's run;"
@@ -931,6 +985,17 @@ def report(args, http, rows):
          "%.2f" % (F["cpu"]["redis"] / seed))
     info("multi form per decision, %d a call / seed's per call (M / Q)" % MULTI_D,
          "%.2f" % (M["cpu"]["redis"] / seed))
+    T = rows.get("T")
+    if T and E["cpu"].get("agent") and E["cpu"].get("redis"):
+        print()
+        print("what TLS costs a decision (no targets: T against E, the same run)")
+        info("agent CPU per exact decision, TLS / clear (T / E)",
+             "%.2f" % (T["cpu"].get("agent", 0) / E["cpu"]["agent"]))
+        info("Redis CPU per exact decision, TLS / clear (T / E)",
+             "%.2f" % (T["cpu"].get("redis", 0) / E["cpu"]["redis"]))
+        info("p50 / p99 latency, TLS (T)", "%s / %s ms" % (fmt_ms(T["p50"]), fmt_ms(T["p99"])))
+        if T["degraded"] or T["errors"]:
+            info("  (row T not clean)", clean(T))
 
 
 if __name__ == "__main__":

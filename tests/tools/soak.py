@@ -199,6 +199,8 @@ def main():
     try:
         while True:
             now = time.monotonic() - t0
+            if load is not None and now >= dur:
+                load.p.wait(10)     # the last segment ends with the run: counted too
             if load is not None and not load.alive():
                 out = load.log_text()
                 m = re.search(r"decisions=(\d+).*?degraded=(\d+) errors=(\d+)", out)

@@ -11,6 +11,7 @@
 #                        modes exact and sampled on one replayed load (~1 min)
 #   make attack          attacks on two gateways, one row each with PASS/FAIL (~2 min);
 #                        ATTACKS=sigstop,stall runs those rows only
+#   make soak            steady load, reloads, restarts: RSS/fds/Redis memory flat? (SOAK_MIN=10)
 #   make fuzz-smoke      libFuzzer (clang): frame decoder, config loader, reply reader,
 #                        HTTP request parser (~2.5 min)
 #   make matrix          the tests on Debian 13, HAProxy 3.2/3.4, Valkey (root, ~15 min)
@@ -73,6 +74,7 @@ AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/stor
 SPOA_OBJ  = $(SPOA_SRC:%.c=$(BUILD)/%.o)
 AGENT_OBJ = $(AGENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/scripts.o
 AGENT_SRC += src/secret.c
+AGENT_SRC += src/heartbeat.c
 LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lua \
             lua/sliding_window.lua lua/decide.lua
 
@@ -86,13 +88,13 @@ REPLAY    = $(BUILD)/fuzz_replay
 # a recipe that fails leaves no half-written target behind
 .DELETE_ON_ERROR:
 
-.PHONY: all deps test-deps unit replay itest test demo bench bench-script accuracy attack candidate-cost fuzz fuzz-smoke \
+.PHONY: all deps test-deps unit replay itest test demo bench bench-script accuracy attack candidate-cost soak fuzz fuzz-smoke \
         check-config matrix install uninstall clean help deb deb-deps test-deb version check-version
 
 all: $(BIN) $(LIBSPOA) $(BUILD)/spop-load
 
 help:
-	@sed -n '1,21p' Makefile
+	@sed -n '1,22p' Makefile
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -308,6 +310,16 @@ attack: deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(PYTHON) tests/tools/attack.py --agent $(abspath $(BIN)) --load $(abspath $(BUILD)/spop-load) \
 	  $(if $(ATTACKS),--attacks $(ATTACKS))
+
+# steady load for SOAK_MIN minutes with reloads, Redis restarts and a worker restart:
+# RSS, descriptors and Redis memory sampled, each levelled off or not
+SOAK_MIN  ?= 10
+SOAK_RATE ?= 3000
+SOAK_KEYS ?= 200000
+soak: deps
+	$(Q)$(MAKE) --no-print-directory all
+	$(PYTHON) tests/tools/soak.py --agent $(abspath $(BIN)) --load $(abspath $(BUILD)/spop-load) \
+	  --minutes $(SOAK_MIN) --rate $(SOAK_RATE) --keys $(SOAK_KEYS)
 
 # ---- checks ----------------------------------------------------------------
 

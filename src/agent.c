@@ -28,6 +28,7 @@
 #include "blocked.h"
 #include "config.h"
 #include "decision.h"
+#include "heartbeat.h"
 #include "http.h"
 #include "list.h"
 #include "log.h"
@@ -135,9 +136,11 @@ static void publish(struct agent *a)
 		ms->c[MC_QUOTA_KEYS] = q->keys;
 		ms->c[MC_LEASE_OUTSTANDING] = q->outstanding;
 		ms->c[MC_UNREPORTED] = q->unreported;
-		ms->c[MC_GATEWAYS] = q->gateways;
 		ms->c[MC_QUOTA_FULL] = q->full;
 	}
+	ms->c[MC_GATEWAYS] = a->gateways;
+	ms->c[MC_FALLBACK_GATEWAYS] = fallback_gateways(a, a->rs->cfg);
+	ms->c[MC_FALLBACK_GATEWAYS_AUTO] = a->rs->cfg->gateways ? 0 : 1;
 	ms->c[MC_MEMORY_KEYS] = a->mem ? memstore_size(a->mem) : 0;
 	ms->c[MC_LOCAL_KEYS] = a->local ? memstore_size(a->local) : 0;
 	for (i = 0; i < a->ntopk; i++) {
@@ -149,11 +152,36 @@ static void publish(struct agent *a)
 	metrics_sample(a->metrics, ms, (int64_t)time(NULL));
 }
 
+/*
+ * The local fallback limits' state is only charged while Redis cannot decide;
+ * once Redis answers again, a key whose state no degraded decision used for
+ * LOCAL_IDLE seconds is forgotten. Kept, the state of every key that ever met
+ * a failure (one command timing out under load) would stay until its limit
+ * reset, a daily window's until the end of the day: the table filled towards
+ * its bound (100,000 entries, about 20 MB a process) by the failures of a day.
+ */
+#define LOCAL_IDLE       60.0   /* seconds */
+#define LOCAL_CHECK      10.0   /* seconds between two looks */
+
+static void local_forget(struct agent *a)
+{
+	double now = mono();
+
+	if (now < a->local_check)
+		return;
+	a->local_check = now + LOCAL_CHECK;
+	if (a->local && a->store && store_ready(a->store) && memstore_size(a->local))
+		memstore_forget_idle(a->local, now_us_real() - (int64_t)(LOCAL_IDLE * 1e6));
+}
+
 static void publish_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
+	struct agent *a = container_of(t, struct agent, publish);
+
 	(void)loop;
 	(void)revents;
-	publish(container_of(t, struct agent, publish));
+	local_forget(a);
+	publish(a);
 }
 
 /* What answers while Redis cannot: the failure policies of the limits, for /ready. */
@@ -177,6 +205,18 @@ static const char *agent_fallback_str(const struct agent *a)
 			: c->limits[i].on_failure == FAIL_CLOSED ? 2
 								 : 4;
 	return what[seen];
+}
+
+/* True when some limit falls back to a local limit without a local_rate of its own. */
+static bool agent_has_local(const struct agent *a)
+{
+	const struct agent_config *c = a->rs->cfg;
+	size_t i;
+
+	for (i = 0; i < c->nlimits; i++)
+		if (c->limits[i].on_failure == FAIL_LOCAL && !c->limits[i].local_rate)
+			return true;
+	return false;
 }
 
 /* Ready to decide: rules loaded, and Redis reachable or a fallback configured. */
@@ -262,6 +302,12 @@ static void http_cb(const char *path, struct http_reply *r, void *arg)
 							  "fallback configured");
 		if (a->store && !store_health(a->store, why, sizeof(why)))
 			http_reply_printf(r, "degraded: %s; %s\n", why, agent_fallback_str(a));
+		if (a->store && agent_has_local(a))
+			http_reply_printf(r, "fallback gateways: %llu (%s)\n",
+					  (unsigned long long)fallback_gateways(a, a->rs->cfg),
+					  a->rs->cfg->gateways ? "configured"
+					  : a->gateways	       ? "auto: live gateways counted last"
+								 : "auto: none counted yet");
 	} else {
 		http_reply_status(r, 404, "text/plain");
 		http_reply_printf(r, "not found\n");
@@ -273,14 +319,12 @@ static void quota_setup(struct agent *a, const struct ruleset *rs)
 {
 	const struct agent_config *c = rs->cfg;
 	struct quota_opts o = {.lease_ms = c->quota.lease_ms,
-			       .heartbeat_ms = c->quota.heartbeat_ms,
 			       .flush_ms = c->quota.flush_ms,
 			       .horizon = c->quota.horizon,
 			       .max_keys = c->quota.max_keys,
 			       .precheck = c->quota.precheck,
 			       .leases = c->quota.leases,
-			       .coalesce = c->quota.coalesce,
-			       .key_prefix = c->redis.key_prefix};
+			       .coalesce = c->quota.coalesce};
 	bool leasing = false;
 	size_t i;
 
@@ -289,9 +333,35 @@ static void quota_setup(struct agent *a, const struct ruleset *rs)
 	for (i = 0; i < c->nlimits; i++)
 		if (c->limits[i].budget > 0)
 			leasing = true;
-	if (!a->quota)
+	if (!a->quota) {
 		a->quota = quota_new(a->loop, a->store, &o);
+		quota_set_gateways(a->quota, a->gateways);
+	}
 	quota_configure(a->quota, &o, leasing);
+}
+
+/* The heartbeats counted the live gateways anew. */
+static void gateways_cb(uint64_t n, void *arg)
+{
+	struct agent *a = arg;
+
+	a->gateways = n;
+	if (a->quota)
+		quota_set_gateways(a->quota, n);
+}
+
+/* Creates or reconfigures the gateway heartbeat (Redis store only). */
+static void heartbeat_setup(struct agent *a, const struct ruleset *rs)
+{
+	if (!a->store)
+		return;
+	if (!a->hb)
+		a->hb = heartbeat_new(a->loop, a->store, gateways_cb, a);
+	heartbeat_configure(a->hb, rs->cfg->redis.key_prefix, rs->cfg->quota.heartbeat_ms);
+	/* another registry forgets the count: so do we */
+	a->gateways = heartbeat_gateways(a->hb);
+	if (a->quota)
+		quota_set_gateways(a->quota, a->gateways);
 }
 
 /* The first overrides load was tried, or Redis went: the parked decisions go on. */
@@ -415,6 +485,7 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 			LOG(LOG_ERR, "%s", err);
 			goto fail;
 		}
+		heartbeat_setup(a, rs);
 		quota_setup(a, rs);
 		if (rs->cfg->overrides.enabled)
 			a->ovr = ovr_new(loop, a->store, &ovr_opts, ovr_wake, a);
@@ -502,6 +573,7 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 	if (rs->cfg->tier_hash && rs->cfg->store != STORE_KIND_REDIS)
 		FREE_AND_NULL(rs->cfg->tier_hash);
 	tier_cache_setup(a, rs);
+	heartbeat_setup(a, rs);
 	quota_setup(a, rs);
 	if (o->overrides.enabled != n->overrides.enabled)
 		LOG(LOG_WARN, "reload: 'overrides.enabled' changed, ignored until restart");
@@ -577,6 +649,8 @@ void agent_free(struct agent *a)
 	a->store = NULL;
 	quota_free(a->quota);
 	a->quota = NULL;
+	heartbeat_free(a->hb);
+	a->hb = NULL;
 	ovr_free(a->ovr);
 	a->ovr = NULL;
 	spoa_server_disconnect_all(a->srv, SPOP_ST_NORMAL, "agent shutting down");

@@ -31,6 +31,7 @@
 
 #include <ev.h>
 
+#include "config.h"
 #include "list.h"
 #include "metrics.h"
 #include "quota.h"
@@ -78,6 +79,8 @@ struct agent {
 	struct memstore *mem;           /* owned, NULL unless store "memory" */
 	struct memstore *local;         /* owned: fallback state of on_failure "local" limits */
 	struct quota *quota;            /* owned, NULL unless store "redis": local quotas */
+	struct heartbeat *hb;           /* owned, NULL unless store "redis": live gateways */
+	uint64_t gateways;              /* live agents in the last heartbeat, 0 = none yet */
 	struct tier_slot *tcache;       /* owned: tier cache, tcache_size slots */
 	struct digest_slot *dcache;     /* owned: DCACHE_SLOTS, API key -> its digest */
 	struct decision *dfree;         /* owned: unused decisions, at most DFREE_MAX */
@@ -105,6 +108,7 @@ struct agent {
 	struct list parked;             /* decisions waiting for the first overrides load */
 	bool no_park;                   /* stopping: nothing waits any more */
 	ev_timer publish;               /* copies gauges and top-K snapshots into ms */
+	double local_check;             /* mono(): next look for idle local fallback state */
 	size_t ntopk;
 	struct {
 		char rule[MET_NAME];
@@ -164,6 +168,9 @@ struct decision {
 	bool keyed;                     /* an API key was sent */
 	bool post;                      /* a post-charge, not a decision: no answer, no req */
 	int64_t post_cost;              /* post: the request's cost, known from its response */
+	const struct rule_limit *post_shadow; /* post: the shadow limit that would have
+					 * denied the request (its ACK's `shadow`): not charged
+					 * for it, so neither charged nor refunded now */
 	const struct rule_tier *sent_tier; /* ref: rs, the tier HAProxy sent, if known */
 	struct list park;               /* on a->parked while it waits for the overrides */
 	const struct rule_tier *tier;   /* ref: rs, the tier applied */
@@ -185,6 +192,16 @@ struct decision {
 	struct cand_applied cap[MAX_APPLIED];
 	struct part parts[NPARTS];      /* last: see decision_new() */
 };
+
+/*
+ * The gateways a local fallback limit divides its rate by: fallback.gateways
+ * when set, else ("auto") the live agents the heartbeats counted last, kept
+ * through an outage; 1 before any count.
+ */
+static inline uint64_t fallback_gateways(const struct agent *a, const struct agent_config *c)
+{
+	return c->gateways ? c->gateways : a->gateways ? a->gateways : 1;
+}
 
 /* True when <pt> holds limits of the enforced policy (not only the candidate's). */
 static inline bool part_enforced(const struct part *pt)

@@ -30,6 +30,13 @@
  * response cost less). Later requests wait until the debt is repaid, and
  * their Retry-After and RateLimit fields say so. A failure is counted and
  * otherwise ignored: no failure ladder, no retry (the charge may have run).
+ *
+ * What is adjusted is what the request was charged: a shadow limit that
+ * would have denied it (named back in `shadow`) was not charged and is left
+ * alone; a refund of a key with pre-checked usage not reported yet goes after
+ * that report (else it would be cut at a full bucket, then the report charge
+ * the request in full). A limit a reload removed since keeps its charge: see
+ * doc/configuration.md, "Post-charges".
  */
 #include "charge.h"
 
@@ -169,7 +176,7 @@ void post_send(struct decision *d)
 	struct agent *a = d->a;
 	struct store_query q;
 	struct store_result rr;
-	bool sent = false;
+	bool sent = false, refund;
 	size_t i;
 	int p;
 
@@ -188,7 +195,7 @@ void post_send(struct decision *d)
 			int64_t pre = pt->q.cost[ap->slot];
 
 			if (ap->part != p || (d->ep && d->ep->limit_cost[idx] >= 0) ||
-			    d->post_cost == pre)
+			    d->post_cost == pre || ap->l == d->post_shadow)
 				continue;
 			memcpy(q.keys[q.n], pt->q.keys[ap->slot], sizeof(q.keys[0]));
 			q.params[q.n] = pt->q.params[ap->slot];
@@ -200,16 +207,21 @@ void post_send(struct decision *d)
 		if (!q.n)
 			continue;
 		sent = true;
-		a->post[q.cost[0] > 0 ? POST_CHARGED : POST_REFUNDED]++;
+		refund = q.cost[0] < 0;
+		a->post[refund ? POST_REFUNDED : POST_CHARGED]++;
 		if (a->mem) {
 			memstore_decide(a->mem, &q, now_us_real(), &rr);
 			continue;
 		}
 		if (!a->store)
 			continue;
-		/* a local quota of the key knows less is left (or more) */
-		if (a->quota)
+		/* a local quota of the key knows less is left (or more); a refund
+		 * goes after what its pre-checks admitted and did not report yet */
+		if (a->quota) {
+			if (refund)
+				quota_report_now(a->quota, query_hash(&pt->q), &pt->q);
 			quota_note_charge(a->quota, query_hash(&pt->q), &pt->q, units);
+		}
 		a->pending++;
 		d->waiting++;
 		if (store_decide(a->store, &q, post_done_cb, d) < 0) {

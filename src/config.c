@@ -322,7 +322,7 @@ static void load_listen(struct loader *ld, const config_setting_t *s)
  */
 struct cfg_key {
 	const char *name;
-	enum { KT_UINT, KT_DURATION, KT_BOOL, KT_STR } kind;
+	enum { KT_UINT, KT_UINT_AUTO, KT_DURATION, KT_BOOL, KT_STR } kind;
 	long long lo, hi;
 	long long dflt;                 /* KT_UINT, KT_DURATION, KT_BOOL */
 	unsigned *u;                    /* KT_UINT, KT_DURATION */
@@ -331,6 +331,8 @@ struct cfg_key {
 };
 
 #define KEY_UINT(n, lo, hi, d, p)     {(n), KT_UINT, (lo), (hi), (d), (p), NULL, NULL}
+/* an integer, or "auto": 0 */
+#define KEY_UINT_AUTO(n, lo, hi, p)   {(n), KT_UINT_AUTO, (lo), (hi), 0, (p), NULL, NULL}
 #define KEY_DURATION(n, lo, hi, d, p) {(n), KT_DURATION, (lo), (hi), (d), (p), NULL, NULL}
 #define KEY_BOOL(n, d, p)             {(n), KT_BOOL, 0, 0, (d), NULL, (p), NULL}
 #define KEY_STR(n, p)                 {(n), KT_STR, 0, 0, 0, NULL, NULL, (p)}
@@ -349,6 +351,20 @@ static void load_keys(struct loader *ld, const config_setting_t *g, const struct
 			*k->u = (unsigned)k->dflt;
 			get_uint(ld, g, k->name, k->lo, k->hi, k->u);
 			break;
+		case KT_UINT_AUTO: {
+			const config_setting_t *v = g ? config_setting_get_member(g, k->name) : NULL;
+
+			*k->u = 0;
+			if (v && config_setting_type(v) == CONFIG_TYPE_STRING) {
+				if (strcmp(config_setting_get_string(v), "auto") != 0)
+					add_err(ld, line_of(v),
+						"'%s' must be \"auto\" or an integer from %lld to %lld",
+						k->name, k->lo, k->hi);
+			} else {
+				get_uint(ld, g, k->name, k->lo, k->hi, k->u);
+			}
+			break;
+		}
 		case KT_DURATION:
 			*k->u = (unsigned)k->dflt;
 			get_duration(ld, g, k->name, (uint64_t)k->lo, (uint64_t)k->hi, k->u);
@@ -512,7 +528,7 @@ static void load_groups(struct loader *ld, const config_setting_t *root)
 {
 	struct agent_config *c = ld->cfg;
 	const struct cfg_key fallback[] = {
-		KEY_UINT("gateways", 1, 100000, 1, &c->gateways),
+		KEY_UINT_AUTO("gateways", 1, 100000, &c->gateways),
 		KEY_UINT("deny_status", 400, 599, 503, &c->deny_status),
 	};
 	const struct cfg_key quota[] = {

@@ -155,7 +155,8 @@ struct agent_config {
 	unsigned tier_cache_ttl_ms;     /* how long a looked-up tier is trusted */
 	unsigned tier_cache_size;       /* slots of the tier cache */
 	bool watch;                     /* reload when the file changes */
-	unsigned gateways;              /* expected gateway count: local limits = rate / gateways */
+	unsigned gateways;              /* local limits = rate / gateways; 0 = "auto": the live
+					 * count of the heartbeats */
 	unsigned deny_status;           /* HTTP status of a fail-closed denial (503) */
 	unsigned breaker_failures;      /* consecutive Redis failures that open the breaker */
 	unsigned breaker_cooldown_ms;

@@ -480,6 +480,27 @@ static void deadline_notes(const char *file, const struct agent_config *c)
 		       "(command_timeout_ms, %s)\n", file, cmd, how);
 }
 
+/*
+ * -c: what a local fallback limit divides its rate by, when some limit has one
+ * without a local_rate of its own.
+ */
+static void check_fallback(const char *file, const struct agent_config *c)
+{
+	size_t i;
+
+	for (i = 0; i < c->nlimits; i++)
+		if (c->limits[i].on_failure == FAIL_LOCAL && !c->limits[i].local_rate)
+			break;
+	if (i == c->nlimits)
+		return;
+	if (c->gateways)
+		printf("%s: fallback: local limits are rate / %u gateways (fallback.gateways)\n",
+		       file, c->gateways);
+	else if (c->store == STORE_KIND_REDIS)
+		printf("%s: fallback: local limits are rate / the live gateways the heartbeats "
+		       "count (fallback.gateways = \"auto\"; 1 until the first count)\n", file);
+}
+
 int main(int argc, char **argv)
 {
 	const char *file = "/etc/spoa-ratelimit/spoa-ratelimit.conf";
@@ -542,6 +563,7 @@ int main(int argc, char **argv)
 			       file, rs->cand->ntiers, rs->cand->cfg->nlimits, rs->cand->nendpoints);
 		check_notes(rs);
 		deadline_notes(file, rs->cfg);
+		check_fallback(file, rs->cfg);
 		ruleset_unref(rs);
 		return 0;
 	}

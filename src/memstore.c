@@ -81,6 +81,7 @@
 struct memstore_entry {
 	uint64_t hash;                  /* SipHash of the key */
 	uint64_t pin;                   /* sequence number of the last decision using it */
+	int64_t used_us;                /* when a decision last used it (memstore_forget_idle()) */
 	size_t node;                    /* its index in memstore.heap */
 	struct limit_state st;          /* owned: st.log */
 	size_t keylen;                  /* bytes in key, <= STORE_KEY_MAX */
@@ -314,6 +315,7 @@ static void entry_insert(struct memstore *m, uint64_t h, const char *key, size_t
 	e = xmalloc(sizeof(*e) + len + 1);
 	e->hash = h;
 	e->pin = m->seq;
+	e->used_us = now_us;
 	e->st = *st;
 	memset(st, 0, sizeof(*st));
 	e->keylen = len;
@@ -420,6 +422,26 @@ size_t memstore_sweep(struct memstore *m, int64_t now_us, size_t max)
 	return freed;
 }
 
+/*
+ * Frees every entry no decision used since <before_us> (live or not) and
+ * returns how many. Unlike expiry this forgets state that still counts: the
+ * caller decides when that is right (the local fallback limits, once Redis
+ * answers again). Walks the whole slot array: call it seldom.
+ */
+size_t memstore_forget_idle(struct memstore *m, int64_t before_us)
+{
+	size_t i, freed = 0;
+
+	for (i = 0; i <= m->mask && m->count > 0; i++) {
+		/* a deletion shifts a later entry of the cluster into i: look again */
+		while (m->slots[i].e && m->slots[i].e->used_us < before_us) {
+			entry_delete(m, i);
+			freed++;
+		}
+	}
+	return freed;
+}
+
 /* <c> x <units> (units >= 1), clamped to +-LIMIT_COUNT_MAX as the script does */
 static int64_t mul_clamp(int64_t c, int64_t units)
 {
@@ -486,6 +508,7 @@ static void decide_policy(struct memstore *m, const struct store_query *q, int64
 		}
 		ent[i] = m->slots[j].e;
 		ent[i]->pin = m->seq;
+		ent[i]->used_us = now_us;
 		st[i] = ent[i]->st; /* moved out: the entry holds a zero state meanwhile */
 		memset(&ent[i]->st, 0, sizeof(ent[i]->st));
 	}

@@ -31,6 +31,7 @@ void memstore_free(struct memstore *m);
 void memstore_decide(struct memstore *m, const struct store_query *q, int64_t now_us,
 		     struct store_result *res);
 size_t memstore_sweep(struct memstore *m, int64_t now_us, size_t max);
+size_t memstore_forget_idle(struct memstore *m, int64_t before_us);
 
 size_t memstore_size(const struct memstore *m);
 size_t memstore_capacity(const struct memstore *m);

@@ -751,7 +751,15 @@ static const struct family families[] = {
 	FAM_SUM("spoa_ratelimit_precheck_unreported", PROM_GAUGE,
 		"Pre-checked requests not reported to Redis yet.", MC_UNREPORTED),
 	FAM_MAX("spoa_ratelimit_gateways",
-		"Live gateways holding local quotas, from the heartbeats in Redis.", MC_GATEWAYS),
+		"Live gateways (agent processes) counted by the heartbeats in Redis, 0 before "
+		"the first.", MC_GATEWAYS),
+	FAM_MAX("spoa_ratelimit_fallback_gateways",
+		"Gateways a local fallback limit divides its rate by: fallback.gateways, or with "
+		"\"auto\" the live gateways last counted (1 before the first).",
+		MC_FALLBACK_GATEWAYS),
+	FAM_MAX("spoa_ratelimit_fallback_gateways_auto",
+		"1 when fallback.gateways is \"auto\" (the live count), 0 when configured.",
+		MC_FALLBACK_GATEWAYS_AUTO),
 	FAM_SUM("spoa_ratelimit_tier_cache_hits_total", PROM_COUNTER,
 		"Tier lookups answered by the local cache.", MC_TIER_HITS),
 	FAM_SUM("spoa_ratelimit_tier_cache_misses_total", PROM_COUNTER,

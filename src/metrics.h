@@ -85,6 +85,8 @@ enum met_counter {
 	MC_LEASE_OUTSTANDING,   /* gauge */
 	MC_UNREPORTED,          /* gauge */
 	MC_GATEWAYS,            /* gauge: live gateways seen by this worker */
+	MC_FALLBACK_GATEWAYS,   /* gauge: what local fallback limits divide rates by */
+	MC_FALLBACK_GATEWAYS_AUTO, /* gauge: 1 when that is the live count (auto) */
 	MC_QUOTA_FULL,
 	MC_FB_OPEN,             /* degraded decisions: allowed with no verdict (fail-open) */
 	MC_FB_LOCAL_ALLOWED,    /* ... allowed by local fallback limits */

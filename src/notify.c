@@ -51,6 +51,7 @@ struct req_args {
 	bool has_endpoint;              /* `endpoint` sent (NULL: the request matched none) */
 	struct spop_str endpoint;       /* the endpoint the request's ACK named */
 	int64_t charged;                /* the cost its ACK named (`charged`), -1 when not sent */
+	struct spop_str shadow;         /* the shadow limit its ACK named (`shadow`), or empty */
 	struct spop_data charge, bytes, time; /* NULL type when absent */
 };
 
@@ -103,6 +104,9 @@ static void read_args(struct spop_msg *m, struct req_args *ra)
 			/* what we said in the request's ACK; anything else: as if not sent */
 			if (spop_data_int(&v, &i) && i >= 0 && i <= COST_MAX)
 				ra->charged = i;
+		} else if (spop_str_eq(&name, "shadow")) {
+			if (str)
+				ra->shadow = v.v.s;
 		} else if (spop_str_eq(&name, "bytes")) {
 			ra->bytes = v;
 		} else if (spop_str_eq(&name, "time")) {
@@ -254,6 +258,14 @@ static void post_begin(struct agent *a, struct spoa_req *req, struct spop_msg *m
 	/* the endpoint's cost when the request was charged, not after a reload since */
 	if (d->cost < 0 && ra.charged >= 0)
 		d->cost = ra.charged;
+	/* a shadow limit that would have denied the request was not charged for it */
+	for (size_t i = 0; ra.shadow.len && i < d->rs->cfg->nlimits; i++) {
+		const struct rule_limit *l = &d->rs->limits[i];
+
+		if (l->shadow && strlen(l->name) == ra.shadow.len &&
+		    memcmp(l->name, ra.shadow.p, ra.shadow.len) == 0)
+			d->post_shadow = l;
+	}
 	decision_begin(d);
 }
 

@@ -47,6 +47,7 @@ static void fallback(struct decision *d, struct part *pt)
 	struct store_query lq;
 	struct store_result lr;
 	size_t i, map[STORE_MAX_LIMITS];
+	uint64_t g = fallback_gateways(a, d->rs->cfg);
 
 	memset(&pt->res, 0, sizeof(pt->res));
 	pt->res.allowed = true;
@@ -68,8 +69,14 @@ static void fallback(struct decision *d, struct part *pt)
 			pt->res.allowed = false;
 			d->closed = true;
 		} else if (l->on_failure == FAIL_LOCAL) {
+			const struct cfg_limit *cl = &d->rs->cfg->limits[l - d->rs->limits];
+
 			memcpy(lq.keys[lq.n], pt->q.keys[slot], sizeof(lq.keys[0]));
 			lq.params[lq.n] = d->ap[i].local_lp;
+			/* "auto": this gateway's share of the fleet the heartbeats counted */
+			if (!d->rs->cfg->gateways && !cl->local_rate && g > 1)
+				rule_local_params(cl, d->ap[i].rate, d->ap[i].capacity, g,
+						  &lq.params[lq.n]);
 			lq.cost[lq.n] = pt->q.cost[slot];
 			map[lq.n++] = slot;
 		}

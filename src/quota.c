@@ -79,12 +79,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <ev.h>
 
-#include "digest.h"
 #include "log.h"
 #include "util.h"
 
@@ -136,23 +133,17 @@ struct qkey {
 struct quota {
 	struct ev_loop *loop;           /* ref */
 	struct store *store;            /* ref */
-	struct quota_opts o;            /* key_prefix not kept: see hb_key */
-	bool leasing;                   /* some limit has a budget: heartbeats run */
+	struct quota_opts o;
+	bool leasing;                   /* some limit has a budget */
 	struct qkey **buckets;          /* owned */
 	size_t nbuckets;                /* power of two */
 	ev_timer sweep;
-	ev_timer heartbeat;
-	bool hb_busy;
-	double hb_next, hb_backoff;     /* first count: retries, backing off */
-	char id[96];                    /* this agent in the gateway registry */
-	char hb_key[STORE_KEY_MAX];
 	size_t reports;                 /* report and return calls in flight */
 	bool draining;                  /* stopping: no more pre-checks */
 	struct quota_stats st;
 };
 
 static void grant_send(struct quota *qt, struct qkey *e);
-static void heartbeat_tick(struct ev_loop *loop, ev_timer *t, int revents);
 
 
 /* Requests per second for <e>: a sliding window counter over RATE_WINDOW. */
@@ -895,14 +886,6 @@ static void sweep_cb(struct ev_loop *loop, ev_timer *t, int revents)
 
 	(void)loop;
 	(void)revents;
-	/* no gateway count yet (Redis was not up at the first beat): ask again soon */
-	if (qt->leasing && !qt->st.gateways && !qt->hb_busy && now >= qt->hb_next) {
-		heartbeat_tick(qt->loop, &qt->heartbeat, 0);
-		qt->hb_backoff = qt->hb_backoff ? 2 * qt->hb_backoff : 0.05;
-		if (qt->hb_backoff > qt->o.heartbeat_ms / 1000.)
-			qt->hb_backoff = qt->o.heartbeat_ms / 1000.;
-		qt->hb_next = now + qt->hb_backoff;
-	}
 	for (i = 0; i < qt->nbuckets; i++) {
 		struct qkey **pe = &qt->buckets[i];
 
@@ -928,35 +911,10 @@ static void sweep_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	}
 }
 
-static void heartbeat_cb(enum store_status st, const char *val, size_t len, void *arg)
+/* The live gateways counted by the heartbeats (heartbeat.c); 0 = not yet. */
+void quota_set_gateways(struct quota *qt, uint64_t n)
 {
-	struct quota *qt = arg;
-	char buf[24];
-	long v;
-
-	qt->hb_busy = false;
-	if (st != STORE_OK || !val || len == 0 || len >= sizeof(buf))
-		return; /* keep the last count */
-	memcpy(buf, val, len);
-	buf[len] = 0;
-	v = strtol(buf, NULL, 10);
-	if (v >= 1 && v <= 1000000) {
-		qt->st.gateways = (uint64_t)v;
-		qt->hb_backoff = 0;
-	}
-}
-
-static void heartbeat_tick(struct ev_loop *loop, ev_timer *t, int revents)
-{
-	struct quota *qt = container_of(t, struct quota, heartbeat);
-
-	(void)loop;
-	(void)revents;
-	if (!qt->leasing || qt->hb_busy)
-		return;
-	if (store_heartbeat(qt->store, qt->hb_key, qt->id, 3 * qt->o.heartbeat_ms, heartbeat_cb,
-			    qt) == 0)
-		qt->hb_busy = true;
+	qt->st.gateways = n;
 }
 
 /* (Re)applies options that a reload may change; <leasing>: some limit has a budget. */
@@ -965,14 +923,7 @@ void quota_configure(struct quota *qt, const struct quota_opts *o, bool leasing)
 	double sw;
 
 	qt->o = *o;
-	qt->o.key_prefix = NULL; /* the caller's; only hb_key is built from it */
-	if (!qt->leasing || !leasing)
-		qt->st.gateways = 0; /* unknown: exact until a heartbeat answers */
 	qt->leasing = leasing;
-	snprintf(qt->hb_key, sizeof(qt->hb_key), "%s:{gw}:gateways", o->key_prefix);
-	ev_timer_stop(qt->loop, &qt->heartbeat);
-	ev_timer_set(&qt->heartbeat, 0., o->heartbeat_ms / 1000.);
-	ev_timer_start(qt->loop, &qt->heartbeat);
 	sw = o->flush_ms / 2000.;
 	sw = sw < 0.005 ? 0.005 : (sw > 0.25 ? 0.25 : sw);
 	ev_timer_stop(qt->loop, &qt->sweep);
@@ -983,10 +934,6 @@ void quota_configure(struct quota *qt, const struct quota_opts *o, bool leasing)
 struct quota *quota_new(struct ev_loop *loop, struct store *store, const struct quota_opts *o)
 {
 	struct quota *qt = xcalloc(1, sizeof(*qt));
-	char host[64] = "?";
-	uint8_t rnd[SHA256_LEN];
-	char hex[17];
-	struct timespec ts;
 
 	qt->loop = loop;
 	qt->store = store;
@@ -994,15 +941,6 @@ struct quota *quota_new(struct ev_loop *loop, struct store *store, const struct 
 	while (qt->nbuckets < o->max_keys)
 		qt->nbuckets <<= 1;
 	qt->buckets = xcalloc(qt->nbuckets, sizeof(*qt->buckets));
-	(void)gethostname(host, sizeof(host) - 1);
-	host[sizeof(host) - 1] = 0;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	snprintf(qt->id, sizeof(qt->id), "%s:%ld:%ld.%ld", host, (long)getpid(), (long)ts.tv_sec,
-		 (long)ts.tv_nsec);
-	sha256(qt->id, strlen(qt->id), rnd);
-	hex_encode(rnd, 8, hex);
-	snprintf(qt->id, sizeof(qt->id), "%.60s:%ld:%s", host, (long)getpid(), hex);
-	ev_timer_init(&qt->heartbeat, heartbeat_tick, 0., 1.);
 	ev_timer_init(&qt->sweep, sweep_cb, 0.05, 0.05);
 	quota_configure(qt, o, false);
 	return qt;
@@ -1019,7 +957,6 @@ void quota_free(struct quota *qt)
 	if (!qt)
 		return;
 	ev_timer_stop(qt->loop, &qt->sweep);
-	ev_timer_stop(qt->loop, &qt->heartbeat);
 	for (i = 0; i < qt->nbuckets; i++) {
 		while (qt->buckets[i]) {
 			struct qkey *e = qt->buckets[i];
@@ -1064,6 +1001,21 @@ void quota_note_charge(struct quota *qt, uint64_t h, const struct store_query *q
 	if (!e || !e->known_at)
 		return;
 	e->known = units > e->known ? 0 : e->known - units;
+}
+
+/*
+ * Reports the pre-checked usage of key <h> (query <q>) not reported yet, now:
+ * a refund sent after it (a post-charge, on the same node) then finds that
+ * usage charged. Sent after the refund, the usage would be charged in full
+ * while the refund had been cut at a full bucket (or an empty window): a net
+ * overcharge of what the refund lost.
+ */
+void quota_report_now(struct quota *qt, uint64_t h, const struct store_query *q)
+{
+	struct qkey *e = qt ? key_find(qt, h, q) : NULL;
+
+	if (e && e->unreported > 0)
+		report_send(qt, e);
 }
 
 /* Reports in flight and keys with usage still to report (a drain waits for them). */

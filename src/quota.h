@@ -74,25 +74,24 @@ struct quota_stats {
 	uint64_t keys;                  /* gauge: keys tracked */
 	uint64_t outstanding;           /* gauge: leased units held now */
 	uint64_t unreported;            /* gauge: pre-checked units not reported yet */
-	uint64_t gateways;              /* gauge: live gateways (heartbeats) */
+	uint64_t gateways;              /* gauge: live gateways (heartbeat.c), 0 = unknown */
 	uint64_t full;                  /* requests not tracked because the table was full */
 };
 
 struct quota_opts {
 	unsigned lease_ms;
-	unsigned heartbeat_ms;
 	unsigned flush_ms;
 	unsigned horizon;               /* a bucket's lease: traffic of horizon x budget x period */
 	unsigned max_keys;
 	bool precheck;
 	bool leases;
 	bool coalesce;
-	const char *key_prefix;         /* for the heartbeat registry */
 };
 
 struct quota *quota_new(struct ev_loop *loop, struct store *store, const struct quota_opts *o);
 void quota_free(struct quota *qt);
 void quota_configure(struct quota *qt, const struct quota_opts *o, bool leasing);
+void quota_set_gateways(struct quota *qt, uint64_t n);
 enum quota_path quota_decide(struct quota *qt, uint64_t h, const struct store_query *q,
 			     double cap, struct quota_waiter *w, struct store_result *out,
 			     enum store_status *st);
@@ -100,6 +99,7 @@ void quota_flush(struct quota *qt);
 bool quota_undo(struct quota *qt, uint64_t h, const struct store_query *q, int how,
 		double lease_end);
 void quota_note_charge(struct quota *qt, uint64_t h, const struct store_query *q, int64_t units);
+void quota_report_now(struct quota *qt, uint64_t h, const struct store_query *q);
 size_t quota_pending(const struct quota *qt);
 const struct quota_stats *quota_stats(struct quota *qt);
 

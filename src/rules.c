@@ -115,16 +115,34 @@ static size_t ack_size(struct ruleset *rs)
 void rule_limit_params(const struct agent_config *cfg, const struct cfg_limit *cl, uint64_t rate,
 		       uint64_t burst, struct limit_params *lp, struct limit_params *local)
 {
-	uint64_t lr, lb;
-
 	if (cl->alg == ALG_SLIDING_LOG && rate > LOG_RATE_MAX)
 		rate = LOG_RATE_MAX;
 	if (!rate)
 		rate = 1;
 	limit_params_init(lp, cl->alg, rate, cl->period_ms, burst);
 	lp->shadow = cl->shadow;
+	rule_local_params(cl, rate, burst, cfg->gateways ? cfg->gateways : 1, local);
+}
+
+/*
+ * The local fallback parameters <local> of limit <cl> at <rate> per period
+ * with bucket <burst> (its own, or a limit override's): a configured
+ * local_rate (scaled like the rate), else the rate divided by <gateways>,
+ * rounded up (the sliding log's rate as rule_limit_params() caps it).
+ */
+void rule_local_params(const struct cfg_limit *cl, uint64_t rate, uint64_t burst,
+		       uint64_t gateways, struct limit_params *local)
+{
+	uint64_t lr, lb;
+
+	if (cl->alg == ALG_SLIDING_LOG && rate > LOG_RATE_MAX)
+		rate = LOG_RATE_MAX;
+	if (!rate)
+		rate = 1;
+	if (!gateways)
+		gateways = 1;
 	lr = cl->local_rate ? (uint64_t)((unsigned __int128)cl->local_rate * rate / cl->rate)
-			    : (rate + cfg->gateways - 1) / cfg->gateways;
+			    : (rate + gateways - 1) / gateways;
 	if (!lr)
 		lr = 1;
 	lb = cl->alg == ALG_GCRA ? (uint64_t)(((unsigned __int128)burst * lr + rate - 1) / rate) : 0;

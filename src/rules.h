@@ -69,6 +69,8 @@ struct ruleset {
 
 void rule_limit_params(const struct agent_config *cfg, const struct cfg_limit *cl, uint64_t rate,
 		       uint64_t burst, struct limit_params *lp, struct limit_params *local);
+void rule_local_params(const struct cfg_limit *cl, uint64_t rate, uint64_t burst,
+		       uint64_t gateways, struct limit_params *local);
 struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen);
 struct ruleset *ruleset_ref(struct ruleset *rs);
 void ruleset_unref(struct ruleset *rs);

@@ -7,7 +7,9 @@ real Redis cannot be made to misbehave: malformed topology replies, out-of-range
     fr.close()
 
 <slots>: the raw replies to successive CLUSTER SLOTS (the last one repeats).
-<script>: a function (number of keys, argv) -> raw reply to EVALSHA/EVAL.
+<script>: a function (number of keys, argv) -> raw reply to EVALSHA/EVAL. The gateway
+heartbeat (an EVAL on the key <prefix>:{gw}:gateways, every second from every agent) is
+answered here, one live gateway, and never reaches it.
 Every command received is recorded in .commands (list of argv lists of bytes).
 """
 
@@ -91,6 +93,8 @@ class FakeRedis:
         if name == b"CLUSTER":
             with self.lock:
                 return self.slots.pop(0) if len(self.slots) > 1 else self.slots[0]
+        if name == b"EVAL" and len(argv) > 3 and argv[3].endswith(b":{gw}:gateways"):
+            return resp_int(1)
         if name in (b"EVALSHA", b"EVAL"):
             return self.script(int(argv[2]), argv)
         if name == b"HGET":

@@ -450,3 +450,128 @@ def test_worked_example_of_the_docs(agent, haproxy, redis):
     ra = int(r.h("Retry-After"))
     assert 54 - 4 <= ra <= 54, r
     assert dict(parse_sf_list(r.h("RateLimit")))["per_minute"] == {"r": 0, "t": ra}
+
+
+# ---------------------------------------------------------------------------------------
+# Races and reloads: what a post-charge adjusts is what the request was charged
+
+# pw: a day's window with a local quota (pre-checks only, trusted for an hour): the second
+# request of a key is admitted by a pre-check and reported later, or when the agent stops
+RACE_CFG = dict(
+    limits={"pw": {"algorithm": "fixed_window", "rate": 100000, "period": "1d",
+                   "accuracy_budget": 0.05},
+            "ca": LIMITS["ca"]},
+    tiers={"free": {"limits": ["pw"]}},
+    default_tier="free",
+    anonymous={"limits": ["ca"]},
+    endpoints=LcList([{"name": "search", "path_prefix": "/search", "cost": 10}]),
+    local_quota={"leases": False, "lease_ms": 3600000, "flush_ms": 60000},
+)
+
+
+def test_spop_refund_of_a_prechecked_request_is_not_lost(agent, redis):
+    """Two /search requests (cost 10 each) whose responses cost 0. The first is decided in
+    Redis, the second by a pre-check, its charge not reported yet when its refund comes.
+    The refund must not reach Redis before that report (the window cannot go below 0: the
+    refund would be lost and the report charge 10 after it): the window ends at 0."""
+    a = agent(redis=redis, metrics=True, **RACE_CFG)
+    # local quotas start once the heartbeats have counted the gateways
+    wait_until(lambda: metrics(a).get("spoa_ratelimit_gateways") == 1, 5, what="counted")
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        q = Asker(c)
+        for i in range(2):
+            v = q.ask(sc.rl_message(key="racer", path="/search"))
+            assert v["allow"] == 1 and v.get("charged") == 10, v
+        p = metrics(a)
+        assert p.get("spoa_ratelimit_local_quota_requests_total", what="prechecked") == 1
+        assert window_count(redis, "racer", "pw") == 10
+        for i in range(2):
+            assert q.ask(res_message("racer", charge=0, endpoint="search", charged=10)) == ACKED
+        wait_until(lambda: posts(a, "refunded") == 2, 5, what="two refunds")
+    a.stop()   # what is left unreported is reported before the agent exits
+    assert window_count(redis, "racer", "pw") == 0
+
+
+SHADOW_CFG = dict(
+    limits={"sw": {"algorithm": "fixed_window", "rate": 10, "period": "1d", "shadow": True},
+            "ew": {"algorithm": "fixed_window", "rate": 100000, "period": "1d"},
+            "ca": LIMITS["ca"]},
+    tiers={"free": {"limits": ["ew", "sw"]}},
+    default_tier="free",
+    anonymous={"limits": ["ca"]},
+    endpoints=LcList([{"name": "heavy", "path_prefix": "/heavy", "cost": 8}]),
+)
+
+
+def test_spop_shadow_limit_that_would_deny_is_not_post_charged(agent, redis):
+    """A shadow limit that would have denied a request was not charged for it: a response
+    that costs less must not credit it, one that costs more must not charge it (enforced,
+    it would have denied the request, which would never have had a response). The ACK
+    names it in `shadow`, and the rl-res message carries that name back."""
+    a = agent(redis=redis, metrics=True, **SHADOW_CFG)
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        q = Asker(c)
+        v = q.ask(sc.rl_message(key="shady", path="/heavy"))
+        assert v["allow"] == 1 and "shadow" not in v, v
+        v = q.ask(sc.rl_message(key="shady", path="/heavy"))
+        assert v["allow"] == 1 and v["shadow"] == "sw", v
+        assert window_count(redis, "shady", "sw") == 8
+        assert window_count(redis, "shady", "ew") == 16
+        # the second request's response costs 0: the enforced limit gets its 8 back, the
+        # shadow limit nothing (it was not charged)
+        assert q.ask(res_message("shady", charge=0, endpoint="heavy", charged=8,
+                                 shadow="sw")) == ACKED
+        wait_until(lambda: posts(a, "refunded") == 1, 5, what="the refund")
+        wait_until(lambda: window_count(redis, "shady", "ew") == 8, 5, what="ew refunded")
+        assert window_count(redis, "shady", "sw") == 8
+        # and one costing 20: charged 12 more on the enforced limit only
+        assert q.ask(res_message("shady", charge=20, endpoint="heavy", charged=8,
+                                 shadow="sw")) == ACKED
+        wait_until(lambda: window_count(redis, "shady", "ew") == 20, 5, what="ew charged")
+        assert window_count(redis, "shady", "sw") == 8
+        # the first request's response (no shadow named: it was charged everywhere)
+        assert q.ask(res_message("shady", charge=2, endpoint="heavy", charged=8)) == ACKED
+        wait_until(lambda: window_count(redis, "shady", "sw") == 2, 5, what="sw refunded")
+        assert window_count(redis, "shady", "ew") == 14
+
+
+def test_shadow_name_travels_back_through_haproxy(redis, agent, procs, tmp, app):
+    """The sample gateway sends the ACK's `shadow` back in rl-res: a shadow limit of 1 a
+    day that would deny the second request is not credited by its cheaper response."""
+    cfg = dict(SHADOW_CFG, limits=dict(SHADOW_CFG["limits"], sw={
+        "algorithm": "fixed_window", "rate": 1, "period": "1d", "shadow": True}))
+    a = agent(redis=redis, metrics=True, **cfg)
+    g = HAProxy(procs, tmp, a.address, app.address)
+    assert g.request("/x", api_key="shade").status == 200
+    r = g.request("/x?cost=0", api_key="shade")
+    assert r.status == 200, r
+    check_clean(r)
+    wait_until(lambda: posts(a, "refunded") == 1, 5, what="the refund")
+    wait_until(lambda: window_count(redis, "shade", "ew") == 1, 5, what="ew refunded")
+    assert window_count(redis, "shade", "sw") == 1
+
+
+def test_spop_reload_removing_a_limit_leaves_its_charge(agent, redis):
+    """A reload removes limit cw from the tier between a request and its response: the
+    response's refund adjusts the limits in force (cb), and leaves cw's charge as it is,
+    which is no longer enforced and expires with its key (see doc/configuration.md,
+    Post-charges, "Reloads")."""
+    a = agent(redis=redis, metrics=True, **CFG)
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        q = Asker(c)
+        v = q.ask(sc.rl_message(key="removed", path="/search"))
+        assert v["allow"] == 1 and v["charged"] == 5, v
+        assert window_count(redis, "removed") == 5
+        a.reload(tiers={"free": {"limits": ["cb"]}, "logged": {"limits": ["cl"]}})
+        wait_until(lambda: reloads(a) == 1, 5, what="the reload")
+        owed = bucket_owed_s(redis, "removed")
+        assert q.ask(res_message("removed", charge=1, endpoint="search", charged=5)) == ACKED
+        wait_until(lambda: posts(a, "refunded") == 1, 5, what="the refund")
+        # cb got 4 tokens back (24 s of a 6 s token), cw kept its 5
+        wait_until(lambda: bucket_owed_s(redis, "removed") < owed - 20, 5, what="cb refunded")
+        assert window_count(redis, "removed") == 5
+        ttl = redis.cmd("PTTL", "rl:{k:%s}:cw" % digest("removed"))
+        assert 0 < ttl <= 86400 * 1000 + 1000, ttl

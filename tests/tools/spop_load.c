@@ -7,7 +7,7 @@
  *
  *   spop-load -a 127.0.0.1:12345 [-c conns] [-p pipeline] [-d seconds]
  *             [-k keys] [-K key-prefix] [-n max-requests] [-r rate] [-s] [-R]
- *             [-i addresses] [-t tier] [-T ms]
+ *             [-i addresses] [-t tier] [-T ms] [-S seed]
  *
  * Keys are <key-prefix><n> with n drawn at random from 0..keys-1 (with -s in
  * turn); with -R every request carries a key never sent before (<key-prefix>
@@ -33,7 +33,9 @@
  * -T ms gives up on a NOTIFY not answered within ms milliseconds, as HAProxy
  * does at `timeout processing`: it is counted as expired (and unanswered), its
  * slot is freed, and an ACK arriving for it later is counted as late and
- * otherwise ignored.
+ * otherwise ignored. -S seeds the draws (the keys drawn at random, the keys of
+ * -R): runs with the same seed (or none) send the same keys in the same
+ * order, runs with different seeds other draws over the same key space.
  *
  * Loopback tool: bounded by -d and -n, it stops by itself.
  */
@@ -397,9 +399,10 @@ int main(int argc, char **argv)
 	char host[64];
 	const char *colon;
 	double elapsed;
+	unsigned long seed = 0;
 	int opt, i;
 
-	while ((opt = getopt(argc, argv, "a:c:p:d:k:K:n:r:Rsi:t:T:")) != -1) {
+	while ((opt = getopt(argc, argv, "a:c:p:d:k:K:n:r:Rsi:t:T:S:")) != -1) {
 		switch (opt) {
 		case 'a': g.addr = optarg; break;
 		case 'c': g.conns = atoi(optarg); break;
@@ -414,10 +417,12 @@ int main(int argc, char **argv)
 		case 'i': g.addrs = (uint32_t)strtoul(optarg, NULL, 10); break;
 		case 't': g.tier = optarg; break;
 		case 'T': g.expire = atof(optarg) / 1e3; break;
+		case 'S': seed = strtoul(optarg, NULL, 10); break;
 		default:
 			fprintf(stderr, "usage: spop-load -a ip:port [-c conns] [-p pipeline] "
 					"[-d seconds] [-k keys] [-K prefix] [-n requests] "
-					"[-r rate] [-s] [-R] [-i addresses] [-t tier] [-T ms]\n");
+					"[-r rate] [-s] [-R] [-i addresses] [-t tier] [-T ms] "
+					"[-S seed]\n");
 			return 2;
 		}
 	}
@@ -437,7 +442,12 @@ int main(int argc, char **argv)
 	conns = calloc((size_t)g.conns, sizeof(*conns));
 	if (!conns)
 		return 2;
-	srand(42);
+	srand(seed ? (unsigned)seed : 42);
+	if (seed) {
+		g.rng ^= (uint64_t)seed * 0xbf58476d1ce4e5b9ULL;
+		if (!g.rng)
+			g.rng = 1;
+	}
 	for (i = 0; i < g.conns; i++) {
 		struct lconn *c = &conns[i];
 		uint8_t buf[256];

@@ -324,6 +324,58 @@ static void test_memstore_denial_charges_nothing(void **state)
 	memstore_free(m);
 }
 
+/*
+ * memstore_forget_idle() frees the entries no decision used since a time,
+ * live or not, and keeps the others with their state: a decision that only
+ * reads an entry (a denial) counts as a use. Many keys, so that deletions
+ * shift clusters (every entry is checked, none twice freed: memstore_check()).
+ */
+static void test_memstore_forget_idle(void **state)
+{
+	struct memstore *m = memstore_new(4096);
+	struct limit_params daily;
+	struct store_query q;
+	struct store_result res;
+	char key[64];
+	int i;
+
+	(void)state;
+	limit_params_init(&daily, ALG_FIXED_WINDOW, 1, 86400000, 0);
+	for (i = 0; i < 3000; i++) {
+		snprintf(key, sizeof(key), "rl:{k%d}:daily", i);
+		query_reset(&q);
+		query_add(&q, key, &daily, 1);
+		memstore_decide(m, &q, T0 + (i % 2) * 1000000, &res);
+		assert_true(res.allowed);
+	}
+	assert_int_equal(memstore_size(m), 3000);
+	/* key 0 (used at T0) denied at T0 + 2 s: used then, kept with its count */
+	query_reset(&q);
+	query_add(&q, "rl:{k0}:daily", &daily, 1);
+	memstore_decide(m, &q, T0 + 2000000, &res);
+	assert_false(res.allowed);
+	/* nothing unused since before T0 */
+	assert_int_equal(memstore_forget_idle(m, T0), 0);
+	/* the 1,500 even keys, used at T0, but key 0 */
+	assert_int_equal(memstore_forget_idle(m, T0 + 1000000), 1499);
+	assert_true(memstore_check(m));
+	assert_int_equal(memstore_size(m), 1501);
+	memstore_decide(m, &q, T0 + 3000000, &res);
+	assert_false(res.allowed); /* still counted: its day is not over */
+	query_reset(&q);
+	query_add(&q, "rl:{k2}:daily", &daily, 1);
+	memstore_decide(m, &q, T0 + 3000000, &res);
+	assert_true(res.allowed); /* forgotten: a full limit again */
+	query_reset(&q);
+	query_add(&q, "rl:{k1}:daily", &daily, 1);
+	memstore_decide(m, &q, T0 + 3000000, &res);
+	assert_false(res.allowed); /* odd keys, used at T0 + 1 s, kept */
+	assert_int_equal(memstore_forget_idle(m, T0 + 10000000), memstore_size(m));
+	assert_int_equal(memstore_size(m), 0);
+	assert_true(memstore_check(m));
+	memstore_free(m);
+}
+
 static void test_memstore_uncharged_keys_not_created(void **state)
 {
 	struct memstore *m = memstore_new(16);
@@ -712,6 +764,7 @@ int main(void)
 		cmocka_unit_test(test_memstore_duplicate_keys),
 		cmocka_unit_test(test_memstore_keys_compared_by_bytes),
 		cmocka_unit_test(test_memstore_random_keys_100k),
+		cmocka_unit_test(test_memstore_forget_idle),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

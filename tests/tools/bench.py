@@ -565,17 +565,23 @@ def run_exact_agent(h, args, agent_bin, rport, red, sha, params):
                                 "send:\n    agent: %s\n    bench: %s" % (got, want))
         print("    agent's call (MONITOR): %s" % " ".join(
             t if len(t) < 48 else t[:12] + "..." for t in got))
-        meter = CpuMeter({"agent": ag, "redis": red})
-        meter.start()
-        res = spop_load(h, args, "spop-load-E", aport, args.rate, args.duration)
-        row = spop_row("E", "agent exact", res, meter.stop(), args.duration)
-        print_spop("paced", row)
-        why = degraded_by(rh.agent_stats(h, ag))
-        if why:
-            print("               degraded by %s" % why)
-        return row
+        return paced_row(h, args, "E", "agent exact", ag, aport, red)
     finally:
         h.stop(ag)
+
+
+def paced_row(h, args, setup, label, ag, aport, red):
+    """spop-load -c4 -p32 paced at --rate on the agent <ag> deciding against <red>: the row,
+    CPU of both, and why any answer was degraded."""
+    meter = CpuMeter({"agent": ag, "redis": red})
+    meter.start()
+    res = spop_load(h, args, "spop-load-%s" % setup, aport, args.rate, args.duration)
+    row = spop_row(setup, label, res, meter.stop(), args.duration)
+    print_spop("paced", row)
+    why = degraded_by(rh.agent_stats(h, ag))
+    if why:
+        print("               degraded by %s" % why)
+    return row
 
 
 def make_tls_files(h):
@@ -614,15 +620,7 @@ def run_tls_agent(h, args, agent_bin):
     try:
         spop_load(h, args, "spop-load-T-warm", aport, 0, 2, conns=1, pipeline=1,
                   extra=("-n", "20"))
-        meter = CpuMeter({"agent": ag, "redis": red})
-        meter.start()
-        res = spop_load(h, args, "spop-load-T", aport, args.rate, args.duration)
-        row = spop_row("T", "agent exact TLS", res, meter.stop(), args.duration)
-        print_spop("paced", row)
-        why = degraded_by(rh.agent_stats(h, ag))
-        if why:
-            print("               degraded by %s" % why)
-        return row
+        return paced_row(h, args, "T", "agent exact TLS", ag, aport, red)
     finally:
         h.stop(ag)
         h.stop(red)

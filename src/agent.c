@@ -58,6 +58,7 @@ static void publish(struct agent *a)
 {
 	struct met_slot *ms = a->ms;
 	const struct spoa_stats *ss;
+	uint64_t heap_used, heap_free;
 	size_t i;
 
 	if (!ms)
@@ -143,6 +144,10 @@ static void publish(struct agent *a)
 	ms->c[MC_FALLBACK_GATEWAYS_AUTO] = a->rs->cfg->gateways ? 0 : 1;
 	ms->c[MC_MEMORY_KEYS] = a->mem ? memstore_size(a->mem) : 0;
 	ms->c[MC_LOCAL_KEYS] = a->local ? memstore_size(a->local) : 0;
+	if (heap_usage(&heap_used, &heap_free) == 0) {
+		ms->c[MC_HEAP_IN_USE] = heap_used;
+		ms->c[MC_HEAP_FREE] = heap_free;
+	}
 	for (i = 0; i < a->ntopk; i++) {
 		struct met_top *mt = metrics_top(ms, a->topk[i].rule);
 

@@ -673,6 +673,7 @@ static const struct labelled redis_errors[] = {
 	{"other", MC_REDIS_ERR_OTHER}};
 static const struct labelled local_keys[] = {{"memory", MC_MEMORY_KEYS},
 					     {"fallback", MC_LOCAL_KEYS}};
+static const struct labelled heap[] = {{"in_use", MC_HEAP_IN_USE}, {"free", MC_HEAP_FREE}};
 static const struct labelled reloads[] = {{"ok", MC_RELOADS_OK}, {"failed", MC_RELOADS_FAILED}};
 
 /* Every other family of counters, in the order of the exposition. */
@@ -793,6 +794,11 @@ static const struct family families[] = {
 		     redis_errors),
 	FAM_LABELLED("spoa_ratelimit_local_keys", PROM_GAUGE,
 		     "Entries kept in process memory, by store.", "store", local_keys),
+	FAM_LABELLED("spoa_ratelimit_heap_bytes", PROM_GAUGE,
+		     "Workers' heap as their C library counts it, summed: in_use = allocated, "
+		     "free = freed but held by the allocator (RSS growing with in_use is a leak, "
+		     "with free fragmentation).",
+		     "state", heap),
 	FAM_MAX("spoa_ratelimit_config_generation",
 		"Generation of the configuration in force (highest among workers).",
 		MC_GENERATION),

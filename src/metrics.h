@@ -115,6 +115,8 @@ enum met_counter {
 	MC_CAND_UNEVALUATED,    /* decisions made without their candidate's verdict */
 	MC_RELOAD_AT,           /* gauge: Unix seconds of the last reload, 0 = none */
 	MC_RELOAD_OK,           /* gauge: 1 if that reload was applied */
+	MC_HEAP_IN_USE,         /* gauge: heap bytes allocated (the C library's count) */
+	MC_HEAP_FREE,           /* gauge: heap bytes freed, still held by the allocator */
 	MC_COUNT                /* sentinel */
 };
 

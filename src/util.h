@@ -23,6 +23,7 @@ size_t str_cat(char *dst, size_t cap, size_t len, const char *src);
 int host_is_numeric(const char *host);
 int host_name_ok(const char *name);
 int hostport_split(const char *addr, char *host, size_t hostlen, int *port);
+int heap_usage(uint64_t *in_use, uint64_t *free_bytes);
 
 #define FREE_AND_NULL(p)                                                                    \
 	do {                                                                                \

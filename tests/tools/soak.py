@@ -14,8 +14,10 @@ so the key space is covered as by one long run). Meanwhile:
   * Redis stopped and started again on its port twice, at 25% and 40% of the run.
 
 Every --sample seconds: the RSS of the master and of each worker (VmRSS), their open file
-descriptors, Redis's used_memory and its number of keys, and the agent's gauges of its
-bounded structures (/metrics). The disruptions all happen in the first half; the second
+descriptors, the workers' heap as the C library counts it (bytes in use, and freed but
+held: RSS growing with the first is a leak, with the second fragmentation), Redis's
+used_memory and its number of keys, and the agent's gauges of its bounded structures
+(/metrics). The disruptions all happen in the first half; the second
 half is steady load with reloads. The verdict compares the growth over the first and the
 second quarter of that half (medians of the samples at each end): a value has levelled off
 when the later growth is at most half the earlier one, or within a small tolerance (RSS
@@ -99,6 +101,27 @@ def rss_kb(pid):
     return 0
 
 
+def rss_parts_kb(pid):
+    """The resident KB of the brk heap ([heap]) and of the other anonymous mappings
+    (large tables the allocator mmapped, stacks): where RSS grows tells a leak or
+    fragmentation (the heap) from big tables whose pages are touched for the first time."""
+    brk = anon = 0
+    cur = None
+    try:
+        for line in Path("/proc/%d/smaps" % pid).read_text().splitlines():
+            f = line.split()
+            if f and "-" in f[0] and len(f) >= 5 and not f[0].endswith(":"):
+                cur = "heap" if f[-1] == "[heap]" else "anon" if len(f) == 5 else None
+            elif f and f[0] == "Rss:" and cur:
+                if cur == "heap":
+                    brk += int(f[1])
+                else:
+                    anon += int(f[1])
+    except OSError:
+        pass
+    return brk, anon
+
+
 def nfds(pid):
     try:
         return len(list(Path("/proc/%d/fd" % pid).iterdir()))
@@ -124,6 +147,10 @@ def gauges(metrics_port):
     except OSError:
         return {}
     out = {}
+    for state in ("in_use", "free"):
+        m = re.search(r'^spoa_ratelimit_heap_bytes\{state="%s"\} (\S+)$' % state, text, re.M)
+        if m:
+            out["heap_" + state] = float(m.group(1))
     for name in GAUGES:
         vals = [float(m) for m in re.findall(r"^%s(?:\{[^}]*\})? (\S+)$" % name, text, re.M)]
         if vals:
@@ -186,8 +213,10 @@ def main():
           "every %.0f s; worker killed at %.0f s; Redis restarted at %.0f s and %.0f s; "
           "a sample every %.0f s" % (args.minutes, args.rate, args.keys, args.reload,
                                      0.15 * dur, 0.25 * dur, 0.40 * dur, args.sample))
-    print("%6s %9s %9s %9s %5s %10s %8s %9s %7s %8s  %s" % (
-        "t(s)", "master_kb", "worker_kb", "total_kb", "fds", "redis_b", "keys", "decided",
+    print("%6s %9s %9s %9s %8s %8s %8s %8s %5s %10s %8s %9s %7s %8s  %s" % (
+        "t(s)", "master_kb", "worker_kb", "total_kb", "brk_rss", "anon_rss", "heap_kb",
+        "hfree_kb", "fds", "redis_b",
+        "keys", "decided",
         "errors", "degraded", "gauges"))
     t0 = time.monotonic()
     events = [(0.15 * dur, "kill"), (0.25 * dur, "redis"), (0.40 * dur, "redis")]
@@ -245,12 +274,20 @@ def main():
                 mr = rss_kb(agent.pid)
                 wr = sum(rss_kb(p) for p in ws)
                 fd = nfds(agent.pid) + sum(nfds(p) for p in ws)
+                parts = [rss_parts_kb(p) for p in ws]
+                brk, anon = sum(x[0] for x in parts), sum(x[1] for x in parts)
                 used, keys = redis_memory(rport)
                 g = gauges(mport)
+                hu, hf = g.pop("heap_in_use", None), g.pop("heap_free", None)
                 samples.append({"t": now, "master": mr, "workers": wr, "total": mr + wr,
+                                "brk": brk, "anon": anon,
+                                "heap": hu // 1024 if hu is not None else None,
+                                "hfree": hf // 1024 if hf is not None else None,
                                 "fds": fd, "redis": used, "keys": keys, "gauges": g})
-                print("%6.0f %9d %9d %9d %5d %10s %8s %9d %7d %8d  %s" % (
-                    now, mr, wr, mr + wr, fd, used, keys, totals["decisions"],
+                print("%6.0f %9d %9d %9d %8d %8d %8s %8s %5d %10s %8s %9d %7d %8d  %s" % (
+                    now, mr, wr, mr + wr, brk, anon, "%d" % (hu // 1024) if hu is not None else "-",
+                    "%d" % (hf // 1024) if hf is not None else "-", fd, used, keys,
+                    totals["decisions"],
                     totals["errors"], totals["degraded"],
                     " ".join("%s=%g" % (k.replace("spoa_ratelimit_", ""), v)
                              for k, v in sorted(g.items()))), flush=True)
@@ -274,6 +311,10 @@ def main():
         for name, key, tol, unit in (("agent RSS, master", "master", 512, "KB"),
                                      ("agent RSS, workers", "workers", 512, "KB"),
                                      ("agent RSS, total", "total", 512, "KB"),
+                                     ("workers' [heap] RSS", "brk", 512, "KB"),
+                                     ("workers' anon RSS", "anon", 512, "KB"),
+                                     ("workers' heap used", "heap", 256, "KB"),
+                                     ("workers' heap free", "hfree", 512, "KB"),
                                      ("open descriptors", "fds", 2, ""),
                                      ("Redis used_memory", "redis", None, "B"),
                                      ("Redis keys", "keys", None, "")):

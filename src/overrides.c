@@ -969,7 +969,7 @@ static void poll_send(struct overrides *ov)
 		return;
 	}
 	ov->stats.polls++;
-	ret = store_hget(ov->st, ov->key, "version", version_cb, ov);
+	ret = store_hget(ov->st, ov->key, "version", 0, version_cb, ov);
 	if (ret < 0) {
 		poll_error(ov, "version check", (enum store_status)-ret);
 		settle(ov);

@@ -241,8 +241,8 @@ void decision_begin(struct decision *d)
 			a->tier_misses++;
 			a->pending++;
 			/* the field is the digest's hex: the principal after "k:" */
-			if (store_hget(a->store, rs->cfg->tier_hash, d->principal + 2, tier_lookup_cb,
-				       d) == 0)
+			if (store_hget(a->store, rs->cfg->tier_hash, d->principal + 2, d->answer_by,
+				       tier_lookup_cb, d) == 0)
 				return;
 			a->pending--;
 		}

@@ -354,12 +354,13 @@ int store_decide(struct store *s, const struct store_query *q, store_done_fn cb,
 	c->cb = cb;
 	c->arg = arg;
 	memcpy(&c->q, q, STORE_QUERY_SIZE(q));
+	c->answer_by = q->answer_by;
 	return cmd_submit(n, c);
 }
 
 /* Submits a command of <kind> on <key> and <field> answered with a string (see store_hget()). */
 static int submit_str(struct store *s, enum cmd_kind kind, const char *key, const char *field,
-		      unsigned window_ms, store_str_fn cb, void *arg)
+		      unsigned window_ms, double answer_by, store_str_fn cb, void *arg)
 {
 	enum store_status st;
 	struct store_node *n;
@@ -376,17 +377,26 @@ static int submit_str(struct store *s, enum cmd_kind kind, const char *key, cons
 	c->hkey = xstrdup(key);
 	c->hfield = field ? xstrdup(field) : NULL;
 	c->window_ms = window_ms;
+	c->answer_by = answer_by;
 	return cmd_submit(n, c);
 }
 
 /*
  * Looks up <field> of the hash <key> (HGET) on the owner of <key>'s slot. Same
  * contract as store_decide(): 0 and exactly one later call of <cb>, or a
- * negative store_status at once. <key> and <field> are copied.
+ * negative store_status at once. <key> and <field> are copied. <answer_by>
+ * (mono(), 0 = none) is when the caller answers HAProxy: the reply's deadline,
+ * as a decision's, instead of command_timeout_ms from the send.
  */
-int store_hget(struct store *s, const char *key, const char *field, store_str_fn cb, void *arg)
+int store_hget(struct store *s, const char *key, const char *field, double answer_by,
+	       store_str_fn cb, void *arg)
 {
-	return submit_str(s, CMD_HGET, key, field, 0, cb, arg);
+	if (answer_by > 0 && answer_by <= mono()) {
+		s->stats.failed[STORE_OVERLOAD]++;
+		s->stats.shed++;
+		return -(int)STORE_OVERLOAD;
+	}
+	return submit_str(s, CMD_HGET, key, field, 0, answer_by, cb, arg);
 }
 
 /*
@@ -396,7 +406,7 @@ int store_hget(struct store *s, const char *key, const char *field, store_str_fn
  */
 int store_hgetall(struct store *s, const char *key, store_str_fn cb, void *arg)
 {
-	return submit_str(s, CMD_HGET, key, NULL, 0, cb, arg);
+	return submit_str(s, CMD_HGET, key, NULL, 0, 0, cb, arg);
 }
 
 /*
@@ -407,7 +417,7 @@ int store_hgetall(struct store *s, const char *key, store_str_fn cb, void *arg)
 int store_heartbeat(struct store *s, const char *key, const char *id, unsigned window_ms,
 		    store_str_fn cb, void *arg)
 {
-	return submit_str(s, CMD_HEARTBEAT, key, id, window_ms, cb, arg);
+	return submit_str(s, CMD_HEARTBEAT, key, id, window_ms, 0, cb, arg);
 }
 
 /* True when the mode is known and some node owning slots is ready. */

@@ -82,7 +82,8 @@ void store_set_tls(struct store *s, struct tls_ctx *tls, struct tls_ctx *sentine
 void store_set_timeouts(struct store *s, unsigned command_timeout_ms, unsigned queue_timeout_ms,
 			unsigned answer_budget_ms);
 int store_decide(struct store *s, const struct store_query *q, store_done_fn cb, void *arg);
-int store_hget(struct store *s, const char *key, const char *field, store_str_fn cb, void *arg);
+int store_hget(struct store *s, const char *key, const char *field, double answer_by,
+	       store_str_fn cb, void *arg);
 int store_hgetall(struct store *s, const char *key, store_str_fn cb, void *arg);
 int store_heartbeat(struct store *s, const char *key, const char *id, unsigned window_ms,
 		    store_str_fn cb, void *arg);

@@ -297,8 +297,8 @@ void node_fail_queue(struct store_node *n, enum store_status st)
  */
 static double cmd_bound(const struct store_cmd *c, double at)
 {
-	if (c->kind == CMD_DECIDE && c->q.answer_by > 0 && c->q.answer_by < at)
-		return c->q.answer_by;
+	if (c->answer_by > 0 && c->answer_by < at)
+		return c->answer_by;
 	return at;
 }
 
@@ -315,8 +315,8 @@ static int cmd_start(struct store_node *n, struct store_cmd *c)
 
 	if (cmd_send(n, c, false) < 0)
 		return -1;
-	if (c->kind == CMD_DECIDE && c->q.answer_by > 0) {
-		c->deadline = c->q.answer_by;
+	if (c->answer_by > 0) {
+		c->deadline = c->answer_by;
 		fifo = &s->waiting_by;
 	} else {
 		c->deadline = c->sent_at + s->command_timeout_ms / 1000.;

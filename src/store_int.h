@@ -159,6 +159,8 @@ struct store_cmd {
 	struct store_cmd *next_free;    /* in store.cmd_pool */
 	char *hkey, *hfield;            /* owned: HGET key and field; heartbeat key and id */
 	unsigned window_ms;             /* heartbeat liveness window */
+	double answer_by;               /* mono(): its caller answers HAProxy by then (the
+					 * reply's deadline), 0 = none (command_timeout_ms) */
 	struct store_query q;           /* decisions: kept for re-sends; last, and only
 					 * allocated up to its last key (cmd_new) */
 };

@@ -205,3 +205,23 @@ def test_a_reply_later_than_haproxys_budget_gets_the_ladder_before_haproxy_gives
                10, 0.2, "exact answers again")
     _, body = a.http("/metrics")
     assert 'spoa_ratelimit_redis_breaker_opened_total 0' in body, body
+
+
+def test_a_tier_lookup_waits_no_longer_than_haproxys_budget(
+        agent, haproxy, delayed_redis):
+    """The tier lookup (tier_lookup.redis_hash) is a command a NOTIFY waits on: with
+    spoe_timeout set its deadline is the decision's answer_by too, not command_timeout_ms
+    (5 s here). Replies held 2 s: the failure ladder answers before HAProxy gives up (a
+    degraded verdict, no agent error), as for the decision's own script call."""
+    a = agent(redis=delayed_redis, limits=HOURLY, spoe_timeout=SPOE_TIMEOUT, metrics=True,
+              redis_cfg={"command_timeout_ms": 5000},
+              tier_lookup={"redis_hash": "rl:tiers", "cache_ttl": "30s"})
+    gw = haproxy(a.address, spoe_timeout=SPOE_TIMEOUT)
+    wait_until(lambda: gw.request("/", api_key="tl-warm").h("X-RateLimit-Degraded") is None,
+               10, 0.2, "exact answers with the lookup")
+    delayed_redis.delay = 2.0
+    rs = parallel(lambda i: gw.request("/", api_key="tl-slow-%d" % i), 3)
+    for r in rs:
+        assert r.status == 200, r
+        assert r.h("X-RateLimit-Agent-Error") is None, r
+        assert r.h("X-RateLimit-Degraded") == "1", r

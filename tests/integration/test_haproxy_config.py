@@ -257,10 +257,12 @@ def test_stats_socket_only_where_asked(procs, tmp_path, fake):
     assert _unix_paths_of(p.pid) == [], _unix_paths_of(p.pid)
     sock = tmp_path / "gw.sock"
     p2 = _start_sample(procs, tmp_path, fake, RL_STATS_SOCKET=str(sock))
-    # HAProxy binds "<path>.<pid>.tmp" and renames it to <path>; /proc keeps the first name
+    # HAProxy binds "<path>.<pid>.tmp" and renames it to <path>; /proc keeps the first name.
+    # Its listeners may answer before the unix socket is bound and renamed: wait for it.
+    wait_until(lambda: sock.is_socket() and _unix_paths_of(p2.pid), 10, 0.05,
+               "the stats socket bound")
     paths = _unix_paths_of(p2.pid)
     assert len(paths) == 1 and paths[0].startswith(str(sock)), paths
-    assert sock.is_socket()
     import socket
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(5)

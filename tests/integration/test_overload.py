@@ -171,14 +171,21 @@ def test_redis_oom_opens_breaker_and_shows_in_metrics_and_ready(agent, redis):
         for i in range(8):
             v = c.request(1 + 2 * i, 1, [sc.rl_message(key="oom-%d" % i)])
             assert v.get("degraded") == 1, v
-        assert metric(a, "spoa_ratelimit_redis_errors_total", **{"class": "oom"}) >= 5
-        assert metric(a, "spoa_ratelimit_redis_breaker_opened_total") >= 1
-        deg = degraded_by(a)
-        assert deg.get("error", 0) >= 5 and deg.get("breaker", 0) >= 1, deg
-        status, body = a.http("/ready")
-        assert status == 200, body
-        assert "degraded: redis %s OOM" % redis.address in body, body
-        assert "breaker open" in body, body
+        # the counters are published every 250 ms: read until they are (they only grow)
+        wait_until(lambda: metric(a, "spoa_ratelimit_redis_errors_total",
+                                  **{"class": "oom"}) >= 5, 5, 0.05, "oom errors counted")
+        wait_until(lambda: metric(a, "spoa_ratelimit_redis_breaker_opened_total") >= 1, 5,
+                   0.05, "the breaker's opening counted")
+        wait_until(lambda: (lambda deg: deg.get("error", 0) >= 5 and deg.get("breaker", 0) >= 1)(
+            degraded_by(a)), 5, 0.05, "degraded answers by reason")
+
+        def ready_says_open():
+            status, body = a.http("/ready")
+            assert status == 200, body
+            return ("degraded: redis %s OOM" % redis.address in body and
+                    "breaker open" in body)
+        # a probe after the 200 ms cooldown fails again (OOM): the breaker opens again
+        wait_until(ready_says_open, 5, 0.05, "/ready saying OOM and the breaker open")
         redis.cmd("CONFIG", "SET", "maxmemory", "0")
         sid = [101]
 

@@ -31,7 +31,8 @@ be one the machine carries with room to spare (the default, 3,000/s, is about a 
 one core of a 2-core machine for the agent and Redis together).
 
   soak.py --agent build/spoa-ratelimit --load build/spop-load [--minutes 10] [--rate 3000]
-          [--keys 200000] [--reload 30] [--sample 10]
+          [--keys 200000] [--reload 30] [--sample 10] [--workers 2]
+          [--conns 8]
 Exit status: 0 when every value levelled off and no decision failed outside the worker's
 restart, 1 otherwise, 2 when the set-up failed.
 """
@@ -60,11 +61,11 @@ GAUGES = ["spoa_ratelimit_local_quota_keys", "spoa_ratelimit_local_keys",
           "spoa_ratelimit_override_entries", "spoa_ratelimit_redis_pending"]
 
 
-def agent_cfg(metrics_port, redis_port, day_rate):
+def agent_cfg(metrics_port, redis_port, day_rate, workers=2):
     return {
         "log_level": "notice",
         "store": "redis",
-        "workers": 2,
+        "workers": workers,
         # the default deadlines (5 ms a command): a loaded machine misses some, and
         # the failure ladder's local state is exercised as in production
         "redis": {"address": "%s:%d" % (rh.LOCALHOST, redis_port)},
@@ -182,6 +183,8 @@ def main():
     ap.add_argument("--keys", type=int, default=200000)
     ap.add_argument("--reload", type=float, default=30)
     ap.add_argument("--sample", type=float, default=10)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--conns", type=int, default=8)
     args = ap.parse_args()
     args.agent, args.load = str(Path(args.agent).resolve()), str(Path(args.load).resolve())
     dur = args.minutes * 60
@@ -193,15 +196,15 @@ def main():
     try:
         redis, rport = rh.start_redis(h)
         mport = rh.free_ports(1)[0]
-        conf_a = agent_cfg(mport, rport, 100000)
-        conf_b = agent_cfg(mport, rport, 100001)
+        conf_a = agent_cfg(mport, rport, 100000, args.workers)
+        conf_b = agent_cfg(mport, rport, 100001, args.workers)
         agent, aport, conf_path = rh.start_agent(h, args.agent, conf_a)
         alt = [rh.to_libconfig(dict(conf_a, listen="%s:%d" % (rh.LOCALHOST, aport))),
                rh.to_libconfig(dict(conf_b, listen="%s:%d" % (rh.LOCALHOST, aport)))]
         deadline = time.monotonic() + 10
-        while len(children(agent.pid)) < 2:
+        while len(children(agent.pid)) < args.workers:
             if time.monotonic() >= deadline:
-                raise rh.SetupError("the agent did not start its two workers")
+                raise rh.SetupError("the agent did not start its %d workers" % args.workers)
             time.sleep(0.1)
     except rh.SetupError as e:
         print("soak: set-up failed: %s" % e, file=sys.stderr)
@@ -209,9 +212,9 @@ def main():
         h.close()
         return 2
 
-    print("soak: %.0f min, %d decisions/s over %d keys (two limits), 2 workers; a reload "
+    print("soak: %.0f min, %d decisions/s over %d keys (two limits), %d workers; a reload "
           "every %.0f s; worker killed at %.0f s; Redis restarted at %.0f s and %.0f s; "
-          "a sample every %.0f s" % (args.minutes, args.rate, args.keys, args.reload,
+          "a sample every %.0f s" % (args.minutes, args.rate, args.keys, args.workers, args.reload,
                                      0.15 * dur, 0.25 * dur, 0.40 * dur, args.sample))
     print("%6s %9s %9s %9s %8s %8s %8s %8s %5s %10s %8s %9s %7s %8s  %s" % (
         "t(s)", "master_kb", "worker_kb", "total_kb", "brk_rss", "anon_rss", "heap_kb",
@@ -246,7 +249,7 @@ def main():
             if load is None:
                 seg = min(SEGMENT, dur - now)
                 load = h.spawn("load", [args.load, "-a", "%s:%d" % (rh.LOCALHOST, aport),
-                                        "-c", 8, "-p", 32, "-r", args.rate, "-d", "%.1f" % seg,
+                                        "-c", args.conns, "-p", 32, "-r", args.rate, "-d", "%.1f" % seg,
                                         "-k", args.keys, "-t", "free", "-K", "soak-",
                                         "-S", nseg])
                 nseg += 1

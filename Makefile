@@ -316,10 +316,11 @@ attack: deps
 SOAK_MIN  ?= 10
 SOAK_RATE ?= 3000
 SOAK_KEYS ?= 200000
+SOAK_CONNS ?= 64
 soak: deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(PYTHON) tests/tools/soak.py --agent $(abspath $(BIN)) --load $(abspath $(BUILD)/spop-load) \
-	  --minutes $(SOAK_MIN) --rate $(SOAK_RATE) --keys $(SOAK_KEYS)
+	  --minutes $(SOAK_MIN) --rate $(SOAK_RATE) --keys $(SOAK_KEYS) --conns $(SOAK_CONNS)
 
 # ---- checks ----------------------------------------------------------------
 

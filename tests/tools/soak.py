@@ -19,18 +19,22 @@ records of the second half are within the tolerance. Meanwhile:
   * the agent's first worker SIGKILLed once, at 15% of the run (the master starts another);
   * Redis stopped and started again on its port twice, at 25% and 40% of the run.
 
-Every --sample seconds: the RSS of the master and of each worker (VmRSS), their open file
-descriptors, the workers' heap as the C library counts it (bytes in use, and freed but
-held: RSS growing with the first is a leak, with the second fragmentation), Redis's
-used_memory and its number of keys, and the agent's gauges of its bounded structures
-(/metrics). The heap's use is printed, not judged: it follows the live state (the keys of
-the last seconds, the last minute's failures), and RSS is what must level off. The disruptions all happen in the first half; the second
-half is steady load with reloads. The verdict compares the growth over the first and the
-second quarter of that half (medians of the samples at each end): a value has levelled off
-when the later growth is at most half the earlier one, or within a small tolerance (RSS
+Every --sample seconds: the RSS of the master and of the workers (VmRSS) with its parts
+(RssAnon: heap, tables, stacks; RssFile: pages of the binary and its libraries), their open
+file descriptors, the workers' heap as the C library counts it (bytes in use, and freed but
+held), Redis's used_memory and its number of keys, and the agent's gauges of its bounded
+structures (/metrics). The disruptions all happen in the first half; the second half is
+steady load with reloads. The verdict compares the growth over the first and the second
+quarter of that half (medians of the samples at each end): a value has levelled off when the
+later growth is at most half the earlier one, or within a small tolerance (RSS
 512 KB, descriptors 2, Redis memory 2%). Redis memory grows until every key of the key
 space has been seen (at 3,000/s over 200,000 keys, about 14 minutes): its keys are printed
-beside it.
+beside it. Judged: the master's and the workers' anonymous RSS (their private memory),
+descriptors, Redis memory. Shown, not judged: RSS whole (its file-backed part grows as
+code runs for the first time in a process: a worker started mid-run pages in the
+reconnection's code at the next Redis restart; bounded by the files' size, and shared),
+the heap's use and free bytes (they follow the live state: the keys of the last seconds,
+the last minute's failures) and Redis's keys.
 
 Loopback only; every process is started here and stopped by PID at the end (see
 rlharness.py); the whole run is bounded by its duration plus two minutes. The rate should
@@ -40,7 +44,7 @@ one core of a 2-core machine for the agent and Redis together).
   soak.py --agent build/spoa-ratelimit --load build/spop-load [--minutes 10] [--rate 3000]
           [--keys 200000] [--reload 30] [--sample 10] [--workers 2]
           [--conns 64]
-Exit status: 0 when every value levelled off and no decision failed outside the worker's
+Exit status: 0 when every judged value levelled off and no decision failed outside the worker's
 restart, 1 otherwise, 2 when the set-up failed.
 """
 
@@ -99,35 +103,18 @@ def children(pid):
         return sorted(out)
 
 
-def rss_kb(pid):
+def mem_kb(pid):
+    """VmRSS and its parts (RssAnon: heap, tables, stacks; RssFile: the pages of the binary
+    and its libraries mapped so far; RssShmem: the metrics region), in KB."""
+    out = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0, "RssShmem": 0}
     try:
         for line in Path("/proc/%d/status" % pid).read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
+            k = line.split(":", 1)[0]
+            if k in out:
+                out[k] = int(line.split()[1])
     except OSError:
         pass
-    return 0
-
-
-def rss_parts_kb(pid):
-    """The resident KB of the brk heap ([heap]) and of the other anonymous mappings
-    (large tables the allocator mmapped, stacks): where RSS grows tells a leak or
-    fragmentation (the heap) from big tables whose pages are touched for the first time."""
-    brk = anon = 0
-    cur = None
-    try:
-        for line in Path("/proc/%d/smaps" % pid).read_text().splitlines():
-            f = line.split()
-            if f and "-" in f[0] and len(f) >= 5 and not f[0].endswith(":"):
-                cur = "heap" if f[-1] == "[heap]" else "anon" if len(f) == 5 else None
-            elif f and f[0] == "Rss:" and cur:
-                if cur == "heap":
-                    brk += int(f[1])
-                else:
-                    anon += int(f[1])
-    except OSError:
-        pass
-    return brk, anon
+    return out
 
 
 def nfds(pid):
@@ -224,7 +211,7 @@ def main():
           "a sample every %.0f s" % (args.minutes, args.rate, args.keys, args.workers, args.reload,
                                      0.15 * dur, 0.25 * dur, 0.40 * dur, args.sample))
     print("%6s %9s %9s %9s %8s %8s %8s %8s %5s %10s %8s %9s %7s %8s  %s" % (
-        "t(s)", "master_kb", "worker_kb", "total_kb", "brk_rss", "anon_rss", "heap_kb",
+        "t(s)", "master_kb", "worker_kb", "total_kb", "w_anon", "w_file", "heap_kb",
         "hfree_kb", "fds", "redis_b",
         "keys", "decided",
         "errors", "degraded", "gauges"))
@@ -281,21 +268,21 @@ def main():
                 next_reload += args.reload
             if now >= next_sample:
                 ws = children(agent.pid)
-                mr = rss_kb(agent.pid)
-                wr = sum(rss_kb(p) for p in ws)
+                mm = mem_kb(agent.pid)
+                wm = [mem_kb(p) for p in ws]
+                mr, wr = mm["VmRSS"], sum(m["VmRSS"] for m in wm)
+                anon, fil = sum(m["RssAnon"] for m in wm), sum(m["RssFile"] for m in wm)
                 fd = nfds(agent.pid) + sum(nfds(p) for p in ws)
-                parts = [rss_parts_kb(p) for p in ws]
-                brk, anon = sum(x[0] for x in parts), sum(x[1] for x in parts)
                 used, keys = redis_memory(rport)
                 g = gauges(mport)
                 hu, hf = g.pop("heap_in_use", None), g.pop("heap_free", None)
                 samples.append({"t": now, "master": mr, "workers": wr, "total": mr + wr,
-                                "brk": brk, "anon": anon,
+                                "manon": mm["RssAnon"], "anon": anon, "file": fil,
                                 "heap": hu // 1024 if hu is not None else None,
                                 "hfree": hf // 1024 if hf is not None else None,
                                 "fds": fd, "redis": used, "keys": keys, "gauges": g})
                 print("%6.0f %9d %9d %9d %8d %8d %8s %8s %5d %10s %8s %9d %7d %8d  %s" % (
-                    now, mr, wr, mr + wr, brk, anon, "%d" % (hu // 1024) if hu is not None else "-",
+                    now, mr, wr, mr + wr, anon, fil, "%d" % (hu // 1024) if hu is not None else "-",
                     "%d" % (hf // 1024) if hf is not None else "-", fd, used, keys,
                     totals["decisions"],
                     totals["errors"], totals["degraded"],
@@ -321,8 +308,9 @@ def main():
         for name, key, tol, unit in (("agent RSS, master", "master", 512, "KB"),
                                      ("agent RSS, workers", "workers", 512, "KB"),
                                      ("agent RSS, total", "total", 512, "KB"),
-                                     ("workers' [heap] RSS", "brk", 512, "KB"),
-                                     ("workers' anon RSS", "anon", 512, "KB"),
+                                     ("master anonymous", "manon", 512, "KB"),
+                                     ("workers anonymous", "anon", 512, "KB"),
+                                     ("workers file-backed", "file", 512, "KB"),
                                      ("workers' heap used", "heap", 512, "KB"),
                                      ("workers' heap free", "hfree", 512, "KB"),
                                      ("open descriptors", "fds", 2, ""),
@@ -335,9 +323,13 @@ def main():
             if g1 is None:
                 print("  %-20s %s" % (name, verdict))
                 continue
-            # the heap's use and its free bytes follow the live state (keys tracked in the
-            # last seconds, the last minute's failures): shown to explain RSS, not judged
-            judged = key not in ("keys", "heap", "hfree")
+            # judged: the private memory (anonymous RSS), descriptors and Redis. Shown to
+            # explain them: RSS whole, whose file-backed part is the code of the binary and
+            # its libraries paged in as paths run for the first time (a worker restarted
+            # mid-run maps them anew: a Redis restart then pages in the reconnection's),
+            # bounded by their size and shared; the heap's use and free bytes, which follow
+            # the live state (keys of the last seconds, the last minute's failures)
+            judged = key in ("manon", "anon", "fds", "redis")
             print("  %-20s %+12.0f %s then %+12.0f %s: %s%s" % (
                 name, g1, unit, g2, unit, verdict, "" if judged else " (not judged)"))
             if verdict != "levelled off" and judged:

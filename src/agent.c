@@ -53,6 +53,13 @@ static void lib_log(int level, const char *msg, void *arg)
 	LOG(level, "%s", msg);
 }
 
+/*
+ * The heap's usage is sampled less often than the rest is published: glibc
+ * counts it by walking the allocator's free lists, 0.1 ms for a few thousand
+ * free chunks and 1.7-2.5 ms for 30,000 (measured), a pause of the loop.
+ */
+#define HEAP_CHECK       5.0    /* seconds */
+
 /* Copies this process's gauges and counters into its metrics slot. */
 static void publish(struct agent *a)
 {
@@ -144,9 +151,12 @@ static void publish(struct agent *a)
 	ms->c[MC_FALLBACK_GATEWAYS_AUTO] = a->rs->cfg->gateways ? 0 : 1;
 	ms->c[MC_MEMORY_KEYS] = a->mem ? memstore_size(a->mem) : 0;
 	ms->c[MC_LOCAL_KEYS] = a->local ? memstore_size(a->local) : 0;
-	if (heap_usage(&heap_used, &heap_free) == 0) {
-		ms->c[MC_HEAP_IN_USE] = heap_used;
-		ms->c[MC_HEAP_FREE] = heap_free;
+	if (mono() >= a->heap_check) {
+		a->heap_check = mono() + HEAP_CHECK;
+		if (heap_usage(&heap_used, &heap_free) == 0) {
+			ms->c[MC_HEAP_IN_USE] = heap_used;
+			ms->c[MC_HEAP_FREE] = heap_free;
+		}
 	}
 	for (i = 0; i < a->ntopk; i++) {
 		struct met_top *mt = metrics_top(ms, a->topk[i].rule);

@@ -109,6 +109,7 @@ struct agent {
 	bool no_park;                   /* stopping: nothing waits any more */
 	ev_timer publish;               /* copies gauges and top-K snapshots into ms */
 	double local_check;             /* mono(): next look for idle local fallback state */
+	double heap_check;              /* mono(): next sample of the heap's usage */
 	size_t ntopk;
 	struct {
 		char rule[MET_NAME];

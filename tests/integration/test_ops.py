@@ -714,10 +714,12 @@ def test_metrics_summed_across_workers(agent, redis):
 
 
 def test_heap_gauges_follow_the_keys_held(agent, redis):
-    """spoa_ratelimit_heap_bytes is the workers' heap as glibc counts it: it rises by at
-    least the local quota table's entries while keys are tracked (about 1.3 KB each, for
-    coalescing) and falls back when they are swept, 4 s after their last request."""
-    a = agent(redis=redis, limits=HOURLY, metrics=True, redis_cfg={"command_timeout_ms": 2000})
+    """spoa_ratelimit_heap_bytes is the workers' heap as glibc counts it (sampled every
+    5 s): it rises by at least the local quota table's entries while keys are tracked
+    (about 1.3 KB each, for coalescing) and falls back when they are swept (8 s after their
+    last request with 3 s leases: a sample sees them)."""
+    a = agent(redis=redis, limits=HOURLY, metrics=True, redis_cfg={"command_timeout_ms": 2000},
+              local_quota={"lease_ms": 3000})
     wait_until(lambda: decided_fresh_conns(a), 10, 0.1, "the agent decides with Redis")
 
     def heap():
@@ -730,20 +732,25 @@ def test_heap_gauges_follow_the_keys_held(agent, redis):
         acks = pipeline(a.addr, [sc.rl_message(key="%s-%d" % (prefix, k), tier="pro")
                                  for k in range(n)], conns=4, window=64)
         assert sum(v["allow"] for v in acks) == n
-        time.sleep(0.5)                 # published every 250 ms
+
+    def settled():
+        """The heap once the keys are swept and sampled after that (every 5 s)."""
+        wait_until(lambda: heap()[2] <= 2, 20, 0.2, "the keys swept")
+        time.sleep(5.5)
+        return heap()
 
     if heap()[:2] == (0, 0):
         pytest.skip("the C library does not count this build's heap (AddressSanitizer)")
     # a first run fills what is kept for reuse (decisions: up to 256 in flight here)
     run("warm")
-    wait_until(lambda: heap()[2] <= 2, 15, 0.2, "the first run's keys swept")
-    in_use0, _, keys0 = heap()
+    in_use0, _, _ = settled()
     # the fixed tables (blocked-key cache 2.4 MB, fallback table 5.6 MB) are counted too
     assert 8 << 20 <= in_use0 < 256 << 20, in_use0
     run("heap")
-    in_use1, _, keys1 = heap()
-    assert keys1 - keys0 >= 3000 * 0.9, (keys0, keys1)
-    assert in_use1 - in_use0 >= (keys1 - keys0) * 1000, (in_use0, in_use1, keys1)
-    wait_until(lambda: heap()[2] <= keys0 + 2, 15, 0.2, "the keys swept")
-    in_use2, _, _ = heap()
+    keys = heap()[2]
+    assert keys >= 3000 * 0.9, keys
+    wait_until(lambda: heap()[0] - in_use0 >= keys * 1000, 8, 0.2,
+               "the heap grown by the keys tracked (%d)" % keys)
+    in_use1 = heap()[0]
+    in_use2, _, _ = settled()
     assert in_use2 - in_use0 < (in_use1 - in_use0) / 4, (in_use0, in_use1, in_use2)

@@ -286,8 +286,9 @@ def main():
                     "%d" % (hf // 1024) if hf is not None else "-", fd, used, keys,
                     totals["decisions"],
                     totals["errors"], totals["degraded"],
-                    " ".join("%s=%g" % (k.replace("spoa_ratelimit_", ""), v)
-                             for k, v in sorted(g.items()))), flush=True)
+                    " ".join(["anon_each=" + "/".join(str(m["RssAnon"]) for m in wm)] +
+                             ["%s=%g" % (k.replace("spoa_ratelimit_", ""), v)
+                              for k, v in sorted(g.items())])), flush=True)
                 next_sample += args.sample
             time.sleep(0.2)
         if not agent.alive():

@@ -321,9 +321,6 @@ def main():
             if tol is None:
                 tol = 0.02 * (max(xs) if xs else 0)
             g1, g2, verdict = levelled(xs, tol)
-            if g1 is None:
-                print("  %-20s %s" % (name, verdict))
-                continue
             # judged: the private memory (anonymous RSS), descriptors and Redis. Shown to
             # explain them: RSS whole, whose file-backed part is the code of the binary and
             # its libraries paged in as paths run for the first time (a worker restarted
@@ -331,6 +328,11 @@ def main():
             # bounded by their size and shared; the heap's use and free bytes, which follow
             # the live state (keys of the last seconds, the last minute's failures)
             judged = key in ("manon", "anon", "fds", "redis")
+            if g1 is None:
+                print("  %-20s %s" % (name, verdict))
+                if judged:
+                    rc = 1              # nothing shown levelled off
+                continue
             print("  %-20s %+12.0f %s then %+12.0f %s: %s%s" % (
                 name, g1, unit, g2, unit, verdict, "" if judged else " (not judged)"))
             if verdict != "levelled off" and judged:

@@ -795,9 +795,10 @@ static const struct family families[] = {
 	FAM_LABELLED("spoa_ratelimit_local_keys", PROM_GAUGE,
 		     "Entries kept in process memory, by store.", "store", local_keys),
 	FAM_LABELLED("spoa_ratelimit_heap_bytes", PROM_GAUGE,
-		     "Workers' heap as their C library counts it, summed: in_use = allocated, "
-		     "free = freed but held by the allocator (RSS growing with in_use is a leak, "
-		     "with free fragmentation).",
+		     "Workers' heap as their C library counts it, summed, sampled every 5 s: "
+		     "in_use = allocated (live state, and what is kept for reuse), free = freed "
+		     "but held by the allocator. RSS keeps the high-water mark of their sum; a "
+		     "leak is in_use growing under steady traffic.",
 		     "state", heap),
 	FAM_MAX("spoa_ratelimit_config_generation",
 		"Generation of the configuration in force (highest among workers).",

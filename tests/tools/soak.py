@@ -11,8 +11,8 @@ so the key space is covered as by one long run). The load runs on --conns connec
 workers at random, and a worker's memory follows the largest share of the keys it has ever
 carried (its tables and the allocator's heap keep their high-water mark). With 8
 connections a worker's share swings by ±18% from one segment to the next and a new record
-share now and then raises its RSS by a megabyte long after start; with 64, by ±6%, and the
-records of the second half are within the tolerance. Meanwhile:
+share now and then raises its RSS by a few hundred KB, long after start; with 64, by ±6%,
+and the records of the second half are within the tolerance. Meanwhile:
 
   * a reload (SIGHUP to the master, which forwards it) every --reload seconds, the
     configuration alternating between two versions (the daily limit 100000 and 100001);
@@ -184,6 +184,10 @@ def main():
     dur = args.minutes * 60
     if dur < 120:
         print("soak: at least 2 minutes", file=sys.stderr)
+        return 2
+    if args.workers < 2:
+        print("soak: at least 2 workers (one worker is killed and restarted by the master)",
+              file=sys.stderr)
         return 2
 
     h = rh.Harness("spoa-soak-", dur + 120)

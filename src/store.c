@@ -325,6 +325,17 @@ static struct store_node *store_admit(struct store *s, const char *key, size_t l
 	return n;
 }
 
+/* True, and counted as shed, when a command's caller was to answer by <answer_by>
+ * (mono(), 0 = no such time) and that time has passed: the excess of a backlog. */
+static bool too_late(struct store *s, double answer_by)
+{
+	if (answer_by <= 0 || answer_by > mono())
+		return false;
+	s->stats.failed[STORE_OVERLOAD]++;
+	s->stats.shed++;
+	return true;
+}
+
 /*
  * Submits the decision <q> to the owner of the slot of its first key (all its
  * keys must share one hash tag). Returns 0 when <cb> will be called exactly
@@ -344,12 +355,8 @@ int store_decide(struct store *s, const struct store_query *q, store_done_fn cb,
 		return -(int)st;
 	}
 	BUG_ON(q->n < 1 || q->n > STORE_MAX_LIMITS);
-	if (q->answer_by > 0 && q->answer_by <= mono()) {
-		/* too late already: the excess of a backlog, shed at once */
-		s->stats.failed[STORE_OVERLOAD]++;
-		s->stats.shed++;
+	if (too_late(s, q->answer_by))
 		return -(int)STORE_OVERLOAD;
-	}
 	c = cmd_new(s, CMD_DECIDE, STORE_QUERY_SIZE(q));
 	c->cb = cb;
 	c->arg = arg;
@@ -391,11 +398,8 @@ static int submit_str(struct store *s, enum cmd_kind kind, const char *key, cons
 int store_hget(struct store *s, const char *key, const char *field, double answer_by,
 	       store_str_fn cb, void *arg)
 {
-	if (answer_by > 0 && answer_by <= mono()) {
-		s->stats.failed[STORE_OVERLOAD]++;
-		s->stats.shed++;
+	if (too_late(s, answer_by))
 		return -(int)STORE_OVERLOAD;
-	}
 	return submit_str(s, CMD_HGET, key, field, 0, answer_by, cb, arg);
 }
 

@@ -251,9 +251,9 @@ static void sigterm_cb(struct ev_loop *loop, ev_signal *w, int revents)
 
 /*
  * Runs one agent (the only process, or a worker) until SIGTERM. <mask>, if not
- * NULL, is the signal mask to restore once the signal watchers exist: a worker
- * starts with the master's signals blocked, so a SIGHUP sent meanwhile waits
- * and becomes a reload instead of killing it.
+ * NULL, is the signal mask to restore once the signal watchers exist: both
+ * callers block SIGHUP, SIGTERM, SIGINT and SIGUSR1 before the listeners open,
+ * so a signal sent meanwhile waits and is acted upon instead of killing it.
  */
 static int run_agent(const char *file, struct ruleset *rs, const struct agent_opts *opts,
 		     const sigset_t *mask)
@@ -588,7 +588,17 @@ int main(int argc, char **argv)
 	}
 	{
 		struct agent_opts o = {.reuseport = false, .metrics = metrics_new(1), .worker = 0};
+		sigset_t set, old;
 
-		return run_agent(file, rs, &o, NULL);
+		/* the listeners open (and say so) before the signal watchers exist: a
+		 * SIGHUP sent as soon as the port answers must wait and become a reload,
+		 * not end the process by its default action */
+		sigemptyset(&set);
+		sigaddset(&set, SIGHUP);
+		sigaddset(&set, SIGTERM);
+		sigaddset(&set, SIGINT);
+		sigaddset(&set, SIGUSR1);
+		sigprocmask(SIG_BLOCK, &set, &old);
+		return run_agent(file, rs, &o, &old);
 	}
 }

@@ -181,14 +181,16 @@ def test_failover_under_load(procs, tmp, agent_bin):
     watcher = threading.Thread(target=watch_switch, daemon=True)
     watcher.start()
 
-    probe, stop = [], threading.Event()
+    probe, sent, stop = [], [], threading.Event()
 
     def prober():
         with sc.SpopClient(a.addr, timeout=5) as c:
             c.hello()
             sid = 1
             while not stop.is_set():
+                t = time.monotonic()
                 v = c.request(sid, 1, [sc.rl_message(key="sn-probe")])
+                sent.append(t)
                 probe.append((time.monotonic(), v))
                 sid += 2
                 time.sleep(0.005)
@@ -232,9 +234,14 @@ def test_failover_under_load(procs, tmp, agent_bin):
     lost = exact_before + 1 - consumed_new
     exact_between = len([1 for t, v in probe if killed_at <= t < first_exact and
                          not v.get("degraded")])
+    # the probe's request in flight at the kill may have been counted by the old master
+    # (and replicated) and still be answered degraded: the connection died before its reply
+    in_flight = len([1 for (t, v), t0 in zip(probe, sent) if t0 < killed_at <= t and
+                     v.get("degraded")])
     print("increments lost in the failover: %d of %d acknowledged before the kill "
-          "(+%d exact between kill and switch)" % (lost, exact_before, exact_between))
-    assert acked_before and lost >= -exact_between
+          "(+%d exact between kill and switch, +%d degraded in flight at the kill)" % (
+              lost, exact_before, exact_between, in_flight))
+    assert acked_before and lost >= -(exact_between + in_flight)
     log = a.proc.log_text()
     assert "+switch-master %s" % MASTER in log, log[-3000:]
     new_port = cl.replica_port

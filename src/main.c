@@ -249,6 +249,16 @@ static void sigterm_cb(struct ev_loop *loop, ev_signal *w, int revents)
 	ev_timer_again(loop, &app->drain);
 }
 
+/* The signals an agent acts upon, in <set>: blocked until its watchers exist. */
+static void agent_signals(sigset_t *set)
+{
+	sigemptyset(set);
+	sigaddset(set, SIGHUP);
+	sigaddset(set, SIGTERM);
+	sigaddset(set, SIGINT);
+	sigaddset(set, SIGUSR1);
+}
+
 /*
  * Runs one agent (the only process, or a worker) until SIGTERM. <mask>, if not
  * NULL, is the signal mask to restore once the signal watchers exist: both
@@ -351,12 +361,8 @@ static int run_master(const char *file, struct ruleset *rs, int n, struct metric
 	bool stopping = false;
 	int i, live;
 
-	sigemptyset(&set);
+	agent_signals(&set);
 	sigaddset(&set, SIGCHLD);
-	sigaddset(&set, SIGHUP);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGUSR1);
 	sigprocmask(SIG_BLOCK, &set, &old);
 	LOG(LOG_NOTICE, "spoa-ratelimit %s master: %d workers", VERSION, n);
 	for (i = 0; i < n; i++) {
@@ -593,11 +599,7 @@ int main(int argc, char **argv)
 		/* the listeners open (and say so) before the signal watchers exist: a
 		 * SIGHUP sent as soon as the port answers must wait and become a reload,
 		 * not end the process by its default action */
-		sigemptyset(&set);
-		sigaddset(&set, SIGHUP);
-		sigaddset(&set, SIGTERM);
-		sigaddset(&set, SIGINT);
-		sigaddset(&set, SIGUSR1);
+		agent_signals(&set);
 		sigprocmask(SIG_BLOCK, &set, &old);
 		return run_agent(file, rs, &o, &old);
 	}

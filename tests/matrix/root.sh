@@ -77,13 +77,16 @@ run_in_root() {
 	local name=$1; shift
 	local dir=$CACHE/$name
 	[ -f "$dir/.matrix-key" ] || die "no root $name: make it first"
-	local work
+	local work files rc=0
 	work=$(mktemp -d /var/tmp/spoa-ratelimit-matrix.XXXXXX)
-	# shellcheck disable=SC2064
-	trap "rm -rf '$work'" RETURN
-	mkdir -p "$work/upper" "$work/work" "$work/root"
-	local files
 	files=$(mktemp)
+	# removed however this script ends: a failing command (set -e) or a signal never
+	# returns from this function, and a RETURN trap would leave the overlay's upper layer
+	# shellcheck disable=SC2064
+	trap "rm -rf '$work' '$files'" EXIT
+	trap 'exit 143' TERM
+	trap 'exit 130' INT
+	mkdir -p "$work/upper" "$work/work" "$work/root"
 	if git -C "$TREE" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
 		git -C "$TREE" ls-files -z --cached --others --exclude-standard >"$files"
 	else
@@ -110,8 +113,8 @@ run_in_root() {
 		exec chroot "$R" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 			HOME=/root LANG=C.UTF-8 CI="${CI:-}" TERM=dumb \
 			${MATRIX_ENV:-} /bin/bash -c "cd /src && $*"
-	' _ "$dir" "$work" "$TREE" "$files" "$@"
-	rm -f "$files"
+	' _ "$dir" "$work" "$TREE" "$files" "$@" || rc=$?
+	return $rc
 }
 
 case "${1:-}" in

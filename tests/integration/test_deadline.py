@@ -9,7 +9,6 @@ hundred times longer (1 s, 0.7 s, 1.2 s) so that a loaded or ASan run keeps its 
 The tests assert the kind of each answer (exact, ladder), never a duration."""
 
 import queue
-import re
 import socket
 import threading
 import time
@@ -17,6 +16,7 @@ import time
 import pytest
 
 from conftest import wait_until
+from test_overload import degraded_by
 
 HOURLY = {
     "key_rpm": {"rate": 3, "period": "1h"},
@@ -134,13 +134,6 @@ def delayed_redis(redis):
     p.close()
 
 
-def degraded(a):
-    """The agent's degraded answers by reason (spoa_ratelimit_degraded_total)."""
-    _, body = a.http("/metrics")
-    return {m.group(1): float(m.group(2)) for m in re.finditer(
-        r'^spoa_ratelimit_degraded_total\{reason="(\w+)"\} (\S+)$', body, re.M)}
-
-
 def gateway(agent, haproxy, proxy, command_timeout_ms):
     a = agent(redis=proxy, limits=HOURLY, spoe_timeout=SPOE_TIMEOUT, metrics=True,
               redis_cfg={"command_timeout_ms": command_timeout_ms})
@@ -173,7 +166,7 @@ def test_a_reply_late_for_the_command_timeout_but_within_haproxys_budget_is_exac
     # the start-up probes may have met Redis not connected yet (degraded, reason "down"):
     # only what follows counts (counters are published every 250 ms)
     time.sleep(0.5)
-    before = degraded(a)
+    before = degraded_by(a)
     delayed_redis.delay = 0.7
     # three keys of 3/h at once: each gets its three requests, one after the other
     def three(i):
@@ -189,7 +182,7 @@ def test_a_reply_late_for_the_command_timeout_but_within_haproxys_budget_is_exac
     r = gw.request("/", api_key="late-0")
     assert r.status == 429 and r.h("X-RateLimit-Degraded") is None, r
     time.sleep(0.5)
-    assert degraded(a) == before, (before, degraded(a))
+    assert degraded_by(a) == before, (before, degraded_by(a))
 
 
 def test_a_reply_later_than_haproxys_budget_gets_the_ladder_before_haproxy_gives_up(

@@ -44,6 +44,7 @@
 #include "spoa.h"
 #include "status.h"
 #include "store.h"
+#include "store_reply.h"
 #include "topk.h"
 #include "util.h"
 
@@ -472,6 +473,7 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 	blocked_setup(a, rs);
 	tier_cache_setup(a, rs);
 	if (rs->cfg->store == STORE_KIND_REDIS) {
+		struct reply_limits limits;
 		struct store_opts so = {
 			.address = rs->cfg->redis.address,
 			.user = rs->cfg->redis.user,
@@ -494,8 +496,10 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 			.queue_timeout_ms = rs->cfg->redis.queue_timeout_ms,
 			.max_concurrency = rs->cfg->redis.max_concurrency,
 			.batch_max = rs->cfg->redis.batch_max,
+			.reply_limits = &limits,
 		};
 
+		config_reply_limits(rs->cfg, &limits);
 		if (store_new(loop, &so, &a->store, err, sizeof(err)) < 0) {
 			LOG(LOG_ERR, "%s", err);
 			goto fail;
@@ -579,6 +583,10 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 		LOG(LOG_WARN, "reload: 'redis.max_concurrency' changed, ignored until restart");
 	if (o->redis.batch_max != n->redis.batch_max)
 		LOG(LOG_WARN, "reload: 'redis.batch_max' changed, ignored until restart");
+	if (o->redis.max_reply_bytes != n->redis.max_reply_bytes ||
+	    o->redis.max_reply_elements != n->redis.max_reply_elements ||
+	    o->redis.max_reply_depth != n->redis.max_reply_depth)
+		LOG(LOG_WARN, "reload: 'redis.max_reply_*' changed, ignored until restart");
 	if (o->breaker_failures != n->breaker_failures)
 		LOG(LOG_WARN, "reload: 'redis.breaker_failures' changed, ignored until restart");
 	if (o->breaker_cooldown_ms != n->breaker_cooldown_ms)

@@ -21,6 +21,7 @@
 #include "config_int.h"
 #include "log.h"
 #include "secret.h"
+#include "store_reply.h"
 #include "tls.h"
 #include "util.h"
 
@@ -477,7 +478,8 @@ static void load_redis(struct loader *ld, const config_setting_t *root)
 						  "breaker_cooldown_ms", "queue_timeout_ms",
 						  "max_concurrency", "batch_max", "password_file",
 						  "nameservers", "resolve_timeout_ms", "sentinel",
-						  "tls", NULL};
+						  "tls", "max_reply_bytes", "max_reply_elements",
+						  "max_reply_depth", NULL};
 	struct agent_config *cfg = ld->cfg;
 	const config_setting_t *s = config_setting_get_member(root, "redis");
 	const struct cfg_key keys[] = {
@@ -490,6 +492,13 @@ static void load_redis(struct loader *ld, const config_setting_t *root)
 		KEY_UINT("max_concurrency", 2, 100000, 256, &cfg->redis.max_concurrency),
 		/* 64: STORE_BATCH_MAX, the most the store sends in one call */
 		KEY_UINT("batch_max", 1, 64, 32, &cfg->redis.batch_max),
+		/* what one reply may be (store_reply.h): far above the largest asked for */
+		KEY_UINT("max_reply_bytes", 1 << 16, 1 << 30, REPLY_MAX_BYTES_DEFAULT,
+			 &cfg->redis.max_reply_bytes),
+		KEY_UINT("max_reply_elements", 1024, 1 << 24, REPLY_MAX_ELEMENTS_DEFAULT,
+			 &cfg->redis.max_reply_elements),
+		KEY_UINT("max_reply_depth", 4, 64, REPLY_MAX_DEPTH_DEFAULT,
+			 &cfg->redis.max_reply_depth),
 		KEY_UINT("breaker_failures", 1, 1000000, 5, &cfg->breaker_failures),
 		KEY_UINT("breaker_cooldown_ms", 1, 600000, 500, &cfg->breaker_cooldown_ms),
 	};
@@ -566,7 +575,14 @@ static void load_groups(struct loader *ld, const config_setting_t *root)
 		       ARRAY_SIZE(metrics));
 	if (s && c->metrics_listen && strncmp(c->metrics_listen, "unix:", 5) == 0)
 		add_err(ld, line_of(s), "metrics: 'listen' must be ip:port");
-	load_group(ld, root, "overrides", "", overrides, ARRAY_SIZE(overrides));
+	s = load_group(ld, root, "overrides", "", overrides, ARRAY_SIZE(overrides));
+	/* the overrides hash in one reply: two elements an entry, room for as many stale */
+	if (c->overrides.max_entries > c->redis.max_reply_elements / 4)
+		add_err(ld, line_of(s ? s : root),
+			"overrides.max_entries = %u does not fit one reply from Redis: raise "
+			"redis.max_reply_elements to %u or more (and redis.max_reply_bytes, "
+			"~100 bytes an entry)", c->overrides.max_entries,
+			c->overrides.max_entries * 4);
 	load_group(ld, root, "reload", " { watch = true; }", reload, ARRAY_SIZE(reload));
 	load_group(ld, root, "response", "", response, ARRAY_SIZE(response));
 }
@@ -621,6 +637,14 @@ unsigned config_command_timeout_ms(const struct agent_config *cfg)
 	if (cfg->redis.command_timeout_ms)
 		return cfg->redis.command_timeout_ms;
 	return budget ? budget : 5;
+}
+
+/* What one reply from Redis may be (redis.max_reply_*), for every connection's reader. */
+void config_reply_limits(const struct agent_config *cfg, struct reply_limits *out)
+{
+	out->max_bytes = cfg->redis.max_reply_bytes;
+	out->max_elements = cfg->redis.max_reply_elements;
+	out->max_depth = cfg->redis.max_reply_depth;
 }
 
 /*

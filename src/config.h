@@ -137,6 +137,9 @@ struct agent_config {
 		unsigned queue_timeout_ms; /* longest wait for room to send (0: command timeout) */
 		unsigned max_concurrency;  /* ceiling of a node's adaptive concurrency limit */
 		unsigned batch_max;        /* decisions per script call, 1 = one each */
+		unsigned max_reply_bytes;  /* one reply's bounds (store_reply.h) */
+		unsigned max_reply_elements;
+		unsigned max_reply_depth;
 	} redis;
 	struct cfg_limit *limits;       /* owned array */
 	size_t nlimits;
@@ -219,6 +222,8 @@ struct cfg_errors {
 int config_load(const char *file, struct agent_config **out, struct cfg_errors *errs) MUSTCHECK;
 unsigned config_answer_budget_ms(const struct agent_config *cfg);
 unsigned config_command_timeout_ms(const struct agent_config *cfg);
+struct reply_limits;
+void config_reply_limits(const struct agent_config *cfg, struct reply_limits *out);
 void config_free(struct agent_config *cfg);
 void cfg_errors_release(struct cfg_errors *errs);
 bool config_password_advice(const struct agent_config *cfg, char *buf, size_t len);

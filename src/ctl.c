@@ -39,6 +39,7 @@
 #include "overrides.h"
 #include "rconn.h"
 #include "store.h"
+#include "store_reply.h"
 #include "util.h"
 
 #define CTL_TIMEOUT_S   5       /* connect and command timeout */
@@ -113,6 +114,9 @@ static void ctl_usage(FILE *f)
  * (rconn: TLS when the configuration has it) on a loop of its own, run until
  * the reply or CTL_TIMEOUT_S.
  */
+/* What one reply may be: the configuration's (redis.max_reply_*), set once it is read. */
+static struct reply_limits ctl_limits = REPLY_LIMITS_DEFAULT;
+
 struct ctl_conn {
 	struct ev_loop *loop;           /* owned */
 	struct rconn *rc;               /* owned, NULL once gone */
@@ -284,7 +288,8 @@ static struct ctl_conn *ctl_connect(const char *addr, const char *user, const ch
 	ev_timer_init(&cc->timer, conn_timeout, 0., 0.);
 	cc->timer.data = cc;
 	{
-		struct rconn_opts o = {.loop = cc->loop, .data = cc, .on_connect = conn_up,
+		struct rconn_opts o = {.loop = cc->loop, .data = cc, .limits = &ctl_limits,
+				       .on_connect = conn_up,
 				       .on_disconnect = conn_lost, .tls = tls};
 
 		if (!path && hostport_split(addr, host, sizeof(host), &port) == 0 &&
@@ -1133,6 +1138,7 @@ int ctl_main(int argc, char **argv)
 		cfg_errors_release(&errs);
 		return 1;
 	}
+	config_reply_limits(c.cfg, &ctl_limits);
 	if (strcmp(cmd, "status") == 0) {
 		ret = ctl_status(c.cfg, argc - i, argv + i);
 		if (ret == 2)

@@ -32,6 +32,7 @@
 #include <openssl/x509v3.h>
 
 #include "compiler.h"
+#include "store_reply.h"
 #include "tls.h"
 #include "util.h"
 
@@ -58,6 +59,7 @@ struct rconn {
 	enum rconn_state state;
 	int fd;
 	ev_io rio, wio;
+	ev_timer more;                  /* TLS: read on next turn what OpenSSL may hold */
 	SSL *ssl;                       /* NULL: clear text */
 	redisReader *rd;
 	char *out;                      /* bytes to send: out[off, len) */
@@ -72,6 +74,7 @@ struct rconn {
 	bool want_close;                /* rconn_disconnect(): status 0 */
 	bool want_free;                 /* rconn_free() inside a callback: no event */
 	bool failed;                    /* an I/O or protocol error: errstr says which */
+	bool proto_err;                 /* ... what the server sent */
 	char errstr[256];
 };
 
@@ -90,6 +93,11 @@ const char *rconn_errstr(const struct rconn *c)
 bool rconn_tls(const struct rconn *c)
 {
 	return c->ssl != NULL;
+}
+
+bool rconn_protocol_error(const struct rconn *c)
+{
+	return c->proto_err;
 }
 
 /* Records the first error of <c>; the watcher's callback acts on it. */
@@ -126,6 +134,7 @@ static void destroy(struct rconn *c, bool event, int status)
 	c->state = RC_DEAD;
 	ev_io_stop(c->loop, &c->rio); /* also clears a fed event */
 	ev_io_stop(c->loop, &c->wio);
+	ev_timer_stop(c->loop, &c->more);
 	if (c->ssl) {
 		SSL_free(c->ssl);
 		c->ssl = NULL;
@@ -149,7 +158,7 @@ static void destroy(struct rconn *c, bool event, int status)
 	if (event && was == RC_UP && c->on_disconnect)
 		c->on_disconnect(c, status);
 	ERR_clear_error();
-	redisReaderFree(c->rd);
+	reply_reader_free(c->rd);
 	free(c->out);
 	free(c->cbs);
 	free(c);
@@ -278,9 +287,11 @@ static int command_append(struct rconn *c, int argc, const char **argv, const si
 	size_t need = 16, i;
 	char *p;
 
+	if (argc < 0)
+		return -1;
 	for (i = 0; i < (size_t)argc; i++)
 		need += 24 + (lens ? lens[i] : strlen(argv[i]));
-	if (argc < 0 || out_reserve(c, need) == -1)
+	if (out_reserve(c, need) == -1)
 		return -1;
 	p = c->out + c->len;
 	*p++ = '*';
@@ -323,6 +334,15 @@ int rconn_subscribe(struct rconn *c, rconn_reply_fn *fn, void *priv, int argc,
 		return -1;
 	c->sub_fn = fn;
 	c->sub_priv = priv;
+	queued(c);
+	return 0;
+}
+
+int rconn_sub_command(struct rconn *c, int argc, const char **argv)
+{
+	if (c->state == RC_DEAD || stopping(c) || !c->sub_fn ||
+	    command_append(c, argc, argv, NULL) == -1)
+		return -1;
 	queued(c);
 	return 0;
 }
@@ -393,6 +413,15 @@ void rconn_flush(struct rconn *c)
 
 /* ---- input --------------------------------------------------------------- */
 
+/* The server sent what cannot be read, or past the reader's limits. */
+static void protocol_failed(struct rconn *c)
+{
+	if (c->failed)
+		return;
+	c->proto_err = true;
+	set_failed(c, "protocol error: %s", reply_reader_error(c->rd));
+}
+
 /* Hands every complete reply to its callback, while <c> is not stopping. */
 static void dispatch(struct rconn *c)
 {
@@ -400,8 +429,8 @@ static void dispatch(struct rconn *c)
 		void *reply = NULL;
 		struct rconn_cb cb;
 
-		if (redisReaderGetReply(c->rd, &reply) != REDIS_OK) {
-			set_failed(c, "protocol error: %s", c->rd->errstr);
+		if (reply_reader_get(c->rd, &reply) != REDIS_OK) {
+			protocol_failed(c);
 			return;
 		}
 		if (!reply)
@@ -413,7 +442,8 @@ static void dispatch(struct rconn *c)
 		} else if (c->sub_fn) {
 			cb = (struct rconn_cb){c->sub_fn, c->sub_priv};
 		} else {
-			c->rd->fn->freeObject(reply);
+			reply_free(reply);
+			c->proto_err = true;
 			set_failed(c, "%s", "protocol error: a reply nobody asked for");
 			return;
 		}
@@ -422,17 +452,32 @@ static void dispatch(struct rconn *c)
 			cb.fn(c, reply, cb.priv);
 			c->in_cb--;
 		}
-		c->rd->fn->freeObject(reply);
+		reply_free(reply);
 	}
 }
 
+/*
+ * Reads and dispatches what the socket holds, up to RCONN_TURN_READ bytes: a
+ * server that sends without pause must not hold the loop, where the SPOP
+ * connections, the metrics listener and the other Redis connections wait
+ * their turn. Clear text: the socket stays readable and the watcher comes
+ * back next turn. TLS: OpenSSL may hold decrypted bytes the socket no longer
+ * signals, so a timer of no delay brings the read back after the next poll.
+ */
 static void do_read(struct rconn *c)
 {
 	char buf[RCONN_READ_CHUNK];
+	size_t turn = 0;
 
 	c->read_wants_write = false;
 	while (!stopping(c)) {
 		ssize_t n;
+
+		if (turn >= RCONN_TURN_READ) {
+			if (c->ssl && !ev_is_active(&c->more))
+				ev_timer_start(c->loop, &c->more);
+			break;
+		}
 
 		if (c->ssl) {
 			int r = SSL_read(c->ssl, buf, sizeof(buf));
@@ -472,8 +517,9 @@ static void do_read(struct rconn *c)
 				break;
 			}
 		}
+		turn += (size_t)n;
 		if (redisReaderFeed(c->rd, buf, (size_t)n) != REDIS_OK) {
-			set_failed(c, "protocol error: %s", c->rd->errstr);
+			protocol_failed(c);
 			break;
 		}
 		dispatch(c);
@@ -583,6 +629,14 @@ static void io_cb(struct ev_loop *loop, ev_io *w, int revents)
 		break;
 	}
 	(void)settle(c);
+}
+
+static void more_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct rconn *c = t->data;
+
+	(void)revents;
+	io_cb(loop, &c->rio, EV_READ);
 }
 
 static int set_keepalive(int fd)
@@ -703,7 +757,7 @@ struct rconn *rconn_connect(const struct rconn_opts *o, const char *ip, int port
 	c->on_connect = o->on_connect;
 	c->on_disconnect = o->on_disconnect;
 	c->fd = -1;
-	c->rd = o->fn ? redisReaderCreateWithFunctions(o->fn) : redisReaderCreate();
+	c->rd = reply_reader_new(o->limits);
 	if (!c->rd) {
 		snprintf(err, errlen, "out of memory");
 		goto fail;
@@ -716,6 +770,8 @@ struct rconn *rconn_connect(const struct rconn_opts *o, const char *ip, int port
 	ev_io_init(&c->rio, io_cb, c->fd, EV_READ);
 	ev_io_init(&c->wio, io_cb, c->fd, EV_WRITE);
 	c->rio.data = c->wio.data = c;
+	ev_timer_init(&c->more, more_cb, 0., 0.);
+	c->more.data = c;
 	c->state = RC_CONNECTING;
 	/* writable once connected (or refused): never from within this call */
 	ev_io_start(c->loop, &c->wio);
@@ -724,8 +780,7 @@ fail:
 	ERR_clear_error();
 	if (c->ssl)
 		SSL_free(c->ssl);
-	if (c->rd)
-		redisReaderFree(c->rd);
+	reply_reader_free(c->rd);
 	free(c);
 	return NULL;
 }

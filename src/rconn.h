@@ -17,8 +17,14 @@
  *   handshake and verification included), -1 when it failed, with
  *   rconn_errstr() saying why; after a failure the connection is freed on
  *   return (commands already given are called back with NULL first).
- * - every command's callback is called exactly once: with its reply (freed on
- *   return: copy what must stay), or with NULL when the connection is gone.
+ * - every command's callback is called exactly once: with its reply (a
+ *   redisReply, freed on return: copy what must stay), or with NULL when the
+ *   connection is gone.
+ * - what the server sends is read within bounds: a reply past its limits
+ *   (store_reply.h) is a protocol error that closes the connection
+ *   (rconn_protocol_error() then says so), and one connection reads at most
+ *   RCONN_TURN_READ bytes a loop turn, so a server that sends without end
+ *   cannot hold the loop.
  * - on_disconnect is called once when a connection that was up goes: status
  *   0 when rconn_disconnect() asked for it, -1 on an error (errstr); every
  *   command still owed was called back with NULL just before. The connection
@@ -35,9 +41,12 @@
 #include <stddef.h>
 
 #include <ev.h>
-#include <hiredis/read.h>
+
+/* The most one connection reads in one loop turn; the rest waits for the next. */
+#define RCONN_TURN_READ (256u << 10)
 
 struct rconn;
+struct reply_limits;
 struct tls_ctx;
 
 typedef void rconn_reply_fn(struct rconn *c, void *reply, void *priv);
@@ -48,7 +57,7 @@ struct rconn_opts {
 	void *data;                     /* the owner's, from rconn_data() */
 	rconn_event_fn *on_connect;
 	rconn_event_fn *on_disconnect;  /* may be NULL */
-	redisReplyObjectFunctions *fn;  /* reply objects: NULL for hiredis' own */
+	const struct reply_limits *limits; /* one reply's bounds (copied); NULL: the defaults */
 	const struct tls_ctx *tls;      /* NULL: clear text */
 	const char *server_name;        /* TLS: the name dialled, for SNI and verification
 					 * unless the context names one; NULL: the address */
@@ -74,12 +83,18 @@ int rconn_formatted(struct rconn *c, rconn_reply_fn *fn, void *priv, const char 
  * published messages) goes to <fn>, until the connection is gone (then NULL once). */
 int rconn_subscribe(struct rconn *c, rconn_reply_fn *fn, void *priv, int argc,
 		    const char **argv);
+/* On a subscribed connection: a command whose reply goes to the subscription's
+ * callback like a message (PING, to tell the server is still there). 0 or -1. */
+int rconn_sub_command(struct rconn *c, int argc, const char **argv);
 /* Writes what is queued now, as far as the socket takes it (the write watcher
  * does the rest). Never calls back. */
 void rconn_flush(struct rconn *c);
 
 void *rconn_data(const struct rconn *c);
 const char *rconn_errstr(const struct rconn *c);
+/* The connection failed because of what the server sent (a malformed reply, or
+ * one past its limits), not because of the network. */
+bool rconn_protocol_error(const struct rconn *c);
 bool rconn_tls(const struct rconn *c);
 
 #endif

@@ -19,7 +19,12 @@
  * +switch-master; a message for our name is handed to the store at once, which
  * then connects to the new master (asking again: the Sentinels' word, not the
  * message's, decides). A watch connection that fails moves on to the next
- * Sentinel after a second. Missing a message is never fatal: the store also
+ * Sentinel after a second. A Sentinel may also stop answering without closing
+ * (frozen, or a link that drops packets): the watch PINGs it every
+ * WATCH_PING_S, and one that has sent nothing (no confirmation, no pong, no
+ * message) for WATCH_PING_S + timeout_ms is dropped for the next. What a
+ * Sentinel sends is read within the replies' limits (store_reply.h), as
+ * everything from Redis is. Missing a message is never fatal: the store also
  * locates again whenever its connection is lost, ROLE says the server is no
  * master, or a reply says READONLY.
  *
@@ -40,10 +45,12 @@
 #include "rconn.h"
 #include "resolve.h"
 #include "sentinel.h"
+#include "store_reply.h"
 #include "tls.h"
 #include "util.h"
 
 #define WATCH_RETRY_S 1.0
+#define WATCH_PING_S  2.0
 
 /* The argument of one Sentinel's name lookup. */
 struct sentinel_lookup {
@@ -69,6 +76,7 @@ struct sentinel {
 	char *master;                   /* owned */
 	char *user, *password;          /* owned or NULL */
 	struct tls_ctx *tls;            /* a reference, or NULL: clear text */
+	struct reply_limits limits;     /* what one reply may be */
 	double timeout_s;
 	sentinel_switch_fn *on_switch;
 	void *arg;
@@ -87,6 +95,9 @@ struct sentinel {
 	struct rconn *wac;              /* SUBSCRIBEd connection, or NULL */
 	size_t widx;
 	ev_timer wtimer;                /* reconnect */
+	ev_timer wlive;                 /* every WATCH_PING_S: PING, or drop a silent one */
+	double wseen;                   /* mono(): the watch connection last sent something */
+	bool wsubscribed;               /* ... and its subscription was confirmed */
 };
 
 static void locate_next(struct sentinel *sn);
@@ -163,7 +174,8 @@ static struct rconn *sentinel_dial(struct sentinel *sn, size_t i, rconn_event_fn
 				   rconn_event_fn *dcb)
 {
 	struct rconn_opts o = {.loop = sn->loop, .data = sn, .on_connect = ccb,
-			       .on_disconnect = dcb, .tls = sn->tls, .keepalive = true};
+			       .on_disconnect = dcb, .tls = sn->tls, .keepalive = true,
+			       .limits = &sn->limits};
 	const char *ip = sentinel_ip(sn, i);
 	char err[256];
 	struct rconn *ac;
@@ -403,6 +415,7 @@ static void switch_msg_cb(struct rconn *ac, void *reply, void *privdata)
 	(void)privdata;
 	if (!r || ac != sn->wac)
 		return;
+	sn->wseen = mono();
 	if (r->type == REDIS_REPLY_ERROR) {
 		LOG(LOG_WARN, "sentinel %s:%d: SUBSCRIBE: %s", sn->hosts[sn->widx], sn->ports[sn->widx],
 		    r->str);
@@ -411,8 +424,10 @@ static void switch_msg_cb(struct rconn *ac, void *reply, void *privdata)
 	}
 	if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
 	    r->element[0]->type != REDIS_REPLY_STRING || strcmp(r->element[0]->str, "message") ||
-	    r->element[2]->type != REDIS_REPLY_STRING)
-		return; /* the subscription's confirmation */
+	    r->element[2]->type != REDIS_REPLY_STRING) {
+		sn->wsubscribed = true; /* the subscription's confirmation, or a pong */
+		return;
+	}
 	if (sscanf(r->element[2]->str, "%127s %63s %d %63s %d", name, oip, &oport, nip, &nport) != 5 ||
 	    strcmp(name, sn->master) != 0)
 		return;
@@ -448,7 +463,35 @@ static void watch_start(struct sentinel *sn)
 		watch_retry(sn);
 		return;
 	}
+	sn->wseen = mono();
+	sn->wsubscribed = false;
 	(void)rconn_subscribe(sn->wac, switch_msg_cb, NULL, 2, argv);
+}
+
+/* The watch's liveness: a PING to a subscribed Sentinel, the next one for a silent one. */
+static void wlive_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct sentinel *sn = container_of(t, struct sentinel, wlive);
+	const char *ping[1] = {"PING"};
+	struct rconn *ac = sn->wac;
+
+	(void)loop;
+	(void)revents;
+	if (!ac)
+		return;
+	if (mono() - sn->wseen > WATCH_PING_S + sn->timeout_s) {
+		LOG(LOG_WARN, "sentinel %s:%d: watch: nothing %s for %.1f s, trying the next Sentinel",
+		    sn->hosts[sn->widx], sn->ports[sn->widx],
+		    sn->wsubscribed ? "heard" : "answered to SUBSCRIBE", mono() - sn->wseen);
+		sn->wac = NULL; /* its callbacks, called from rconn_free(), are ignored */
+		rconn_free(ac);
+		watch_retry(sn);
+		return;
+	}
+	if (sn->wsubscribed) {
+		(void)rconn_sub_command(ac, 1, ping);
+		rconn_flush(ac);
+	}
 }
 
 static void wtimer_cb(struct ev_loop *loop, ev_timer *t, int revents)
@@ -491,11 +534,14 @@ struct sentinel *sentinel_new(struct ev_loop *loop, const struct sentinel_opts *
 	sn->user = o->user && *o->user ? xstrdup(o->user) : NULL;
 	sn->password = o->password && *o->password ? xstrdup(o->password) : NULL;
 	sn->tls = tls_ctx_ref(o->tls);
+	sn->limits = o->limits ? *o->limits : (struct reply_limits)REPLY_LIMITS_DEFAULT;
 	sn->timeout_s = (o->timeout_ms ? o->timeout_ms : 200) / 1000.;
 	sn->on_switch = on_switch;
 	sn->arg = arg;
 	ev_timer_init(&sn->ltimer, ltimer_cb, 0., 0.);
 	ev_timer_init(&sn->wtimer, wtimer_cb, 0., 0.);
+	ev_timer_init(&sn->wlive, wlive_cb, WATCH_PING_S, WATCH_PING_S);
+	ev_timer_start(loop, &sn->wlive);
 	ev_timer_init(&sn->rtimer, rtimer_cb, RESOLVE_TTL_MIN_S, RESOLVE_TTL_MIN_S);
 	if (sn->names && sentinel_resolver(sn)) {
 		names_refresh(sn);
@@ -514,6 +560,7 @@ void sentinel_free(struct sentinel *sn)
 		return;
 	sentinel_cancel(sn);
 	ev_timer_stop(sn->loop, &sn->wtimer);
+	ev_timer_stop(sn->loop, &sn->wlive);
 	ev_timer_stop(sn->loop, &sn->rtimer);
 	for (i = 0; i < sn->n; i++)
 		if (sn->rqs[i])

@@ -20,6 +20,7 @@ struct sentinel_opts {
 	unsigned timeout_ms;            /* one Sentinel's connect + answer */
 	struct tls_ctx *tls;            /* TLS to the Sentinels, or NULL (a reference is taken) */
 	const struct resolver_opts *resolver; /* for names (nameservers kept by reference), or NULL */
+	const struct reply_limits *limits; /* what one reply may be (copied), NULL: defaults */
 };
 
 /* The master's address, or <err> (then ip is NULL). */

@@ -629,6 +629,10 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 	if (s->max_concurrency < LIMIT_MIN)
 		s->max_concurrency = LIMIT_MIN;
 	s->batch_max = opts->batch_max ? opts->batch_max : 32;
+	if (opts->reply_limits)
+		s->reply_limits = *opts->reply_limits;
+	else
+		s->reply_limits = (struct reply_limits)REPLY_LIMITS_DEFAULT;
 	if (s->batch_max > STORE_BATCH_MAX)
 		s->batch_max = STORE_BATCH_MAX;
 	store_set_timeouts(s, opts->command_timeout_ms, opts->queue_timeout_ms,
@@ -663,6 +667,7 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 			.master = opts->sentinel_master, .user = opts->sentinel_user,
 			.password = opts->sentinel_password, .timeout_ms = s->connect_timeout_ms,
 			.tls = opts->sentinel_tls, .resolver = &s->resolver_opts,
+			.limits = &s->reply_limits,
 		};
 
 		s->sentinel = sentinel_new(loop, &so, node_master_switched, s);

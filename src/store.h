@@ -31,6 +31,7 @@
 #include "store_types.h"
 
 struct ev_loop;
+struct reply_limits;
 struct store;
 
 struct tls_ctx;
@@ -60,6 +61,8 @@ struct store_opts {
 	unsigned queue_timeout_ms;      /* longest wait for room to send (command_timeout_ms) */
 	unsigned max_concurrency;       /* ceiling of a node's adaptive concurrency limit (256) */
 	unsigned batch_max;             /* decisions per script call (32; 1: one each) */
+	const struct reply_limits *reply_limits; /* one reply's bounds, every connection's
+					 * (copied); NULL: the defaults */
 };
 
 /* Starts a single decision (no batch) of no limits in <q>; keys are not touched. */

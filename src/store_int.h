@@ -28,6 +28,7 @@
 #include "pool.h"
 #include "rconn.h"
 #include "resolve.h"
+#include "store_reply.h"
 #include "store_types.h"
 
 #define BACKOFF_MIN_MS    50
@@ -173,6 +174,7 @@ struct store {
 	const struct node_ops *node_ops; /* ref: the upcalls of the node layer */
 	const struct cmd_ops *cmd_ops;  /* ref: ... of the command layer */
 	struct store_node *seed;        /* ref: in nodes, the configured address */
+	struct reply_limits reply_limits; /* every connection's, Sentinels' too */
 	char *user;                     /* owned or NULL */
 	char *password;                 /* owned or NULL */
 	unsigned connect_timeout_ms;

@@ -674,7 +674,7 @@ static void node_dial(struct store_node *n, const char *host)
 		.data = n,
 		.on_connect = connect_cb,
 		.on_disconnect = disconnect_cb,
-		.fn = reply_functions(),
+		.limits = &s->reply_limits,
 		.tls = s->tls,
 		/* a name is the name its certificate carries, unless the configuration
 		 * names one (tls.server_name); an address alone is verified as one */

@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * libFuzzer target for the Redis reply reader: hiredis' redisReader building
- * its replies with the agent's own reply objects (src/store_reply.c: a free
- * list, array headers capped, half-built arrays freed touching only what was
- * built), exactly as every store connection reads what Redis sends.
+ * its replies with the agent's own reply objects and limits (src/store_reply.c:
+ * a free list, a reply's bytes, elements and depth bounded, half-built arrays
+ * freed touching only what was built, without recursion), exactly as every
+ * connection to Redis, a Sentinel or `ctl`'s reads what the server sends. The
+ * limits are small here (FUZZ_LIMITS) so that inputs reach them.
  *
  * The input is the byte stream a server sends (RESP). It is fed to a fresh
  * reader four ways: whole; one byte per feed, so that the reader stops at
@@ -12,10 +14,13 @@
  * or past the reader's buffer thresholds). After each feed
  * every complete reply is taken, checked to be a well-formed tree (a known
  * type, array elements present, strings NUL-terminated at their length),
- * recorded and freed with the reader's own freeObject. An error of the reader
- * ends the feed. Every way must give the same replies and the same error, if
- * any; whatever is left half built goes with redisReaderFree(). Any
- * disagreement calls abort(). Inputs over 64 KiB are ignored.
+ * recorded and freed with reply_free(). An error of the reader ends the feed.
+ * Every way must give the same replies and the same error, if any, but for
+ * one: a limit seen on what is pending (a bulk header announcing too much, a
+ * line without end) may stop a way that fed less at a time before the replies
+ * another way completed; then the replies before the refusal must agree.
+ * Whatever is left half built goes with reply_reader_free(). Any disagreement
+ * calls abort(). Inputs over 64 KiB are ignored.
  *
  * Build and replay: see tests/fuzz/README.md (make fuzz, make replay).
  */
@@ -32,7 +37,9 @@
 
 #define FUZZ_MAX_INPUT (1U << 16)
 #define BYTEWISE_MAX   4096     /* a long line is scanned again each feed: quadratic */
-#define ARRAY_MAX      (1U << 22) /* store_reply.c's cap on an array header */
+/* small limits, so that inputs reach them: every reply taken must be within them */
+static const struct reply_limits FUZZ_LIMITS = {.max_bytes = 4096, .max_elements = 256,
+						.max_depth = 4};
 
 /* What one way of feeding gave: the replies, flattened, and how it ended. */
 struct outcome {
@@ -40,7 +47,13 @@ struct outcome {
 	size_t len, cap;
 	size_t nreplies;
 	bool err;
+	bool refused;                   /* the error is one of the limits */
 	char errstr[128];
+};
+
+/* What one reply spent: checked against FUZZ_LIMITS. */
+struct spent {
+	size_t bytes, elements;
 };
 
 static void put(struct outcome *o, const void *p, size_t n)
@@ -58,8 +71,8 @@ static void put(struct outcome *o, const void *p, size_t n)
 	o->len += n;
 }
 
-/* Checks that <r> is a well-formed tree and appends it to <o>. */
-static void take(struct outcome *o, const redisReply *r)
+/* Checks that <r> is a well-formed tree within the limits and appends it to <o>. */
+static void take(struct outcome *o, const redisReply *r, unsigned depth, struct spent *sp)
 {
 	size_t i;
 
@@ -77,6 +90,8 @@ static void take(struct outcome *o, const redisReply *r)
 #endif
 		CHECK(r->str != NULL && r->str[r->len] == '\0');
 		CHECK(r->elements == 0 && r->element == NULL);
+		sp->bytes += r->len;
+		CHECK(sp->bytes <= FUZZ_LIMITS.max_bytes);
 		put(o, &r->len, sizeof(r->len));
 		put(o, r->str, r->len);         /* every byte read: ASan checks len */
 		break;
@@ -95,12 +110,14 @@ static void take(struct outcome *o, const redisReply *r)
 	case REDIS_REPLY_ATTR:
 	case REDIS_REPLY_PUSH:
 #endif
-		CHECK(r->str == NULL && r->elements <= ARRAY_MAX);
+		CHECK(r->str == NULL && depth + 1 <= FUZZ_LIMITS.max_depth);
 		CHECK((r->elements == 0) == (r->element == NULL));
+		sp->elements += r->elements;
+		CHECK(sp->elements <= FUZZ_LIMITS.max_elements);
 		put(o, &r->elements, sizeof(r->elements));
 		for (i = 0; i < r->elements; i++) {
 			CHECK(r->element[i] != NULL);
-			take(o, r->element[i]);
+			take(o, r->element[i], depth + 1, sp);
 		}
 		break;
 	default:
@@ -114,16 +131,19 @@ static bool drain(redisReader *rd, struct outcome *o)
 	void *rep;
 
 	for (;;) {
-		if (redisReaderGetReply(rd, &rep) != REDIS_OK) {
+		struct spent sp = {0, 0};
+
+		if (reply_reader_get(rd, &rep) != REDIS_OK) {
 			o->err = true;
-			memcpy(o->errstr, rd->errstr, sizeof(o->errstr));
+			o->refused = reply_reader_refused(rd);
+			memcpy(o->errstr, reply_reader_error(rd), sizeof(o->errstr));
 			return false;
 		}
 		if (!rep)
 			return true;
-		take(o, rep);
+		take(o, rep, 0, &sp);
 		o->nreplies++;
-		rd->fn->freeObject(rep);
+		reply_free(rep);
 	}
 }
 
@@ -154,7 +174,7 @@ static size_t next_chunk(size_t fixed, uint64_t *rng)
 static void feed(const uint8_t *data, size_t size, size_t first, size_t fixed, uint64_t rng,
 		 struct outcome *o)
 {
-	redisReader *rd = redisReaderCreateWithFunctions(reply_functions());
+	redisReader *rd = reply_reader_new(&FUZZ_LIMITS);
 	size_t off = 0, n = first;
 
 	CHECK(rd != NULL);
@@ -174,11 +194,22 @@ static void feed(const uint8_t *data, size_t size, size_t first, size_t fixed, u
 		if (!drain(rd, o))
 			break;
 	}
-	redisReaderFree(rd);    /* a reply half built goes with the reader's freeObject */
+	reply_reader_free(rd);  /* a reply half built goes with the reader's freeObject */
 }
 
 static void same(const struct outcome *a, struct outcome *b)
 {
+	size_t n = a->len < b->len ? a->len : b->len;
+
+	if ((a->refused || b->refused) &&
+	    (a->err != b->err || strcmp(a->errstr, b->errstr) != 0 || a->len != b->len)) {
+		/* a limit met on what was pending, in the way that fed less at a time:
+		 * what came before it agrees, and that way gave no more */
+		CHECK(a->len == b->len || (a->len < b->len ? a : b)->refused);
+		CHECK(n == 0 || memcmp(a->buf, b->buf, n) == 0);
+		free(b->buf);
+		return;
+	}
 	CHECK(a->nreplies == b->nreplies && a->len == b->len);
 	CHECK(a->len == 0 || memcmp(a->buf, b->buf, a->len) == 0);
 	CHECK(a->err == b->err);

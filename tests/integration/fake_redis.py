@@ -7,7 +7,9 @@ real Redis cannot be made to misbehave: malformed topology replies, out-of-range
     fr.close()
 
 <slots>: the raw replies to successive CLUSTER SLOTS (the last one repeats).
-<script>: a function (number of keys, argv) -> raw reply to EVALSHA/EVAL. The gateway
+<script>: a function (number of keys, argv) -> raw reply to EVALSHA/EVAL: bytes, or an
+iterable of bytes sent one after the other (a reply without end: a generator, which should
+stop when FakeRedis.closing is set; the connection's sending ends it too). The gateway
 heartbeat (an EVAL on the key <prefix>:{gw}:gateways, every second from every agent) is
 answered here, one live gateway, and never reaches it.
 Every command received is recorded in .commands (list of argv lists of bytes).
@@ -118,7 +120,14 @@ class FakeRedis:
                     argv.append(f.read(n + 2)[:-2])
                 with self.lock:
                     self.commands.append(argv)
-                c.sendall(self._answer(argv))
+                answer = self._answer(argv)
+                if isinstance(answer, (bytes, bytearray)):
+                    c.sendall(answer)
+                    continue
+                for chunk in answer:
+                    if self.closing:
+                        return
+                    c.sendall(chunk)
         except (OSError, ValueError):
             return
         finally:

@@ -267,10 +267,11 @@ def test_out_of_range_integers_in_script_reply_are_errors(agent):
         fr.close()
 
 
-def agent_first_reply(agent, first, command_timeout_ms):
-    """An agent (metrics on, <command_timeout_ms>) on a fake Redis whose first script reply
-    is the raw bytes <first> (or <first>(nkeys)), the others ordinary ones, once its store
-    is ready. Returns (agent, the fake Redis to close, the script calls so far)."""
+def agent_first_reply(agent, first, command_timeout_ms, **redis_cfg):
+    """An agent (metrics on, <command_timeout_ms>, other <redis_cfg>) on a fake Redis whose
+    first script reply is the raw bytes <first> (or <first>(nkeys)), the others ordinary
+    ones, once its store is ready. Returns (agent, the fake Redis to close, the script calls
+    so far)."""
     calls = []
 
     def script(nkeys, argv):
@@ -282,7 +283,7 @@ def agent_first_reply(agent, first, command_timeout_ms):
     fr = FakeRedis(script=script)
     try:
         a = agent(redis=fr, metrics=True, wait_redis=False,
-                  redis_cfg={"command_timeout_ms": command_timeout_ms})
+                  redis_cfg=dict(redis_cfg, command_timeout_ms=command_timeout_ms))
         wait_until(lambda: "single Redis" in a.proc.log_text(), 10, 0.05, "store ready")
     except BaseException:
         fr.close()
@@ -291,8 +292,9 @@ def agent_first_reply(agent, first, command_timeout_ms):
 
 
 def test_an_array_header_alone_costs_the_agent_no_resident_memory(agent):
-    """The script's reply is only an array header claiming 4 million elements (just under
-    the cap of the next test), none of which follow: the agent answers the decision degraded
+    """The script's reply is only an array header claiming 4 million elements (within
+    redis.max_reply_elements raised to 2^22 here; the default, 2^18, refuses it as the next
+    test's header is refused), none of which follow: the agent answers the decision degraded
     at its command timeout, drops the stalled connection and goes on answering. Its resident
     memory never grows by the 31 MB of such an array's element vector: the vector is
     reserved, not written, as with hiredis' own reply functions (the store's reply
@@ -304,7 +306,8 @@ def test_an_array_header_alone_costs_the_agent_no_resident_memory(agent):
     16 MB margin is half of what writing or reading the vector would cost."""
     import threading
     import time
-    a, fr, calls = agent_first_reply(agent, b"*4000000\r\n", 200)
+    a, fr, calls = agent_first_reply(agent, b"*4000000\r\n", 200,
+                                     max_reply_elements=1 << 22)
     try:
         assert a.worker_pids() == []        # the store lives in this process
         pid = a.proc.pid
@@ -342,7 +345,8 @@ def test_an_array_header_alone_costs_the_agent_no_resident_memory(agent):
 def test_an_array_header_past_the_cap_is_an_error_of_the_connection(agent):
     """A script reply claiming 2^31 - 1 elements (16 GB of element vector) is refused as
     it is read: the connection is dropped at once (no waiting for a stall), the decision
-    answered by the failure ladder, and the next one, on a new connection, by Redis."""
+    answered by the failure ladder, and the next one, on a new connection, by Redis. The log
+    says what was refused, and which limit to raise if the reply was legitimate."""
     import time
     a, fr, calls = agent_first_reply(agent, b"*2147483647\r\n", 5000)
     try:
@@ -356,6 +360,8 @@ def test_an_array_header_past_the_cap_is_an_error_of_the_connection(agent):
             assert "stalled" not in a.proc.log_text()
             wait_until(lambda: "allow" in c.request(3, 1, [sc.rl_message(key="cap")]) and
                        len(calls) >= 2, 10, 0.1, "decided by Redis again")
+        assert ("protocol error: a reply of more than 262144 elements "
+                "(redis.max_reply_elements)") in a.proc.log_text(), a.proc.log_tail()
         assert a.alive()
     finally:
         fr.close()

@@ -96,6 +96,7 @@ struct sentinel {
 	size_t widx;
 	ev_timer wtimer;                /* reconnect */
 	ev_timer wlive;                 /* every WATCH_PING_S: PING, or drop a silent one */
+	char wlast[SENTINEL_MAX][160];  /* each Sentinel's last watch trouble logged: said once */
 	double wseen;                   /* mono(): the watch connection last sent something */
 	bool wsubscribed;               /* ... and its subscription was confirmed */
 };
@@ -425,6 +426,8 @@ static void switch_msg_cb(struct rconn *ac, void *reply, void *privdata)
 	if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
 	    r->element[0]->type != REDIS_REPLY_STRING || strcmp(r->element[0]->str, "message") ||
 	    r->element[2]->type != REDIS_REPLY_STRING) {
+		if (sn->wsubscribed)    /* a pong: it works, its next trouble is news */
+			sn->wlast[sn->widx][0] = 0;
 		sn->wsubscribed = true; /* the subscription's confirmation, or a pong */
 		return;
 	}
@@ -436,12 +439,26 @@ static void switch_msg_cb(struct rconn *ac, void *reply, void *privdata)
 	sn->on_switch(sn->arg, nip, nport);
 }
 
+/* Logs the watch's trouble <what> with the Sentinel watched, unless it is what was
+ * logged last for that Sentinel (a pong forgets it). */
+static void watch_trouble(struct sentinel *sn, const char *what)
+{
+	char *last = sn->wlast[sn->widx];
+
+	if (strncmp(last, what, sizeof(sn->wlast[0]) - 1) == 0)
+		return;
+	snprintf(last, sizeof(sn->wlast[0]), "%s", what);
+	LOG(LOG_WARN, "sentinel %s:%d: %s; watching the next Sentinel", sn->hosts[sn->widx],
+	    sn->ports[sn->widx], what);
+}
+
 static void watch_connect_cb(struct rconn *cac, int status)
 {
 	struct sentinel *sn = rconn_data(cac);
 
 	if (cac != sn->wac || status == 0)
 		return;
+	watch_trouble(sn, rconn_errstr(cac));
 	watch_retry(sn); /* freed after this callback */
 }
 
@@ -449,9 +466,11 @@ static void watch_disconnect_cb(struct rconn *cac, int status)
 {
 	struct sentinel *sn = rconn_data(cac);
 
-	(void)status;
-	if (cac == sn->wac)
-		watch_retry(sn);
+	if (cac != sn->wac)
+		return;
+	if (status != 0)
+		watch_trouble(sn, rconn_errstr(cac));
+	watch_retry(sn);
 }
 
 static void watch_start(struct sentinel *sn)
@@ -480,9 +499,12 @@ static void wlive_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	if (!ac)
 		return;
 	if (mono() - sn->wseen > WATCH_PING_S + sn->timeout_s) {
-		LOG(LOG_WARN, "sentinel %s:%d: watch: nothing %s for %.1f s, trying the next Sentinel",
-		    sn->hosts[sn->widx], sn->ports[sn->widx],
-		    sn->wsubscribed ? "heard" : "answered to SUBSCRIBE", mono() - sn->wseen);
+		char why[96];
+
+		snprintf(why, sizeof(why), "watch: %s for %.0f ms",
+			 sn->wsubscribed ? "no answer to PING" : "no answer to SUBSCRIBE",
+			 (WATCH_PING_S + sn->timeout_s) * 1000);
+		watch_trouble(sn, why);
 		sn->wac = NULL; /* its callbacks, called from rconn_free(), are ignored */
 		rconn_free(ac);
 		watch_retry(sn);

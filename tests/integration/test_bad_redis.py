@@ -182,3 +182,104 @@ def test_a_misbehaving_redis_neither_stops_nor_bloats_the_agent(agent, case):
         a.wait_store(timeout=15)
     finally:
         fr.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Misbehaving Sentinels: the watch connection (SUBSCRIBE +switch-master) is read within the
+# same limits, and one that falls silent is dropped for the next Sentinel.
+
+MASTER = "mymaster"
+
+
+def bulk(b):
+    return b"$%d\r\n%s\r\n" % (len(b), b)
+
+
+class BadSentinel(FakeRedis):
+    """Answers where the master is (<master_port> on loopback) like a Sentinel; after
+    SUBSCRIBE, confirms it and then <after_subscribe>: "silent" (no answer to anything,
+    PING included) or "flood" (a message announcing a terabyte, sent without end)."""
+
+    def __init__(self, master_port, after_subscribe):
+        self.master_port = master_port
+        self.after = after_subscribe
+        super().__init__()
+
+    def _flood(self):
+        yield (b"*3\r\n" + bulk(b"subscribe") + bulk(b"+switch-master") + b":1\r\n" +
+               b"*3\r\n" + bulk(b"message") + bulk(b"+switch-master") + b"$1099511627776\r\n")
+        chunk = b"y" * 65536
+        while not self.closing:
+            yield chunk
+
+    def _answer(self, argv):
+        name = argv[0].upper()
+        if name == b"SENTINEL":
+            return b"*2\r\n" + bulk(b"127.0.0.1") + bulk(b"%d" % self.master_port)
+        if name == b"SUBSCRIBE":
+            if self.after == "flood":
+                return self._flood()
+            return b"*3\r\n" + bulk(b"subscribe") + bulk(b"+switch-master") + b":1\r\n"
+        if name == b"PING":
+            return b""                  # silent: never answered
+        return b"+OK\r\n"
+
+
+def agent_on_sentinels(procs, tmp, sentinels):
+    from conftest import Agent, agent_config, free_port
+    cfg = agent_config("127.0.0.1:%d" % free_port(), "127.0.0.1:1")
+    cfg["redis"].pop("address")
+    cfg["redis"].update({"sentinel": {"addresses": [s.address for s in sentinels],
+                                      "master": MASTER},
+                         "connect_timeout_ms": 300})
+    return Agent(procs, tmp, cfg)
+
+
+def test_a_silent_sentinel_watch_is_dropped_for_the_next(procs, tmp, agent_bin, redis):
+    """Two Sentinels that confirm the subscription, then answer nothing, PINGs included (a
+    frozen Sentinel, a link that drops packets): each in turn is dropped within a PING period
+    and the deadline (2 s + connect_timeout_ms), with the reason logged, while decisions go
+    on exactly through the master they named."""
+    sns = [BadSentinel(redis.port, "silent") for _ in range(2)]
+    try:
+        a = agent_on_sentinels(procs, tmp, sns)
+        for s in sns:
+            wait_until(lambda: "%s: watch: no answer to PING for 2300 ms; watching the next "
+                       "Sentinel" % s.address in a.proc.log_text(), 15, 0.1,
+                       "the watch on %s dropped" % s.address)
+        assert all(s.count("PING") >= 1 for s in sns)
+        with sc.SpopClient(a.addr) as c:
+            c.hello()
+            v = c.request(1, 1, [sc.rl_message(key="sn-silent")])
+        assert v["allow"] == 1 and not v.get("degraded"), v
+        assert a.alive()
+    finally:
+        for s in sns:
+            s.close()
+
+
+def test_a_flooding_sentinel_watch_is_refused(procs, tmp, agent_bin, redis):
+    """A Sentinel whose subscription sends a message announcing a terabyte, without end (the
+    agent once held 1.5 GB of it): refused when the header arrives, logged once with the
+    limit, the next Sentinel watched; the agent's memory stays put and it decides exactly."""
+    sns = [BadSentinel(redis.port, "flood") for _ in range(2)]
+    try:
+        a = agent_on_sentinels(procs, tmp, sns)
+        idle = vm_rss_kb(a.proc.pid)
+        wait_until(lambda: a.proc.log_text().count("would pass redis.max_reply_bytes") >= 2,
+                   10, 0.1, "both Sentinels' floods refused")
+        time.sleep(3)                   # more rounds: each refused again, logged once
+        log = a.proc.log_text()
+        assert log.count("%s: protocol error: a bulk string of 1099511627776 bytes would "
+                         "pass redis.max_reply_bytes (16777216); watching the next Sentinel"
+                         % sns[0].address) == 1, log
+        assert sum(s.count("SUBSCRIBE") for s in sns) >= 4
+        assert vm_rss_kb(a.proc.pid) - idle < 64 * 1024
+        with sc.SpopClient(a.addr) as c:
+            c.hello()
+            v = c.request(1, 1, [sc.rl_message(key="sn-flood")])
+        assert v["allow"] == 1 and not v.get("degraded"), v
+        assert a.alive()
+    finally:
+        for s in sns:
+            s.close()

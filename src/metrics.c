@@ -670,7 +670,7 @@ static const struct labelled quota_errors[] = {{"under", MC_LEASE_EXPIRED},
 static const struct labelled redis_errors[] = {
 	{"oom", MC_REDIS_ERR_OOM},         {"busy", MC_REDIS_ERR_BUSY},
 	{"loading", MC_REDIS_ERR_LOADING}, {"readonly", MC_REDIS_ERR_READONLY},
-	{"other", MC_REDIS_ERR_OTHER}};
+	{"other", MC_REDIS_ERR_OTHER},     {"protocol", MC_REDIS_ERR_PROTOCOL}};
 static const struct labelled local_keys[] = {{"memory", MC_MEMORY_KEYS},
 					     {"fallback", MC_LOCAL_KEYS}};
 static const struct labelled heap[] = {{"in_use", MC_HEAP_IN_USE}, {"free", MC_HEAP_FREE}};
@@ -790,7 +790,7 @@ static const struct family families[] = {
 	FAM_SUM("spoa_ratelimit_redis_batched_decisions_total", PROM_COUNTER,
 		"Decisions sent in those calls.", MC_REDIS_BATCHED),
 	FAM_LABELLED("spoa_ratelimit_redis_errors_total", PROM_COUNTER,
-		     "Redis error replies (and replies of the wrong shape), by class.", "class",
+		     "Redis error replies (and replies of the wrong shape), by class; protocol: connections closed on malformed RESP or a reply past redis.max_reply_*.", "class",
 		     redis_errors),
 	FAM_LABELLED("spoa_ratelimit_local_keys", PROM_GAUGE,
 		     "Entries kept in process memory, by store.", "store", local_keys),

@@ -62,6 +62,7 @@ enum met_counter {
 	MC_REDIS_ERR_LOADING,
 	MC_REDIS_ERR_READONLY,
 	MC_REDIS_ERR_OTHER,
+	MC_REDIS_ERR_PROTOCOL,
 	MC_MEMORY_KEYS,         /* gauge: memory store entries */
 	MC_LOCAL_KEYS,          /* gauge: local fallback entries */
 	MC_GENERATION,          /* gauge: configuration generation */

@@ -514,7 +514,7 @@ static void panel_redis(struct model *m, const struct met_view *v, const struct 
 {
 	static const enum met_counter ec[STORE_EC_COUNT] = {
 		MC_REDIS_ERR_OOM, MC_REDIS_ERR_BUSY, MC_REDIS_ERR_LOADING, MC_REDIS_ERR_READONLY,
-		MC_REDIS_ERR_OTHER};
+		MC_REDIS_ERR_OTHER, MC_REDIS_ERR_PROTOCOL};
 	struct panel *p = &m->p[P_REDIS];
 	struct table *t;
 	size_t i;

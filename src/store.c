@@ -178,7 +178,7 @@ const char *store_status_str(int st)
 const char *store_errclass_str(int ec)
 {
 	static const char *const names[STORE_EC_COUNT] = {"oom", "busy", "loading", "readonly",
-							  "other"};
+							  "other", "protocol"};
 
 	if (ec < 0 || ec >= STORE_EC_COUNT)
 		return "?";

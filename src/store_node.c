@@ -644,6 +644,8 @@ static void disconnect_cb(struct rconn *rc, int status)
 		return;
 	if (status != 0)
 		store_log_trouble(n, "connection lost", rconn_errstr(rc));
+	if (rconn_protocol_error(rc))
+		node_error(n, STORE_EC_PROTOCOL);
 	/* the connection is freed after this callback; pending commands were
 	 * already called back with a NULL reply */
 	node_lost(n);

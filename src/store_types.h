@@ -35,6 +35,8 @@ enum store_errclass {
 	STORE_EC_LOADING  = 2,  /* -LOADING: loading its dataset */
 	STORE_EC_READONLY = 3,  /* -READONLY, -MASTERDOWN: a replica, or its master lost */
 	STORE_EC_OTHER    = 4,  /* any other error, or a reply of the wrong shape */
+	STORE_EC_PROTOCOL = 5,  /* a connection closed on what it sent: malformed RESP,
+				 * or a reply past redis.max_reply_* */
 	STORE_EC_COUNT          /* sentinel */
 };
 

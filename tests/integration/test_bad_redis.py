@@ -178,6 +178,10 @@ def test_a_misbehaving_redis_neither_stops_nor_bloats_the_agent(agent, case):
         assert peak[0] - idle < 64 * 1024, (idle, peak[0])
         if protocol_error:
             assert perr > 0, a.proc.log_tail()
+            from test_overload import metric
+            wait_until(lambda: metric(a, "spoa_ratelimit_redis_errors_total",
+                                      **{"class": "protocol"}) >= 1, 5, 0.1,
+                       "the protocol errors counted")
         # Redis behaves again: exact decisions come back
         a.wait_store(timeout=15)
     finally:

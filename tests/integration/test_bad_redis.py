@@ -11,6 +11,11 @@ probes /healthz, and samples the agent's resident memory. The agent must stay al
 every decision (degraded: the failure ladder) and every /healthz within 250 ms, keep its RSS
 under 64 MB above its idle size, and decide with Redis again once Redis behaves.
 
+Against an AddressSanitizer build (CI's debian12-asan leg), the memory bound is not
+asserted (ASan keeps freed memory in quarantine, 256 MB by default, and shadows what it
+maps) and the latency bound is 1 s (ASan's code is several times slower); what is asserted
+there is what ASan is for: no crash, no invalid access, no leak.
+
 Each case prints one line with what it measured (pytest -s shows them): decisions answered,
 the worst SPOP and /healthz latencies, the RSS growth, the protocol errors logged.
 """
@@ -21,10 +26,21 @@ import time
 import pytest
 
 import spop_client as sc
-from conftest import http_request, vm_rss_kb, wait_until
+from conftest import SPOA_BIN, http_request, vm_rss_kb, wait_until
 from fake_redis import FakeRedis, script_reply
 
 WINDOW_S = 4.0          # how long Redis misbehaves
+
+
+def _sanitized():
+    try:
+        return b"__asan_init" in SPOA_BIN.read_bytes()
+    except OSError:
+        return False
+
+
+ASAN = _sanitized()
+LATENCY_MAX_S = 1.0 if ASAN else 0.25
 CHUNK = b"\0" * 65536
 
 
@@ -172,10 +188,11 @@ def test_a_misbehaving_redis_neither_stops_nor_bloats_the_agent(agent, case):
         assert a.alive(), a.proc.log_tail()
         assert not errors, errors
         assert all(h[1] == 200 for h in health), health
-        assert worst_health < 0.25, health
-        assert max(lat) < 0.25, sorted(lat)[-5:]
+        assert worst_health < LATENCY_MAX_S, health
+        assert max(lat) < LATENCY_MAX_S, sorted(lat)[-5:]
         assert degraded > 0
-        assert peak[0] - idle < 64 * 1024, (idle, peak[0])
+        if not ASAN:
+            assert peak[0] - idle < 64 * 1024, (idle, peak[0])
         if protocol_error:
             assert perr > 0, a.proc.log_tail()
             from test_overload import metric
@@ -278,7 +295,7 @@ def test_a_flooding_sentinel_watch_is_refused(procs, tmp, agent_bin, redis):
                          "pass redis.max_reply_bytes (16777216); watching the next Sentinel"
                          % sns[0].address) == 1, log
         assert sum(s.count("SUBSCRIBE") for s in sns) >= 4
-        assert vm_rss_kb(a.proc.pid) - idle < 64 * 1024
+        assert ASAN or vm_rss_kb(a.proc.pid) - idle < 64 * 1024
         with sc.SpopClient(a.addr) as c:
             c.hello()
             v = c.request(1, 1, [sc.rl_message(key="sn-flood")])

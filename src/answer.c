@@ -343,6 +343,7 @@ bool deny_blocked(struct decision *d, bool keyed, const struct rule_tier *tier)
 	const struct ovr_entry *e = NULL;
 	const uint8_t *b;
 	int64_t now_ms, left;
+	bool by_key = false;
 	size_t len;
 
 	/* a post-charge follows a request that was answered: blocked since, or not */
@@ -351,6 +352,7 @@ bool deny_blocked(struct decision *d, bool keyed, const struct rule_tier *tier)
 	now_ms = now_us_real() / 1000;
 	if (keyed)
 		e = ovr_match_key(a->ovr, OVR_BLOCK, d->digest, now_ms / 1000);
+	by_key = e != NULL;
 	len = ip_bytes(&d->ip, &b);
 	if (!e && len)
 		e = ovr_match_addr(a->ovr, OVR_BLOCK, b, len, now_ms / 1000);
@@ -364,7 +366,9 @@ bool deny_blocked(struct decision *d, bool keyed, const struct rule_tier *tier)
 	a->outcomes[OUT_DENIED]++;
 	a->ovr_blocked++;
 	if (a->ms) {
-		if (keyed)
+		/* counted against what was blocked: a key, or the address (whatever keys it
+		 * sends: random keys from one blocked address are one client) */
+		if (by_key)
 			snprintf(d->client, sizeof(d->client), "%.10s", d->principal);
 		else
 			client_ip(d->rs, &d->ip, d->client, sizeof(d->client));

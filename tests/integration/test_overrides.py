@@ -340,3 +340,29 @@ def test_first_decisions_wait_for_the_overrides(agent):
         assert fr.count("HGETALL") >= 1
     finally:
         fr.close()
+
+
+def test_an_address_block_is_counted_against_the_address(redis, agent):
+    """Random keys from one blocked address (a credential-stuffing bot rotating keys): /top
+    counts the denials against the address, one client, not one client per key (every key
+    used to be credited with the address's block: 200 keys, 200 "clients"). A blocked key
+    is still counted against the key."""
+    a = agent(redis=redis, metrics=True, **BIG)
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        ctl_ok(a, "block", "ip:192.0.2.66", "--for", "1m")
+        wait_until(lambda: ask(c, 1, ip="192.0.2.66")["allow"] == 0, 5, interval=0.01,
+                   what="the address block")
+        for i in range(200):
+            v = ask(c, 3 + 2 * i, ip="192.0.2.66", key="rotating-%d" % i)
+            assert v["allow"] == 0 and v["rule"] == "blocked", v
+        ctl_ok(a, "block", "key:stolen-key", "--for", "1m")
+        wait_until(lambda: ask(c, 501, key="stolen-key", ip="198.51.100.9")["allow"] == 0, 5,
+                   interval=0.01, what="the key block")
+    top = wait_until(lambda: (lambda t: t if t.get("blocked", {}).get("denied", 0) >= 202
+                              else None)(top_json(a)), 5, 0.3, "the denials published")
+    clients = {e["client"] for e in top["blocked"]["top"]}
+    assert "192.0.2.66/32" in clients, top["blocked"]
+    assert fingerprint("stolen-key") in clients, top["blocked"]
+    assert not any(fingerprint("rotating-%d" % i) in clients for i in range(200)), clients
+    assert top["blocked"]["distinct_clients"] <= 3, top["blocked"]

@@ -289,6 +289,30 @@ static void status_reply(struct agent *a, struct http_reply *r, bool json)
 	metrics_view_free(v);
 }
 
+/*
+ * Who may ask the metrics listener <h>: the configuration's allow-list, Host
+ * names and token; the probes (/healthz, /ready) need no token, so a load
+ * balancer's health check works without one. 0, or -1 (logged).
+ */
+static int metrics_access(struct http_server *h, const struct agent_config *cfg)
+{
+	static const char *const open_paths[] = {"/healthz", "/ready", NULL};
+	const struct http_access acc = {
+		.allow = (const char *const *)cfg->metrics_allow, .nallow = cfg->metrics_nallow,
+		.hosts = (const char *const *)cfg->metrics_hosts, .nhosts = cfg->metrics_nhosts,
+		.token = cfg->metrics_token, .open_paths = open_paths,
+	};
+	char err[256];
+
+	if (http_server_set_access(h, &acc, err, sizeof(err)) < 0) {
+		LOG(LOG_ERR, "metrics listener: %s", err);
+		return -1;
+	}
+	if (config_metrics_advice(cfg, err, sizeof(err)))
+		LOG(LOG_WARN, "%s", err);
+	return 0;
+}
+
 static void http_cb(const char *path, struct http_reply *r, void *arg)
 {
 	struct agent *a = arg;
@@ -459,6 +483,8 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 		}
 		http_server_set_max_conns(a->http, rs->cfg->metrics_max_conns);
 		http_server_set_timeout(a->http, rs->cfg->metrics_idle_timeout_ms / 1000.);
+		if (metrics_access(a->http, rs->cfg) < 0)
+			goto fail;
 		LOG(LOG_NOTICE, "metrics on http://%s/metrics", rs->cfg->metrics_listen);
 	}
 	for (i = 0; i < rs->cfg->nlisten; i++) {
@@ -554,6 +580,10 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 	    o->metrics_max_conns != n->metrics_max_conns ||
 	    o->metrics_idle_timeout_ms != n->metrics_idle_timeout_ms)
 		LOG(LOG_WARN, "reload: metrics settings changed, ignored until restart");
+	/* who may ask: the allow-list, the names, the token (a rotated token file) at once */
+	if (a->http && metrics_access(a->http, n) == 0 && n->metrics_token &&
+	    !streq_null(o->metrics_token, n->metrics_token))
+		LOG(LOG_NOTICE, "reload: metrics.token_file read again: the new token applies");
 	/* answers are sized from the new rules from now on; the age bound applies at once */
 	spoa_server_set_ack_max(a->srv, rs->ack_max);
 	spoa_server_set_stale_ms(a->srv, n->spoe_timeout_ms);

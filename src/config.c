@@ -323,7 +323,7 @@ static void load_listen(struct loader *ld, const config_setting_t *s)
  */
 struct cfg_key {
 	const char *name;
-	enum { KT_UINT, KT_UINT_AUTO, KT_DURATION, KT_BOOL, KT_STR } kind;
+	enum { KT_UINT, KT_UINT_AUTO, KT_DURATION, KT_BOOL, KT_STR, KT_OTHER } kind;
 	long long lo, hi;
 	long long dflt;                 /* KT_UINT, KT_DURATION, KT_BOOL */
 	unsigned *u;                    /* KT_UINT, KT_DURATION */
@@ -337,6 +337,8 @@ struct cfg_key {
 #define KEY_DURATION(n, lo, hi, d, p) {(n), KT_DURATION, (lo), (hi), (d), (p), NULL, NULL}
 #define KEY_BOOL(n, d, p)             {(n), KT_BOOL, 0, 0, (d), NULL, (p), NULL}
 #define KEY_STR(n, p)                 {(n), KT_STR, 0, 0, 0, NULL, NULL, (p)}
+/* a setting of the group read by a function of its own */
+#define KEY_OTHER(n)                  {(n), KT_OTHER, 0, 0, 0, NULL, NULL, NULL}
 
 /* Sets the defaults of <keys>, in order, then reads those group <g> (NULL: none) has. */
 static void load_keys(struct loader *ld, const config_setting_t *g, const struct cfg_key *keys,
@@ -376,6 +378,8 @@ static void load_keys(struct loader *ld, const config_setting_t *g, const struct
 			break;
 		case KT_STR:
 			*k->s = get_str(ld, g, k->name, NULL);
+			break;
+		case KT_OTHER:
 			break;
 		}
 	}
@@ -530,6 +534,117 @@ static void load_redis(struct loader *ld, const config_setting_t *root)
 }
 
 /*
+ * metrics.<name>: a string or a list of strings into <*out> (<*n> of them),
+ * each checked by <ok> (NULL: any non-empty string; else an error message).
+ */
+static void get_str_list(struct loader *ld, const config_setting_t *g, const char *name,
+			 const char *(*ok)(const char *v, char *err, size_t errlen), char ***out,
+			 size_t *n)
+{
+	const config_setting_t *v = g ? config_setting_get_member(g, name) : NULL;
+	int i, len;
+
+	*out = NULL;
+	*n = 0;
+	if (!v)
+		return;
+	if (config_setting_type(v) == CONFIG_TYPE_STRING)
+		len = 1;
+	else if (config_setting_is_array(v) || config_setting_is_list(v))
+		len = config_setting_length(v);
+	else
+		len = -1;
+	*out = len > 0 ? xcalloc((size_t)len, sizeof(**out)) : NULL;
+	for (i = 0; i < len; i++) {
+		const config_setting_t *e = config_setting_type(v) == CONFIG_TYPE_STRING
+					    ? v : config_setting_get_elem(v, (unsigned)i);
+		const char *s = config_setting_type(e) == CONFIG_TYPE_STRING
+				? config_setting_get_string(e) : NULL;
+		char err[160];
+		const char *why = !s || !*s ? "each entry a non-empty string"
+				  : ok ? ok(s, err, sizeof(err)) : NULL;
+
+		if (why) {
+			add_err(ld, line_of(v), "metrics.%s: %s", name, why);
+			continue;
+		}
+		(*out)[(*n)++] = xstrdup(s);
+	}
+	if (len < 0)
+		add_err(ld, line_of(v), "metrics.%s: a string or a list of strings", name);
+}
+
+static const char *network_ok(const char *v, char *err, size_t errlen)
+{
+	struct ip_net net;
+
+	return ip_net_parse(v, &net, err, errlen) < 0 ? err : NULL;
+}
+
+static const char *host_name_entry_ok(const char *v, char *err, size_t errlen)
+{
+	(void)err;
+	(void)errlen;
+	return strcmp(v, "*") == 0 || host_name_ok(v) ? NULL
+	       : "each entry a host name (letters, digits, '-' and '.'), or \"*\" for any";
+}
+
+/* Whether the metrics listener's address is a loopback one. */
+static bool metrics_listen_loopback(const char *listen)
+{
+	char host[256];
+	struct ip_net net;
+	int port;
+
+	return listen && hostport_split(listen, host, sizeof(host), &port) == 0 &&
+	       ip_net_parse(host, &net, NULL, 0) == 0 && ip_net_is_loopback(&net);
+}
+
+/*
+ * Who may ask the metrics listener: metrics.allow (default: loopback when the
+ * listener is on loopback, else whoever reaches it: `-c` warns then, without a
+ * token), metrics.host_names, metrics.token_file (read like password_file).
+ */
+static void load_metrics_access(struct loader *ld, const config_setting_t *s)
+{
+	struct agent_config *c = ld->cfg;
+	const config_setting_t *tf = s ? config_setting_get_member(s, "token_file") : NULL;
+	char err[256], *name;
+
+	get_str_list(ld, s, "allow", network_ok, &c->metrics_allow, &c->metrics_nallow);
+	c->metrics_allow_set = s && config_setting_get_member(s, "allow");
+	if (c->metrics_allow_set && !c->metrics_nallow && !ld->errs->n)
+		add_err(ld, line_of(config_setting_get_member(s, "allow")),
+			"metrics.allow is empty: nobody could ask; name networks, or leave it out");
+	if (!c->metrics_allow_set && metrics_listen_loopback(c->metrics_listen)) {
+		c->metrics_allow = xcalloc(2, sizeof(*c->metrics_allow));
+		c->metrics_allow[0] = xstrdup("127.0.0.0/8");
+		c->metrics_allow[1] = xstrdup("::1");
+		c->metrics_nallow = 2;
+	}
+	get_str_list(ld, s, "host_names", host_name_entry_ok, &c->metrics_hosts,
+		     &c->metrics_nhosts);
+	if (!tf)
+		return;
+	name = get_str(ld, s, "token_file", NULL);
+	if (!name)
+		return;
+	if (!*name) {
+		add_err(ld, line_of(tf), "metrics.token_file is empty: name the file");
+	} else {
+		c->metrics_token_file = secret_path(name, ld->file);
+		if (secret_read(c->metrics_token_file, &c->metrics_token, err, sizeof(err)) < 0)
+			add_err(ld, line_of(tf), "metrics.token_file '%s': %s",
+				c->metrics_token_file, err);
+		else if (strlen(c->metrics_token) < 16)
+			add_err(ld, line_of(tf), "metrics.token_file '%s': the token is shorter "
+				"than 16 characters: make a longer one (openssl rand -hex 32)",
+				c->metrics_token_file);
+	}
+	free(name);
+}
+
+/*
  * The groups made of plain settings: fallback, local_quota, metrics,
  * overrides, reload, response.
  */
@@ -554,6 +669,9 @@ static void load_groups(struct loader *ld, const config_setting_t *root)
 		KEY_UINT("max_connections", 1, 4096, 64, &c->metrics_max_conns),
 		KEY_DURATION("idle_timeout", 100, 600000, 5000, &c->metrics_idle_timeout_ms),
 		KEY_STR("listen", &c->metrics_listen),
+		KEY_OTHER("allow"),
+		KEY_OTHER("host_names"),
+		KEY_OTHER("token_file"),
 	};
 	const struct cfg_key overrides[] = {
 		KEY_BOOL("enabled", true, &c->overrides.enabled),
@@ -575,6 +693,7 @@ static void load_groups(struct loader *ld, const config_setting_t *root)
 		       ARRAY_SIZE(metrics));
 	if (s && c->metrics_listen && strncmp(c->metrics_listen, "unix:", 5) == 0)
 		add_err(ld, line_of(s), "metrics: 'listen' must be ip:port");
+	load_metrics_access(ld, s);
 	s = load_group(ld, root, "overrides", "", overrides, ARRAY_SIZE(overrides));
 	/* the overrides hash in one reply: two elements an entry, room for as many stale */
 	if (c->overrides.max_entries > c->redis.max_reply_elements / 4)
@@ -723,6 +842,16 @@ void config_free(struct agent_config *cfg)
 	free(cfg->endpoints);
 	free(cfg->tier_hash);
 	free(cfg->metrics_listen);
+	for (size_t k = 0; k < cfg->metrics_nallow; k++)
+		free(cfg->metrics_allow[k]);
+	free(cfg->metrics_allow);
+	for (size_t k = 0; k < cfg->metrics_nhosts; k++)
+		free(cfg->metrics_hosts[k]);
+	free(cfg->metrics_hosts);
+	if (cfg->metrics_token)
+		memset(cfg->metrics_token, 0, strlen(cfg->metrics_token));
+	free(cfg->metrics_token);
+	free(cfg->metrics_token_file);
 	free(cfg->default_tier);
 	free(cfg->message);
 	free(cfg->post_message);
@@ -751,6 +880,29 @@ void config_free(struct agent_config *cfg)
  * configuration file <cfg> itself: formatted into <buf>; false when there is
  * none (no password, or one read from redis.password_file).
  */
+/* A warning when the metrics listener answers beyond loopback to anyone, without a token. */
+bool config_metrics_advice(const struct agent_config *cfg, char *buf, size_t len)
+{
+	if (!cfg->metrics_listen || cfg->metrics_token || metrics_listen_loopback(cfg->metrics_listen))
+		return false;
+	for (size_t k = 0; k < cfg->metrics_nallow; k++) {
+		struct ip_net net;
+
+		if (ip_net_parse(cfg->metrics_allow[k], &net, NULL, 0) == 0 &&
+		    !ip_net_is_loopback(&net))
+			goto open;
+	}
+	if (cfg->metrics_allow_set)
+		return false;
+open:
+	snprintf(buf, len,
+		 "%s: warning: metrics.listen = \"%s\" answers beyond loopback without a token: "
+		 "anyone who reaches it reads /status, /top and /overrides (client addresses, "
+		 "Redis addresses); set metrics.token_file, and metrics.allow to the networks "
+		 "of your scrapers", cfg->file, cfg->metrics_listen);
+	return true;
+}
+
 bool config_password_advice(const struct agent_config *cfg, char *buf, size_t len)
 {
 	if (!cfg->redis.password_line)

@@ -165,6 +165,13 @@ struct agent_config {
 	unsigned breaker_cooldown_ms;
 	unsigned workers;               /* worker processes (restart-only) */
 	char *metrics_listen;           /* owned or NULL: /metrics, /top, /healthz, /ready */
+	char **metrics_allow;           /* owned, metrics_nallow networks that may ask; none: anyone */
+	size_t metrics_nallow;
+	bool metrics_allow_set;         /* ... given (else the default: loopback, on loopback) */
+	char **metrics_hosts;           /* owned, names a Host header may carry */
+	size_t metrics_nhosts;
+	char *metrics_token;            /* owned or NULL: the bearer token, read from ... */
+	char *metrics_token_file;       /* owned or NULL: ... this file */
 	unsigned metrics_max_conns;     /* metrics connections; the idlest makes room */
 	unsigned metrics_idle_timeout_ms; /* metrics connection deadline */
 	bool blocked_cache;             /* deny locally until a denial's Retry-After */
@@ -227,5 +234,6 @@ void config_reply_limits(const struct agent_config *cfg, struct reply_limits *ou
 void config_free(struct agent_config *cfg);
 void cfg_errors_release(struct cfg_errors *errs);
 bool config_password_advice(const struct agent_config *cfg, char *buf, size_t len);
+bool config_metrics_advice(const struct agent_config *cfg, char *buf, size_t len);
 
 #endif /* AGENT_CONFIG_H */

@@ -38,6 +38,7 @@
 #include "json.h"
 #include "overrides.h"
 #include "rconn.h"
+#include "secret.h"
 #include "store.h"
 #include "store_reply.h"
 #include "util.h"
@@ -775,16 +776,20 @@ done:
 
 /* ---- status ---------------------------------------------------------------- */
 
+/* The metrics listener's bearer token (metrics.token_file), once the configuration is read. */
+static const char *ctl_metrics_token;
+
 /*
  * GETs <path> from the HTTP listener at <addr> ("ip:port" or "[ip6]:port"; a
- * wildcard address means this host). Returns the body (to be freed), or NULL
- * with a message printed.
+ * wildcard address means this host), with the listener's token when the
+ * configuration has one. Returns the body (to be freed), or NULL with a
+ * message printed.
  */
 static char *http_get(const char *addr, const char *path, size_t *len)
 {
 	struct timeval tv = {.tv_sec = CTL_TIMEOUT_S};
 	struct sockaddr_storage ss;
-	char host[INET6_ADDRSTRLEN + 1], req[256], *buf = NULL, *body;
+	char host[INET6_ADDRSTRLEN + 1], req[256 + SECRET_MAX], *buf = NULL, *body;
 	size_t cap = 0, n = 0;
 	socklen_t sl;
 	int port, fd;
@@ -823,8 +828,11 @@ static char *http_get(const char *addr, const char *path, size_t *len)
 			close(fd);
 		return NULL;
 	}
-	snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
-		 path, addr);
+	/* Host: localhost, a name the listener always accepts (its address may be a wildcard) */
+	snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: localhost\r\n%s%s%s"
+		 "Connection: close\r\n\r\n", path,
+		 ctl_metrics_token ? "Authorization: Bearer " : "",
+		 ctl_metrics_token ? ctl_metrics_token : "", ctl_metrics_token ? "\r\n" : "");
 	if (send(fd, req, strlen(req), MSG_NOSIGNAL) != (ssize_t)strlen(req)) {
 		fprintf(stderr, "%s: send: %s\n", addr, strerror(errno));
 		close(fd);
@@ -1139,6 +1147,7 @@ int ctl_main(int argc, char **argv)
 		return 1;
 	}
 	config_reply_limits(c.cfg, &ctl_limits);
+	ctl_metrics_token = c.cfg->metrics_token;
 	if (strcmp(cmd, "status") == 0) {
 		ret = ctl_status(c.cfg, argc - i, argv + i);
 		if (ret == 2)

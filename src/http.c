@@ -54,7 +54,7 @@
 #define HTTP_LINGER_BYTES   (64U << 10)     /* most input dropped while lingering */
 #define HTTP_ACCEPT_BURST   16              /* accepts per loop iteration */
 #define HTTP_WARN_EVERY_S   10.0            /* log refusals at most this often */
-#define HTTP_OUT_HEAD_MAX   (512 + HTTP_HEADERS_MAX) /* status line and headers */
+#define HTTP_OUT_HEAD_MAX   (768 + HTTP_HEADERS_MAX) /* status line and headers */
 #define HTTP_IN_MIN         1024            /* first request head buffer */
 
 enum http_conn_state {
@@ -80,6 +80,8 @@ struct http_conn {
 	size_t out_off;                    /* bytes of them sent */
 	size_t out_head_len;               /* bytes in out_head */
 	size_t drained;                    /* bytes dropped while lingering */
+	struct ip_net peer;              /* who connected (a v4-mapped address as v4) */
+	struct ip_net local;             /* the address it reached */
 	char out_head[HTTP_OUT_HEAD_MAX];  /* status line and headers */
 };
 
@@ -98,6 +100,17 @@ struct http_server {
 	struct http_stats stats;
 	uint64_t refused_unlogged;         /* refusals since the last warning */
 	double last_warn;                  /* ev_now() of the last warning, 0 = never */
+	/* who may ask (http_server_set_access()) */
+	struct ip_net *allow;            /* owned, nallow; none: anyone */
+	size_t nallow;
+	char **hosts;                      /* owned, nhosts names for Host */
+	size_t nhosts;
+	bool host_check;                   /* access set: the Host header is checked ... */
+	bool any_host;                     /* ... unless "*" */
+	char *token;                       /* owned or NULL */
+	char **open_paths;                 /* owned, NULL-terminated, or NULL */
+	uint64_t forbidden_unlogged;
+	double forbidden_warn;
 };
 
 /* ---------------------------------------------------------------- replies */
@@ -387,6 +400,23 @@ static int conn_flush(struct http_conn *c)
 	return 0;
 }
 
+/* Whether the handler set header <name> (case-insensitive) on <r>. */
+static bool has_header(const struct http_reply *r, const char *name)
+{
+	size_t nl = strlen(name), i = 0;
+
+	while (i + nl < r->hlen) {
+		const char *eol = memchr(r->headers + i, '\n', r->hlen - i);
+
+		if (strncasecmp(r->headers + i, name, nl) == 0 && r->headers[i + nl] == ':')
+			return true;
+		if (!eol)
+			break;
+		i = (size_t)(eol - r->headers) + 1;
+	}
+	return false;
+}
+
 /*
  * Sends the reply of <c>: <head_only> for HEAD, <allow> adds the Allow header
  * of a 405. A broken reply is replaced by a 500 here.
@@ -409,11 +439,16 @@ static void conn_respond(struct http_conn *c, bool head_only, bool allow)
 		     "Content-Length: %zu\r\n"
 		     "Date: %s\r\n"
 		     "Cache-Control: no-store\r\n"
-		     "%s%.*s"
+		     "X-Content-Type-Options: nosniff\r\n"
+		     "Referrer-Policy: no-referrer\r\n"
+		     "%s%s%.*s"
 		     "Connection: close\r\n"
 		     "\r\n",
 		     r->status, status_reason(r->status), r->ctype, r->len, date,
-		     allow ? "Allow: GET, HEAD\r\n" : "", (int)r->hlen, r->headers);
+		     allow ? "Allow: GET, HEAD\r\n" : "",
+		     has_header(r, "Content-Security-Policy") ? ""
+		     : "Content-Security-Policy: default-src 'none'; frame-ancestors 'none'\r\n",
+		     (int)r->hlen, r->headers);
 	/* bounded: ctype < HTTP_CTYPE_MAX, headers < HTTP_HEADERS_MAX, the rest short and fixed */
 	BUG_ON(n < 0 || (size_t)n >= sizeof(c->out_head));
 	c->out_head_len = (size_t)n;
@@ -500,16 +535,211 @@ void http_request_parse(char *line, size_t len, struct http_request *req)
 	req->status = 0;
 }
 
-/* Answers the request line of <len> bytes at <line>, in c->in. */
-static void conn_on_request(struct http_conn *c, char *line, size_t len)
+/* ---------------------------------------------------------------- access */
+
+/* <sa> as a host address (bits: all); an IPv4-mapped IPv6 address as IPv4. */
+static void net_of(const struct sockaddr_storage *sa, struct ip_net *out)
+{
+	static const unsigned char mapped[12] = {[10] = 0xff, [11] = 0xff};
+
+	memset(out, 0, sizeof(*out));
+	if (sa->ss_family == AF_INET) {
+		out->family = AF_INET;
+		out->bits = 32;
+		memcpy(out->addr, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+	} else if (sa->ss_family == AF_INET6) {
+		const unsigned char *a = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+
+		if (memcmp(a, mapped, 12) == 0) {
+			out->family = AF_INET;
+			out->bits = 32;
+			memcpy(out->addr, a + 12, 4);
+		} else {
+			out->family = AF_INET6;
+			out->bits = 128;
+			memcpy(out->addr, a, 16);
+		}
+	}
+}
+
+/*
+ * The value of header <name> among the header lines [p, end) (each ended by
+ * LF, CR LF too), spaces around it trimmed: its start and *<vlen>, NULL when
+ * absent; *<count> how many times it appears.
+ */
+static const char *head_header(const char *p, const char *end, const char *name, size_t *vlen,
+			       unsigned *count)
+{
+	size_t nl = strlen(name);
+	const char *val = NULL;
+
+	*count = 0;
+	*vlen = 0;
+	while (p < end) {
+		const char *eol = memchr(p, '\n', (size_t)(end - p)), *v, *ve;
+
+		if (!eol)
+			eol = end;
+		if ((size_t)(eol - p) > nl && strncasecmp(p, name, nl) == 0 && p[nl] == ':') {
+			v = p + nl + 1;
+			ve = eol;
+			while (v < ve && (*v == ' ' || *v == '\t'))
+				v++;
+			while (ve > v && (ve[-1] == '\r' || ve[-1] == ' ' || ve[-1] == '\t'))
+				ve--;
+			if (!(*count)++) {
+				val = v;
+				*vlen = (size_t)(ve - v);
+			}
+		}
+		p = eol + 1;
+	}
+	return val;
+}
+
+/*
+ * Whether a Host header <v> (<len> bytes) names this listener: "localhost",
+ * a configured name, or the very address the connection reached. A name of
+ * anyone else's (a page that rebound its own name to this address) is not.
+ */
+static bool host_ok(const struct http_server *srv, const struct http_conn *c, const char *v,
+		    size_t len)
+{
+	char host[256];
+	const char *h = v, *colon;
+	size_t hl = len, i;
+	struct ip_net a;
+
+	if (!srv->host_check || srv->any_host)
+		return true;
+	if (len && v[0] == '[') {
+		const char *rb = memchr(v, ']', len);
+
+		if (!rb)
+			return false;
+		h = v + 1;
+		hl = (size_t)(rb - h);
+	} else if ((colon = memchr(v, ':', len)) && !memchr(colon + 1, ':', len - (size_t)(colon - v) - 1)) {
+		hl = (size_t)(colon - v);
+	}
+	if (hl == 0 || hl >= sizeof(host))
+		return false;
+	memcpy(host, h, hl);
+	host[hl] = 0;
+	if (hl > 1 && host[hl - 1] == '.') /* "localhost." is "localhost" */
+		host[--hl] = 0;
+	if (strcasecmp(host, "localhost") == 0)
+		return true;
+	for (i = 0; i < srv->nhosts; i++)
+		if (strcasecmp(host, srv->hosts[i]) == 0)
+			return true;
+	if (ip_net_parse(host, &a, NULL, 0) == 0 && a.bits == (a.family == AF_INET ? 32u : 128u))
+		return c->local.family && ip_net_has(&c->local, &a) && c->local.family == a.family;
+	return false;
+}
+
+/* Compares <len> bytes at <a> with the string <b> in time that does not tell where they differ. */
+static bool token_equal(const char *a, size_t len, const char *b)
+{
+	size_t bl = strlen(b), i;
+	unsigned char d = len != bl;
+
+	for (i = 0; i < len; i++)
+		d |= (unsigned char)(a[i] ^ b[i % (bl ? bl : 1)]);
+	return d == 0;
+}
+
+/* Counts a request refused by the access rules and warns at most every HTTP_WARN_EVERY_S. */
+static void srv_forbidden(struct http_server *srv, const struct http_conn *c, const char *why)
+{
+	double now = ev_now(srv->loop);
+	char ip[INET6_ADDRSTRLEN];
+
+	srv->stats.forbidden++;
+	srv->forbidden_unlogged++;
+	if (srv->forbidden_warn != 0. && now - srv->forbidden_warn < HTTP_WARN_EVERY_S)
+		return;
+	if (!c->peer.family || !inet_ntop(c->peer.family, c->peer.addr, ip, sizeof(ip)))
+		snprintf(ip, sizeof(ip), "?");
+	LOG(LOG_WARN, "http: refused %llu request(s) on port %d, the last from %s: %s",
+	    (unsigned long long)srv->forbidden_unlogged, srv->port, ip, why);
+	srv->forbidden_unlogged = 0;
+	srv->forbidden_warn = now;
+}
+
+/* Answers <status> and a line saying what to do, for a request the access rules refuse. */
+static void conn_forbid(struct http_conn *c, int status, const char *text, bool head_only)
+{
+	http_reply_release(&c->reply);
+	http_reply_status(&c->reply, status, NULL);
+	http_reply_printf(&c->reply, "%d %s: %s\n", status, status_reason(status), text);
+	if (status == 401)
+		http_reply_header(&c->reply, "WWW-Authenticate", "Bearer realm=\"spoa-ratelimit\"");
+	srv_forbidden(c->srv, c, text);
+	conn_respond(c, head_only, false);
+}
+
+/*
+ * The access rules for the request of <c> for <path>, whose header lines are
+ * [hdr, end): 0 when it may be served, else the refusal was answered.
+ */
+static int conn_access(struct http_conn *c, const char *path, const char *hdr, const char *end,
+		       bool head_only)
+{
+	struct http_server *srv = c->srv;
+	const char *v;
+	unsigned n;
+	size_t len, i;
+
+	if (srv->nallow) {
+		for (i = 0; i < srv->nallow && !(c->peer.family && ip_net_has(&srv->allow[i], &c->peer));
+		     i++)
+			;
+		if (i == srv->nallow) {
+			conn_forbid(c, 403, "this address is not in the listener's allow-list "
+					    "(metrics.allow)", head_only);
+			return -1;
+		}
+	}
+	v = head_header(hdr, end, "Host", &len, &n);
+	if (n > 1) {
+		conn_error(c, 400, head_only);
+		return -1;
+	}
+	if (v && !host_ok(srv, c, v, len)) {
+		conn_forbid(c, 421, "the Host header names neither this listener's address nor one "
+				    "of its names: ask by address, or add the name to "
+				    "metrics.host_names", head_only);
+		return -1;
+	}
+	if (!srv->token)
+		return 0;
+	for (i = 0; srv->open_paths && srv->open_paths[i]; i++)
+		if (strcmp(path, srv->open_paths[i]) == 0)
+			return 0;
+	v = head_header(hdr, end, "Authorization", &len, &n);
+	if (n != 1 || len < 7 || strncasecmp(v, "Bearer ", 7) != 0 ||
+	    !token_equal(v + 7, len - 7, srv->token)) {
+		conn_forbid(c, 401, "send the token of metrics.token_file as "
+				    "'Authorization: Bearer <token>'", head_only);
+		return -1;
+	}
+	return 0;
+}
+
+/* Answers the request line of <len> bytes at <line>, in c->in, whose head ends at <end>. */
+static void conn_on_request(struct http_conn *c, char *line, size_t len, const char *end)
 {
 	struct http_request req;
+	const char *hdr = memchr(line, '\n', (size_t)(end - line));
 
 	http_request_parse(line, len, &req);
 	if (req.status) {
 		conn_error(c, req.status, req.head);
 		return;
 	}
+	if (conn_access(c, req.path, hdr ? hdr + 1 : end, end, req.head) < 0)
+		return;
 	http_reply_release(&c->reply);
 	c->srv->fn(req.path, &c->reply, c->srv->arg);
 	conn_respond(c, req.head, false);
@@ -600,7 +830,7 @@ static void conn_read_head(struct http_conn *c)
 		c->in_len += (size_t)n;
 		n = http_head_scan(&c->hs, c->in, c->in_len, &end);
 		if (n >= 0) {
-			conn_on_request(c, c->in + c->hs.start, (size_t)n);
+			conn_on_request(c, c->in + c->hs.start, (size_t)n, c->in + end);
 			return;
 		}
 		if (c->in_len == HTTP_HEAD_MAX) {
@@ -669,6 +899,26 @@ static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 
 /* ---------------------------------------------------------------- server */
 
+/* Forgets who may ask <s>: anyone may, from now on. */
+static void access_release(struct http_server *s)
+{
+	size_t i;
+
+	FREE_AND_NULL(s->allow);
+	s->nallow = 0;
+	for (i = 0; i < s->nhosts; i++)
+		free(s->hosts[i]);
+	FREE_AND_NULL(s->hosts);
+	s->nhosts = 0;
+	s->any_host = false;
+	if (s->token) /* a secret: not left in freed memory */
+		memset(s->token, 0, strlen(s->token));
+	FREE_AND_NULL(s->token);
+	for (i = 0; s->open_paths && s->open_paths[i]; i++)
+		free(s->open_paths[i]);
+	FREE_AND_NULL(s->open_paths);
+}
+
 /* Counts a refused connection and warns at most every HTTP_WARN_EVERY_S. */
 static void srv_refused(struct http_server *srv, const char *why)
 {
@@ -713,10 +963,12 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 
 	(void)revents;
 	for (i = 0; i < HTTP_ACCEPT_BURST; i++) {
+		struct sockaddr_storage peer, local;
+		socklen_t plen = sizeof(peer), llen = sizeof(local);
 		struct http_conn *c;
 		int fd;
 
-		fd = accept4(srv->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		fd = accept4(srv->fd, (struct sockaddr *)&peer, &plen, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd == -1) {
 			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
@@ -743,6 +995,9 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 		c = xcalloc(1, sizeof(*c));
 		c->srv = srv;
 		c->fd = fd;
+		net_of(&peer, &c->peer);
+		if (getsockname(fd, (struct sockaddr *)&local, &llen) == 0)
+			net_of(&local, &c->local);
 		c->state = HTTP_CS_READ;
 		http_reply_init(&c->reply);
 		ev_io_init(&c->io, conn_io_cb, fd, EV_READ);
@@ -892,7 +1147,47 @@ void http_server_free(struct http_server *s)
 		conn_close(LIST_ELEM(n, struct http_conn, node));
 	if (s->spare_fd >= 0)
 		close(s->spare_fd);
+	access_release(s);
 	free(s);
+}
+
+/*
+ * Sets who may ask <s> (see struct http_access), replacing what was set:
+ * requests from now on. 0, or -1 with <err> (a network that does not parse;
+ * nothing changed then).
+ */
+int http_server_set_access(struct http_server *s, const struct http_access *a, char *err,
+			   size_t errlen)
+{
+	struct ip_net *nets = a->nallow ? xcalloc(a->nallow, sizeof(*nets)) : NULL;
+	size_t i, n = 0;
+
+	for (i = 0; i < a->nallow; i++) {
+		if (ip_net_parse(a->allow[i], &nets[i], err, errlen) < 0) {
+			free(nets);
+			return -1;
+		}
+	}
+	access_release(s);
+	s->allow = nets;
+	s->nallow = a->nallow;
+	s->host_check = true;
+	s->hosts = a->nhosts ? xcalloc(a->nhosts, sizeof(*s->hosts)) : NULL;
+	for (i = 0; i < a->nhosts; i++) {
+		if (strcmp(a->hosts[i], "*") == 0)
+			s->any_host = true;
+		else
+			s->hosts[s->nhosts++] = xstrdup(a->hosts[i]);
+	}
+	s->token = a->token && *a->token ? xstrdup(a->token) : NULL;
+	for (; a->open_paths && a->open_paths[n]; n++)
+		;
+	if (n) {
+		s->open_paths = xcalloc(n + 1, sizeof(*s->open_paths));
+		for (i = 0; i < n; i++)
+			s->open_paths[i] = xstrdup(a->open_paths[i]);
+	}
+	return 0;
 }
 
 /*

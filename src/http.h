@@ -10,8 +10,14 @@
  * Nothing ever blocks: the application's handler is called synchronously from
  * the loop and must build its reply from memory.
  *
- * Not for: request bodies, keep-alive, chunked encoding, TLS, name resolution,
- * or exposure beyond a trusted network (there is no authentication).
+ * Who may ask (http_server_set_access()): an allow-list of networks, checked
+ * on the peer's address; the Host header, checked against the listener's own
+ * address and the names given (a page that rebinds a name of its own to this
+ * address, DNS rebinding, sends its own name); a bearer token. Every reply
+ * carries X-Content-Type-Options: nosniff, Cache-Control: no-store, and a
+ * Content-Security-Policy that allows nothing unless the handler sets one.
+ *
+ * Not for: request bodies, keep-alive, chunked encoding, TLS, name resolution.
  */
 #ifndef AGENT_HTTP_H
 #define AGENT_HTTP_H
@@ -86,9 +92,22 @@ struct http_stats {
 	uint64_t bad_requests;             /* replies >= 400 made by the server itself */
 	uint64_t timeouts;                 /* connections closed by the deadline */
 	uint64_t evicted;                  /* idle ones closed to admit a new connection */
+	uint64_t forbidden;                /* refused: address not allowed, foreign Host, no token */
 };
 
 struct http_server;
+
+/* Who may ask; every part optional. Copied by http_server_set_access(); a
+ * server it was never called for answers anyone, whatever Host they name. */
+struct http_access {
+	const char *const *allow;          /* networks, "ip" or "ip/bits"; none: anyone */
+	size_t nallow;
+	const char *const *hosts;          /* names a Host header may carry beside "localhost"
+					    * and the listener's address; "*": any */
+	size_t nhosts;
+	const char *token;                 /* "Authorization: Bearer <token>" required, or NULL */
+	const char *const *open_paths;     /* served without the token (probes), NULL-terminated */
+};
 
 void http_reply_init(struct http_reply *r);
 void http_reply_release(struct http_reply *r);
@@ -103,6 +122,8 @@ struct http_server *http_server_new(struct ev_loop *loop, const char *addr, bool
 void http_server_free(struct http_server *s);
 void http_server_set_timeout(struct http_server *s, double seconds);
 void http_server_set_max_conns(struct http_server *s, size_t n);
+int http_server_set_access(struct http_server *s, const struct http_access *a, char *err,
+			   size_t errlen) MUSTCHECK;
 
 int http_server_port(const struct http_server *s);
 size_t http_server_conns(const struct http_server *s);

@@ -557,6 +557,8 @@ int main(int argc, char **argv)
 	if (check) {
 		if (advise)
 			fprintf(stderr, "%s\n", advice);
+		if (config_metrics_advice(rs->cfg, advice, sizeof(advice)))
+			fprintf(stderr, "%s\n", advice);
 		printf("%s: configuration is valid (%zu tiers, %zu limits, %zu endpoints)\n", file,
 		       rs->ntiers, rs->cfg->nlimits, rs->nendpoints);
 		if (rs->cand && rs->cand->cfg->cand_mode.sampled)

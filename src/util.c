@@ -292,3 +292,67 @@ int heap_usage(uint64_t *in_use, uint64_t *free_bytes)
 	return -1;
 #endif
 }
+
+/* ---- networks ---------------------------------------------------------- */
+
+int ip_net_parse(const char *s, struct ip_net *out, char *err, size_t errlen)
+{
+	char ip[INET6_ADDRSTRLEN + 1];
+	const char *slash = strchr(s, '/');
+	size_t iplen = slash ? (size_t)(slash - s) : strlen(s);
+	unsigned max, i;
+	char *end;
+
+	memset(out, 0, sizeof(*out));
+	if (iplen == 0 || iplen >= sizeof(ip))
+		goto bad;
+	memcpy(ip, s, iplen);
+	ip[iplen] = 0;
+	if (inet_pton(AF_INET, ip, out->addr) == 1) {
+		out->family = AF_INET;
+		max = 32;
+	} else if (inet_pton(AF_INET6, ip, out->addr) == 1) {
+		out->family = AF_INET6;
+		max = 128;
+	} else {
+		goto bad;
+	}
+	out->bits = max;
+	if (slash) {
+		unsigned long b;
+
+		if (!isdigit((unsigned char)slash[1]))
+			goto bad;
+		b = strtoul(slash + 1, &end, 10);
+		if (*end || b > max)
+			goto bad;
+		out->bits = (unsigned)b;
+	}
+	/* the host bits cleared: 10.1.2.3/8 is 10.0.0.0/8 */
+	for (i = out->bits; i < max; i++)
+		out->addr[i / 8] &= (unsigned char)~(0x80u >> (i % 8));
+	return 0;
+bad:
+	snprintf(err, errlen, "'%.64s': a network is \"ip\" or \"ip/bits\" (v4 or v6)", s);
+	return -1;
+}
+
+int ip_net_is_loopback(const struct ip_net *n)
+{
+	static const unsigned char v6_loop[16] = {[15] = 1};
+
+	if (n->family == AF_INET)
+		return n->addr[0] == 127 && n->bits >= 8;
+	return n->bits == 128 && memcmp(n->addr, v6_loop, 16) == 0;
+}
+
+/* Whether host address <a> lies in network <n>. */
+int ip_net_has(const struct ip_net *n, const struct ip_net *a)
+{
+	unsigned full = n->bits / 8, rest = n->bits % 8;
+
+	if (n->family != a->family || memcmp(n->addr, a->addr, full) != 0)
+		return 0;
+	return !rest || ((n->addr[full] ^ a->addr[full]) & (0xffu << (8 - rest)) & 0xffu) == 0;
+}
+

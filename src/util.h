@@ -25,6 +25,18 @@ int host_name_ok(const char *name);
 int hostport_split(const char *addr, char *host, size_t hostlen, int *port);
 int heap_usage(uint64_t *in_use, uint64_t *free_bytes);
 
+/* A network, "ip" or "ip/bits" (v4 or v6; an address alone has every bit). */
+struct ip_net {
+	int family;                     /* AF_INET or AF_INET6 */
+	unsigned char addr[16];
+	unsigned bits;
+};
+/* 0, or -1 with why in <err> (NULL: not said). The host bits are cleared. */
+int ip_net_parse(const char *s, struct ip_net *out, char *err, size_t errlen);
+int ip_net_is_loopback(const struct ip_net *n);
+/* Whether the address <a> (every bit) lies in the network <n>. */
+int ip_net_has(const struct ip_net *n, const struct ip_net *a);
+
 #define FREE_AND_NULL(p)                                                                    \
 	do {                                                                                \
 		free(p);                                                                    \

@@ -35,11 +35,13 @@ pkg_present() { local s; s=$(pkg_state); [ -n "$s" ] && [ "$s" != "not-installed
 # Every path of the file system that names the package, outside temporary
 # directories (other processes' files there are none of ours) and man-db's
 # cache of formatted pages (systemd-analyze verify formats the pages the
-# unit's Documentation= names; man-db's daily job expires them).
+# unit's Documentation= names; man-db's daily job expires them), nor the test
+# matrix's cached Debian roots (tests/matrix/root.sh; one may be in the making).
 MANCACHE=/var/cache/man
 named_paths() {
 	find /etc /lib /usr /var /run /opt /srv -xdev \
-		\( -path /var/tmp -o -path /var/cache/apt -o -path $MANCACHE \) -prune -o \
+		\( -path /var/tmp -o -path /var/cache/apt -o -path $MANCACHE \
+		   -o -path "/var/cache/$PKG-matrix*" -o -path "${MATRIX_CACHE:-/var/cache/$PKG-matrix}" \) -prune -o \
 		-path "*$PKG*" -print 2>/dev/null | sort
 }
 

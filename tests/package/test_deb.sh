@@ -21,7 +21,14 @@ cd "$(dirname "$0")/../.."
 PKG=spoa-ratelimit
 BIN=/usr/sbin/spoa-ratelimit
 CONF=/etc/spoa-ratelimit/spoa-ratelimit.conf
-UNIT=/lib/systemd/system/spoa-ratelimit.service
+# where dh_installsystemd puts the unit: /lib on Debian 12, /usr/lib since the
+# merged /usr (Debian 13, unstable: no VERSION_ID)
+release=$(. /etc/os-release && echo "${VERSION_ID:-}")
+if [ "$release" = 12 ]; then
+	UNIT=/lib/systemd/system/spoa-ratelimit.service
+else
+	UNIT=/usr/lib/systemd/system/spoa-ratelimit.service
+fi
 WANTS=/etc/systemd/system/multi-user.target.wants/spoa-ratelimit.service
 EXAMPLES=/usr/share/doc/spoa-ratelimit/examples
 

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: MIT
+# shellcheck shell=bash disable=SC2034  # (the names are for the scripts that source it)
 #
 # What the package tests share (sourced by test_deb.sh and test_upgrade.sh).
 

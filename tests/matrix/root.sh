@@ -6,6 +6,9 @@
 #   tests/matrix/root.sh make NAME SUITE "PACKAGES" ["EXTRA SOURCES" ["HOOK"]]
 #   tests/matrix/root.sh run  NAME COMMAND...      (in /src, a copy of this tree)
 #
+# MATRIX_SHARE=DIR: a directory of the machine's, mounted on /share in the root
+# for `run` (read-write): how a package built in one root reaches another.
+#
 # Roots are cached in $MATRIX_CACHE (default /var/cache/spoa-ratelimit-matrix),
 # keyed by suite, packages and sources; a root older than $MATRIX_MAX_AGE days
 # (default 7) is made again, so security updates reach it. `run` never changes
@@ -109,6 +112,10 @@ run_in_root() {
 		mount --rbind /dev "$R/dev"
 		mount --rbind /sys "$R/sys"
 		mount -t tmpfs -o size=4g tmpfs "$R/tmp"
+		if [ -n "${MATRIX_SHARE:-}" ]; then
+			mkdir -p "$R/share"
+			mount --bind "$MATRIX_SHARE" "$R/share"
+		fi
 		cp /etc/resolv.conf "$R/etc/resolv.conf" 2>/dev/null || true
 		exec chroot "$R" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 			HOME=/root LANG=C.UTF-8 CI="${CI:-}" TERM=dumb \

@@ -18,30 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-PKG=spoa-ratelimit
-BIN=/usr/sbin/spoa-ratelimit
-CONF=/etc/spoa-ratelimit/spoa-ratelimit.conf
-UNIT=/lib/systemd/system/spoa-ratelimit.service
-WANTS=/etc/systemd/system/multi-user.target.wants/spoa-ratelimit.service
-EXAMPLES=/usr/share/doc/spoa-ratelimit/examples
-
-fail() { echo "FAIL: $*" >&2; exit 1; }
-ok() { echo "ok: $*"; }
-
-# "installed", "config-files", "half-installed"...: anything dpkg still knows about
-pkg_state() { dpkg-query -W -f='${db:Status-Status}' "$PKG" 2>/dev/null || true; }
-pkg_present() { local s; s=$(pkg_state); [ -n "$s" ] && [ "$s" != "not-installed" ]; }
-
-# Every path of the file system that names the package, outside temporary
-# directories (other processes' files there are none of ours) and man-db's
-# cache of formatted pages (systemd-analyze verify formats the pages the
-# unit's Documentation= names; man-db's daily job expires them).
-MANCACHE=/var/cache/man
-named_paths() {
-	find /etc /lib /usr /var /run /opt /srv -xdev \
-		\( -path /var/tmp -o -path /var/cache/apt -o -path $MANCACHE \) -prune -o \
-		-path "*$PKG*" -print 2>/dev/null | sort
-}
+. tests/package/lib.sh
 
 [ "$(id -u)" -eq 0 ] || fail "needs root (dpkg -i, dpkg --purge)"
 pkg_present && fail "$PKG is installed already (state: $(pkg_state)); this test installs and purges it: purge it first"
@@ -108,7 +85,7 @@ fi
 	fail "$DEB has version $(dpkg-deb -f "$DEB" Version), the Makefile $version"
 ok "$DEB: $PKG $version"
 
-dpkg-deb -c "$DEB" | awk '{print $6}' | sed 's,^\./,/,' > "$tmp/contents"
+deb_paths "$DEB" > "$tmp/contents"
 for f in "$BIN" "$CONF" "$UNIT" \
 	/usr/share/man/man8/spoa-ratelimit.8.gz /usr/share/man/man5/spoa-ratelimit.conf.5.gz \
 	/usr/share/doc/spoa-ratelimit/README.Debian /usr/share/doc/spoa-ratelimit/copyright \

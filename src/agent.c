@@ -281,7 +281,6 @@ static void status_reply(struct agent *a, struct http_reply *r, bool json)
 	v = metrics_view(a->metrics);
 	if (json) {
 		http_reply_status(r, 200, "application/json");
-		http_reply_header(r, "X-Content-Type-Options", "nosniff");
 		status_render_json(v, &si, r);
 	} else {
 		status_render_html(v, &si, r);

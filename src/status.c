@@ -1054,9 +1054,8 @@ void status_render_html(const struct met_view *v, const struct status_info *si,
 
 	model_build(&m, v, si);
 	http_reply_status(r, 200, "text/html; charset=utf-8");
+	/* nosniff, no-referrer and no-store: the server's own, on every route */
 	http_reply_header(r, "Content-Security-Policy", page_csp());
-	http_reply_header(r, "X-Content-Type-Options", "nosniff");
-	http_reply_header(r, "Referrer-Policy", "no-referrer");
 	http_reply_printf(r, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
 			     "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
 			     "<title>spoa-ratelimit status</title><style>%s</style></head><body>"

@@ -1000,28 +1000,35 @@ static void print_panel(FILE *f, const struct json *p, const struct json *alerts
 	}
 }
 
-/* Fetches and prints the status once. Returns 0, or 1 (printed). */
+/* `ctl status`'s exit statuses (doc/operations.md): */
+#define CTL_STATUS_FINE      0  /* the agent answered: state "ok" */
+#define CTL_STATUS_TROUBLE   1  /* the agent answered: something is wrong (degraded, not ready) */
+#define CTL_STATUS_USAGE     2  /* the command line */
+#define CTL_STATUS_NO_ANSWER 3  /* no answer, or none that could be read (printed) */
+
+/* Fetches and prints the status once: one of CTL_STATUS_*. */
 static int status_once(const char *addr, bool clear)
 {
 	const struct json *schema, *state, *alerts, *agent, *ver;
 	char err[128];
 	struct json *j;
 	size_t len, i;
+	bool ok;
 	char *body = http_get(addr, "/status.json", &len);
 
 	if (!body)
-		return 1;
+		return CTL_STATUS_NO_ANSWER;
 	j = json_parse(body, len, err, sizeof(err));
 	free(body);
 	if (!j) {
 		fprintf(stderr, "%s/status.json: %s\n", addr, err);
-		return 1;
+		return CTL_STATUS_NO_ANSWER;
 	}
 	schema = json_get(j, "schema");
 	if (!schema || schema->type != JSON_NUM || schema->num != 1) {
 		fprintf(stderr, "%s/status.json: not schema 1 (a newer agent?)\n", addr);
 		json_free(j);
-		return 1;
+		return CTL_STATUS_NO_ANSWER;
 	}
 	state = json_get(j, "state");
 	alerts = json_get(j, "alerts");
@@ -1035,8 +1042,9 @@ static int status_once(const char *addr, bool clear)
 		if (j->kids[i].type == JSON_OBJ && strcmp(j->kids[i].key, "alerts") != 0)
 			print_panel(stdout, &j->kids[i], alerts);
 	fflush(stdout);
+	ok = state && state->type == JSON_STR && strcmp(state->str, "ok") == 0;
 	json_free(j);
-	return 0;
+	return ok ? CTL_STATUS_FINE : CTL_STATUS_TROUBLE;
 }
 
 /*
@@ -1049,6 +1057,7 @@ static int ctl_status(const struct agent_config *cfg, int argc, char **argv)
 	double every = 0;
 	long count = -1, done;
 	int i, ret = 0;
+	time_t down_since = 0, last_ok = 0;
 
 	for (i = 0; i < argc; i++) {
 		char *end;
@@ -1059,25 +1068,25 @@ static int ctl_status(const struct agent_config *cfg, int argc, char **argv)
 				every = strtod(argv[++i], &end);
 				if (*end || !(every >= 0.2 && every <= 3600)) {
 					fprintf(stderr, "--watch: seconds from 0.2 to 3600\n");
-					return 2;
+					return CTL_STATUS_USAGE;
 				}
 			}
 		} else if (strcmp(argv[i], "-n") == 0 && i + 1 < argc) {
 			count = strtol(argv[++i], &end, 10);
 			if (*end || count < 1) {
 				fprintf(stderr, "-n: a count of at least 1\n");
-				return 2;
+				return CTL_STATUS_USAGE;
 			}
 		} else if (strcmp(argv[i], "--address") == 0 && i + 1 < argc) {
 			addr = argv[++i];
 		} else {
-			return 2;
+			return CTL_STATUS_USAGE;
 		}
 	}
 	if (!addr) {
 		fprintf(stderr, "metrics.listen is not set in the configuration (or give "
 				"--address IP:PORT)\n");
-		return 1;
+		return CTL_STATUS_USAGE;
 	}
 	if (every == 0)
 		return status_once(addr, false);
@@ -1087,8 +1096,24 @@ static int ctl_status(const struct agent_config *cfg, int argc, char **argv)
 
 		if (done)
 			nanosleep(&ts, NULL);
-		/* an agent that does not answer is said so, and asked again */
+		/* an agent that does not answer is said so, since when, and asked again */
 		ret = status_once(addr, isatty(STDOUT_FILENO));
+		if (ret != CTL_STATUS_NO_ANSWER) {
+			last_ok = time(NULL);
+			down_since = 0;
+		} else {
+			char since[16], last[16];
+			struct tm tm;
+
+			if (!down_since)
+				down_since = time(NULL);
+			strftime(since, sizeof(since), "%H:%M:%S", localtime_r(&down_since, &tm));
+			if (last_ok)
+				strftime(last, sizeof(last), "%H:%M:%S", localtime_r(&last_ok, &tm));
+			printf("agent at %s not answering since %s%s%s\n", addr, since,
+			       last_ok ? "; its last answer came at " : "", last_ok ? last : "");
+			fflush(stdout);
+		}
 	}
 	return ret;
 }
@@ -1099,11 +1124,13 @@ int ctl_main(int argc, char **argv)
 	struct cfg_errors errs = {0};
 	struct ctl c = {0};
 	char master[300];
-	int i = 1, ret, kind = -1;
+	int i = 1, ret, kind = -1, a;
+	bool file_given = false;
 
 	while (i < argc && argv[i][0] == '-') {
 		if (strcmp(argv[i], "-f") == 0 && i + 1 < argc) {
 			file = argv[i + 1];
+			file_given = true;
 			i += 2;
 		} else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
 			ctl_usage(stdout);
@@ -1138,13 +1165,24 @@ int ctl_main(int argc, char **argv)
 		ctl_usage(stderr);
 		return 2;
 	}
+	/* `status --address` needs no configuration file (one may not read it): none is
+	 * read unless -f names one, for its metrics.token_file */
+	for (a = i; strcmp(cmd, "status") == 0 && !file_given && a < argc; a++) {
+		if (strcmp(argv[a], "--address") == 0) {
+			ret = ctl_status(NULL, argc - i, argv + i);
+			if (ret == CTL_STATUS_USAGE)
+				ctl_usage(stderr);
+			return ret;
+		}
+	}
 	if (config_load(file, &c.cfg, &errs) < 0) {
 		size_t k;
 
 		for (k = 0; k < errs.n; k++)
 			fprintf(stderr, "%s\n", errs.msgs[k]);
 		cfg_errors_release(&errs);
-		return 1;
+		/* status: 1 would say the agent is in trouble; the configuration is */
+		return strcmp(cmd, "status") == 0 ? CTL_STATUS_USAGE : 1;
 	}
 	config_reply_limits(c.cfg, &ctl_limits);
 	ctl_metrics_token = c.cfg->metrics_token;

@@ -16,7 +16,8 @@ import time
 import pytest
 
 import spop_client as sc
-from conftest import agent_config, check_config, http_request, to_libconfig, wait_until
+from conftest import (SPOA_BIN, agent_config, agent_env, check_config, free_port, http_request,
+                      to_libconfig, wait_until)
 from test_ops import fingerprint, pipeline
 from test_overrides import ctl, ctl_ok
 
@@ -303,14 +304,36 @@ def test_ctl_status_once_and_watching(agent, redis, tmp):
     assert "\033[2J" not in out                   # not a terminal: no screen clearing
     rc, out, err = ctl(a, "status", "--watch", "0.1")
     assert rc == 2 and "--watch" in err
+    # --address needs no configuration file: none is read without -f (one that cannot
+    # be read is no obstacle), and the exit status tells fine (0) from no answer (3)
+    addr = "%s:%d" % (host, port)
+    r = subprocess.run([str(SPOA_BIN), "ctl", "status", "--address", addr],
+                       capture_output=True, text=True, timeout=20, env=agent_env())
+    assert r.returncode == 0 and " at %s: ok\n" % addr in r.stdout, (r.returncode, r.stderr)
     a.stop()
     rc, out, err = ctl(a, "status")
-    assert rc == 1 and "Connection refused" in err and out == ""
+    assert rc == 3 and "Connection refused" in err and out == ""
+    # watching an agent that does not answer: said, with since when, and asked again
+    rc, out, err = ctl(a, "status", "--watch", "0.2", "-n", "3")
+    assert rc == 3 and out.count("agent at %s not answering since " % addr) == 3, (out, err)
     cfg = dict(a.cfg)
     cfg.pop("metrics")
     a.conf_path.write_text(to_libconfig(cfg))
     rc, out, err = ctl(a, "status")
-    assert rc == 1 and "metrics.listen is not set" in err
+    assert rc == 2 and "metrics.listen is not set" in err
+    a.conf_path.write_text("this is { not a configuration")
+    rc, out, err = ctl(a, "status")
+    assert rc == 2, (rc, err)
+
+
+def test_ctl_status_exits_1_when_the_agent_says_something_is_wrong(agent, tmp):
+    """Redis unreachable from the start (nobody on its port): the agent answers, its state
+    is not ok: 1."""
+    a = agent(redis=None, metrics=True, wait_redis=False, store="redis",
+              redis_cfg={"address": "127.0.0.1:%d" % free_port()})
+    wait_until(lambda: ctl(a, "status")[0] == 1, 10, 0.2, "state not ok")
+    rc, out, err = ctl(a, "status")
+    assert rc == 1 and ": ok\n" not in out.splitlines()[0] + "\n", out
 
 
 # ---------------------------------------------------------------------------------------

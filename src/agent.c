@@ -260,6 +260,9 @@ static bool agent_quotas(const struct agent *a)
 	return false;
 }
 
+/* How long a rendered status page (or JSON) is served again before a new one is made. */
+#define STATUS_CACHE_S 0.25
+
 /* The status page (<json>: /status.json), from the metrics and the agent's state. */
 static void status_reply(struct agent *a, struct http_reply *r, bool json)
 {
@@ -286,6 +289,33 @@ static void status_reply(struct agent *a, struct http_reply *r, bool json)
 		status_render_html(v, &si, r);
 	}
 	metrics_view_free(v);
+}
+
+/*
+ * The status page (<json>: /status.json) rendered at most every STATUS_CACHE_S:
+ * a rendering costs 0.1 to 0.35 ms of the loop's time, a copy of the last one
+ * a few microseconds, so a flood of /status requests costs the decisions
+ * little, and the page is at most a quarter of a second old (its own refresh
+ * is every 2 s).
+ */
+static void status_cached(struct agent *a, struct http_reply *r, bool json)
+{
+	struct http_reply *c = &a->status_cache[json].r;
+	double now = ev_now(a->loop);
+
+	if (a->status_cache[json].at == 0 || now - a->status_cache[json].at >= STATUS_CACHE_S ||
+	    now < a->status_cache[json].at) {
+		http_reply_release(c);
+		http_reply_init(c);
+		status_reply(a, c, json);
+		a->status_cache[json].at = now;
+	}
+	http_reply_status(r, c->status, c->ctype);
+	memcpy(r->headers, c->headers, c->hlen);
+	r->hlen = c->hlen;
+	if (c->len)
+		http_reply_append(r, c->body, c->len);
+	r->broken = c->broken;
 }
 
 /*
@@ -328,7 +358,7 @@ static void http_cb(const char *path, struct http_reply *r, void *arg)
 		http_reply_status(r, 200, "application/json");
 		ovr_render(a->ovr, r);
 	} else if (strcmp(path, "/status") == 0 || strcmp(path, "/status.json") == 0) {
-		status_reply(a, r, path[7] == '.');
+		status_cached(a, r, path[7] == '.');
 	} else if (strcmp(path, "/healthz") == 0) {
 		http_reply_status(r, 200, "text/plain");
 		http_reply_printf(r, "ok\n");
@@ -692,6 +722,8 @@ void agent_free(struct agent *a)
 		return;
 	ev_timer_stop(a->loop, &a->publish);
 	http_server_free(a->http);
+	http_reply_release(&a->status_cache[0].r);
+	http_reply_release(&a->status_cache[1].r);
 	/* decisions still waiting for the overrides go to the store, which answers them */
 	a->no_park = true;
 	ovr_wake(a);

@@ -32,6 +32,7 @@
 #include <ev.h>
 
 #include "config.h"
+#include "http.h"
 #include "list.h"
 #include "metrics.h"
 #include "quota.h"
@@ -100,6 +101,12 @@ struct agent {
 	struct metrics *metrics;        /* ref: shared region (owned by main) */
 	struct met_slot *ms;            /* ref: this process's slot */
 	struct http_server *http;       /* owned or NULL */
+	/* the status page and /status.json as last rendered: served again for
+	 * STATUS_CACHE_S, so that scrapes cannot take the loop from decisions */
+	struct {
+		struct http_reply r;
+		double at;              /* ev_now(): rendered then, 0: never */
+	} status_cache[2];
 	struct blocked_slot *blocked;   /* owned: BLOCKED_SLOTS, or NULL when disabled */
 	uint64_t blocked_hits;
 	struct overrides *ovr;          /* owned, NULL unless store "redis" and overrides.enabled */

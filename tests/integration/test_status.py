@@ -66,7 +66,12 @@ SCHEMA = {
 CELL_TYPES = (int, float, str, bool, type(None))
 
 
+CACHE_S = 0.25                  # STATUS_CACHE_S: a page is rendered at most this often
+
+
 def status_json(a):
+    """/status.json as it is now: asked once the page rendered before this call is stale."""
+    time.sleep(CACHE_S + 0.05)
     status, body = a.http("/status.json")
     assert status == 200, body
     return json.loads(body)
@@ -458,3 +463,28 @@ def test_status_page_in_a_browser_traffic_then_redis_stopped(agent, redis, tmp):
         assert node[2] == "yes"
     finally:
         redis.proc.signal(signal.SIGCONT)
+
+
+def test_the_page_is_rendered_at_most_every_quarter_second(agent, redis):
+    """A flood of /status.json gets the page rendered once per STATUS_CACHE_S and copied
+    meanwhile (a render costs the loop ~0.1-0.7 ms, a copy microseconds): denials driven
+    right after a request do not show in a request within the same quarter second, and do
+    once it has passed."""
+    a = status_agent(agent, redis)
+
+    def denied():
+        j = json.loads(a.http("/status.json")[1])
+        r = rows(j, "denials", "rules", rule="key_rpm")
+        return r[0]["denied"] if r else 0
+
+    for attempt in range(5):            # a slow machine may take the quarter second itself
+        time.sleep(CACHE_S + 0.05)
+        t0 = time.monotonic()
+        before = denied()
+        pipeline(a.addr, [sc.rl_message(key="cache-heavy-%d" % attempt)] * 6)  # 1 denied
+        during = denied()
+        if time.monotonic() - t0 < CACHE_S * 0.8:
+            break
+    assert during == before, (before, during)
+    time.sleep(CACHE_S + 0.05)
+    assert denied() == before + 1

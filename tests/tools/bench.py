@@ -57,6 +57,7 @@ import socket
 import subprocess
 import sys
 import pathlib
+import threading
 import time
 
 sys.dont_write_bytecode = True
@@ -584,6 +585,61 @@ def paced_row(h, args, setup, label, ag, aport, red):
     return row
 
 
+STATUS_FLOOD_RATE = 1000       # /status.json requests a second in row W
+
+
+def run_status_flood(h, args, agent_bin, rport, red):
+    """Row W: row E's paced load while /status.json is asked STATUS_FLOOD_RATE times a
+    second (fresh connections, two threads): what a scraper (or an attacker who reaches the
+    metrics listener) costs the decisions. The agent CPU per /status is the row's agent CPU
+    less row E's, per request."""
+    mport = rh.free_ports(1)[0]
+    cfg = agent_config("redis", rport)
+    cfg["metrics"] = {"listen": "%s:%d" % (rh.LOCALHOST, mport)}
+    print("[W] as E, with /status.json asked %d times a second" % STATUS_FLOOD_RATE)
+    ag, aport, _ = rh.start_agent(h, agent_bin, cfg, "agent-W")
+    stop, count, fails = threading.Event(), [0, 0], [0, 0]
+
+    def flood(i):
+        import http.client
+        period = 2.0 / STATUS_FLOOD_RATE
+        nxt = time.monotonic()
+        while not stop.is_set():
+            c = http.client.HTTPConnection(rh.LOCALHOST, mport, timeout=2)
+            try:
+                c.request("GET", "/status.json")
+                r = c.getresponse()
+                r.read()
+                count[i] += 1
+                fails[i] += r.status != 200
+            except OSError:
+                fails[i] += 1
+            finally:
+                c.close()
+            nxt += period
+            time.sleep(max(0.0, nxt - time.monotonic()))
+
+    threads = [threading.Thread(target=flood, args=(i,), daemon=True) for i in range(2)]
+    try:
+        time.sleep(0.3)
+        for t in threads:
+            t.start()
+        t0 = time.monotonic()
+        row = paced_row(h, args, "W", "agent exact, /status flood", ag, aport, red)
+        n0 = sum(count)
+        stop.set()
+        for t in threads:
+            t.join(5)
+        row["status_rate"] = n0 / (time.monotonic() - t0)
+        row["status_fails"] = sum(fails)
+        print("               /status.json: %.0f a second answered, %d failed" % (
+            row["status_rate"], row["status_fails"]))
+        return row
+    finally:
+        stop.set()
+        h.stop(ag)
+
+
 def make_tls_files(h):
     """A CA and a certificate for 127.0.0.1 it signs (openssl): (ca, crt, key) paths."""
     d = h.tmp / "tls"
@@ -849,6 +905,8 @@ def run(h, args, agent_bin, script):
     print()
     rows["T"] = run_tls_agent(h, args, agent_bin)
     print()
+    rows["W"] = run_status_flood(h, args, agent_bin, rport, red)
+    print()
     # same key length as the agent's (32 hex digits), BENCH_KEYS of them
     pad = "0" * 20 + "__rand_int__"
     print("[P] [Q] redis-benchmark -P 32 -c 8 -r %d -n %d on the same Redis:" % (
@@ -887,15 +945,16 @@ def run(h, args, agent_bin, script):
 
 def report(args, http, rows):
     order = [(s, r) for s in "ABC" for r in http[s]] + \
-        [(k, rows[k]) for k in "NDETPQFMS" if rows.get(k)]
+        [(k, rows[k]) for k in "NDETWPQFMS" if rows.get(k)]
     names = {"A": "no SPOE", "B": "null agent", "C": "exact", "N": "spoa-example",
              "D": 'agent "allow"', "E": "agent exact", "T": "agent exact TLS",
+             "W": "exact + /status flood",
              "P": "our script -P32",
              "Q": "seed script -P32", "F": "floor script -P32",
              "M": "multi form D=%d -P32" % MULTI_D, "S": "sustained exact"}
     how = {"A": "wrk", "B": "wrk", "C": "wrk", "N": "spop-load -r %d" % args.rate,
            "D": "spop-load -r %d" % args.rate, "E": "spop-load -r %d" % args.rate,
-           "T": "spop-load -r %d" % args.rate,
+           "T": "spop-load -r %d" % args.rate, "W": "spop-load -r %d" % args.rate,
            "P": "redis-benchmark", "Q": "redis-benchmark", "F": "redis-benchmark",
            "M": "redis-benchmark", "S": "spop-load -r, 0 degraded"}
     print("results (CPU from /proc: us per decision / request / call of the row's run;"
@@ -994,6 +1053,20 @@ def report(args, http, rows):
         info("p50 / p99 latency, TLS (T)", "%s / %s ms" % (fmt_ms(T["p50"]), fmt_ms(T["p99"])))
         if T["degraded"] or T["errors"]:
             info("  (row T not clean)", clean(T))
+    W = rows.get("W")
+    if W and E["cpu"].get("agent") and W.get("status_rate"):
+        print()
+        print("what a /status flood costs the decisions (target of the status page: W against"
+              " E, the same run)")
+        per_s = (W["cpu"].get("agent", 0) - E["cpu"]["agent"]) * W["rate"] / W["status_rate"]
+        line("agent CPU per /status.json (W - E, per request)", "%.0f us" % per_s,
+             per_s <= 50, "<= 50")
+        info("SPOP p99 without / with the flood (E / W)", "%s / %s ms" % (
+            fmt_ms(E["p99"]), fmt_ms(W["p99"])))
+        info("/status.json answered a second (%d asked), failed" % STATUS_FLOOD_RATE,
+             "%.0f, %d" % (W["status_rate"], W["status_fails"]))
+        if W["degraded"] or W["errors"]:
+            info("  (row W not clean)", clean(W))
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ endif
 
 SPOA_SRC  = spoa/spop.c spoa/server.c
 AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/store_node.c src/store_cmd.c \
-            src/store_cluster.c src/store_batch.c src/store_reply.c src/rconn.c src/tls.c src/resolve.c src/sentinel.c src/limiter.c src/digest.c src/log.c src/util.c \
+            src/store_cluster.c src/store_batch.c src/store_reply.c src/store_parse.c src/reply_parse.c src/rconn.c src/tls.c src/resolve.c src/sentinel.c src/limiter.c src/digest.c src/log.c src/util.c \
             src/memstore.c src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c \
             src/normalize.c src/overrides.c src/ctl.c src/status.c src/json.c \
             src/notify.c src/prepare.c src/parts.c src/candidate.c src/charge.c src/answer.c \

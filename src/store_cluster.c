@@ -6,7 +6,6 @@
  * dispatched, answered, freed) and the node layer (store_node.c: nodes found
  * or made, their health told); store.c wires it into the layers' callbacks.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -70,6 +70,10 @@ int reply_slots_entry(const redisReply *e, struct reply_slots_entry *se)
 		return -1;
 	if (m->element[0]->type != REDIS_REPLY_STRING && m->element[0]->type != REDIS_REPLY_NIL)
 		return -1;
+	/* the host is used as a string: a NUL inside would cut it to another one */
+	if (m->element[0]->type == REDIS_REPLY_STRING &&
+	    memchr(m->element[0]->str, '\0', m->element[0]->len))
+		return -1;
 	if (m->element[1]->type != REDIS_REPLY_INTEGER)
 		return -1;
 	se->start = (unsigned)e->element[0]->integer;
@@ -95,7 +99,11 @@ int reply_master_addr(const redisReply *r, struct reply_master_addr *ma)
 	    r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_STRING)
 		return -1;
 	port = strtol(r->element[1]->str, &end, 10);
-	if (r->element[0]->len >= sizeof(ma->host) || *end || port < 1 || port > 65535)
+	/* a NUL inside either string would end it early: "6\0\0\0" is no port 6,
+	 * nor "10.0.0.1\0junk" the address 10.0.0.1 */
+	if (r->element[0]->len >= sizeof(ma->host) ||
+	    memchr(r->element[0]->str, '\0', r->element[0]->len) ||
+	    end != r->element[1]->str + r->element[1]->len || port < 1 || port > 65535)
 		return -1;
 	memcpy(ma->host, r->element[0]->str, r->element[0]->len + 1);
 	ma->port = (int)port;
@@ -104,6 +112,13 @@ int reply_master_addr(const redisReply *r, struct reply_master_addr *ma)
 
 const char *reply_role(const redisReply *r)
 {
-	return r->type == REDIS_REPLY_ARRAY && r->elements >= 1 &&
-	       r->element[0]->type == REDIS_REPLY_STRING ? r->element[0]->str : NULL;
+	const redisReply *e;
+
+	if (r->type != REDIS_REPLY_ARRAY || r->elements < 1)
+		return NULL;
+	e = r->element[0];
+	/* "master\0..." is no master */
+	if (e->type != REDIS_REPLY_STRING || memchr(e->str, '\0', e->len))
+		return NULL;
+	return e->str;
 }

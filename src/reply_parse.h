@@ -30,15 +30,15 @@ struct reply_redirect {
 struct reply_slots_entry {
 	unsigned start, end;    /* start <= end < CRC16_SLOTS */
 	const char *host;       /* ref: the master's address as sent, NUL-terminated at
-				 * <hostlen>; "" when the reply had nil or "" (the node
-				 * that was asked) */
+				 * <hostlen> and holding no other NUL; "" when the reply
+				 * had nil or "" (the node that was asked) */
 	size_t hostlen;
 	long long port;         /* as sent: the caller checks its range */
 };
 
 /* The answer to `SENTINEL get-master-addr-by-name`. */
 struct reply_master_addr {
-	char host[64];          /* NUL-terminated */
+	char host[64];          /* NUL-terminated, holding no other NUL */
 	int port;               /* 1..65535 */
 };
 
@@ -51,16 +51,19 @@ bool reply_int_in(const redisReply *e, long long lo, long long hi);
  * 1 when <err> is no redirection, -1 when it is one but malformed.
  */
 int reply_redirect_parse(const char *err, struct reply_redirect *rd);
-/* Reads the CLUSTER SLOTS entry <e> into <se>. Returns 0, or -1 when malformed. */
+/* Reads the CLUSTER SLOTS entry <e> into <se>. Returns 0, or -1 when malformed
+ * (a host holding a NUL is). */
 int reply_slots_entry(const redisReply *e, struct reply_slots_entry *se);
 /*
  * Reads a Sentinel's answer <r> to `SENTINEL get-master-addr-by-name` into
- * <ma>: { host, port } as two strings. Returns 0, or -1 when it is anything
- * else (an error, nil for a name it does not know, a bad address): the caller
- * tells which from <r>'s type.
+ * <ma>: { host, port } as two strings, the port all digits of its string (but
+ * for leading blanks and a sign, as strtol() reads it), neither holding a NUL.
+ * Returns 0, or -1 when it is anything else (an error, nil for a name it does
+ * not know, a bad address): the caller tells which from <r>'s type.
  */
 int reply_master_addr(const redisReply *r, struct reply_master_addr *ma);
-/* The role ROLE's reply <r> states ("master", "slave", "sentinel"), or NULL. */
+/* The role ROLE's reply <r> states ("master", "slave", "sentinel"), or NULL
+ * (no role, or one holding a NUL). */
 const char *reply_role(const redisReply *r);
 
 #endif /* AGENT_REPLY_PARSE_H */

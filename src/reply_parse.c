@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * What Redis and the Sentinels say about where things are: MOVED and ASK,
- * CLUSTER SLOTS entries, a Sentinel's master address, ROLE (see reply_parse.h).
+ * CLUSTER SLOTS entries, a Sentinel's master address and +switch-master
+ * messages, ROLE (see reply_parse.h).
  * Their callers act (store_cluster.c, sentinel.c, store_node.c); this file
  * only reads, so that every reply the fuzzer makes up can be read here.
  */
@@ -108,6 +109,66 @@ int reply_master_addr(const redisReply *r, struct reply_master_addr *ma)
 	memcpy(ma->host, r->element[0]->str, r->element[0]->len + 1);
 	ma->port = (int)port;
 	return 0;
+}
+
+/* Copies the field at <p> (up to a space or <end>) into <dst> of <size> bytes;
+ * returns where it ends, or NULL when it is empty, too long or holds a NUL. */
+static const char *field(const char *p, const char *end, char *dst, size_t size)
+{
+	const char *q = p;
+
+	while (q < end && *q != ' ')
+		q++;
+	if (q == p || (size_t)(q - p) >= size || memchr(p, '\0', (size_t)(q - p)))
+		return NULL;
+	memcpy(dst, p, (size_t)(q - p));
+	dst[q - p] = '\0';
+	return q;
+}
+
+/* The port written in <s> (1..65535, digits only, no leading zero), or -1. */
+static int port_field(const char *s)
+{
+	long v = 0;
+
+	if (*s < '1' || *s > '9')
+		return -1;
+	for (; *s; s++) {
+		if (*s < '0' || *s > '9' || v > 6553)
+			return -1;
+		v = v * 10 + (*s - '0');
+	}
+	return v <= 65535 ? (int)v : -1;
+}
+
+int reply_switch_master(const redisReply *msg, struct reply_switch *sw)
+{
+	char oport[6], nport[6];
+	struct {
+		char *dst;
+		size_t size;
+	} f[5] = {{sw->name, sizeof(sw->name)}, {sw->old_host, sizeof(sw->old_host)},
+		  {oport, sizeof(oport)}, {sw->new_host, sizeof(sw->new_host)},
+		  {nport, sizeof(nport)}};
+	const char *p, *end;
+	size_t i;
+
+	if (msg->type != REDIS_REPLY_STRING)
+		return -1;
+	p = msg->str;
+	end = p + msg->len;
+	for (i = 0; i < 5; i++) {
+		if (i && (p == end || *p++ != ' '))
+			return -1;
+		p = field(p, end, f[i].dst, f[i].size);
+		if (!p)
+			return -1;
+	}
+	if (p != end)
+		return -1;
+	sw->old_port = port_field(oport);
+	sw->new_port = port_field(nport);
+	return sw->old_port < 0 || sw->new_port < 0 ? -1 : 0;
 }
 
 const char *reply_role(const redisReply *r)

@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * What Redis and the Sentinels say about where things are (reply_parse.c): a
- * MOVED or ASK error, one CLUSTER SLOTS entry, a Sentinel's master address,
- * ROLE. Pure functions of a reply: they check its shape and ranges and fill a
- * struct, or refuse; they log nothing and act on nothing, so that the fuzz
- * target (tests/fuzz/fuzz_reply_parse.c) reaches them with any reply. What
- * they fill points into the reply (or the error string) it was read from and
- * lives as long as it.
+ * MOVED or ASK error, one CLUSTER SLOTS entry, a Sentinel's master address
+ * and its +switch-master messages, ROLE. Pure functions of a reply: they
+ * check its shape and ranges and fill a struct, or refuse; they log nothing
+ * and act on nothing, so that the fuzz target (tests/fuzz/fuzz_reply_parse.c)
+ * reaches them with any reply. A pointer they fill points into the reply (or
+ * the error string) it was read from and lives as long as it.
  */
 #ifndef AGENT_REPLY_PARSE_H
 #define AGENT_REPLY_PARSE_H
@@ -42,6 +42,15 @@ struct reply_master_addr {
 	int port;               /* 1..65535 */
 };
 
+/* A Sentinel's +switch-master message: "<name> <old ip> <old port> <new ip> <new port>". */
+struct reply_switch {
+	char name[128];         /* each string NUL-terminated, not empty, no space */
+	char old_host[64];
+	char new_host[64];
+	int old_port;           /* 1..65535 */
+	int new_port;           /* 1..65535 */
+};
+
 /* True when <e> is an integer within [lo, hi]. */
 bool reply_int_in(const redisReply *e, long long lo, long long hi);
 /*
@@ -62,6 +71,13 @@ int reply_slots_entry(const redisReply *e, struct reply_slots_entry *se);
  * not know, a bad address): the caller tells which from <r>'s type.
  */
 int reply_master_addr(const redisReply *r, struct reply_master_addr *ma);
+/*
+ * Reads the payload <msg> of a +switch-master message into <sw>: a string of
+ * five fields, one space between each, the ports in decimal without a sign or
+ * a leading zero (as Sentinels write them), each field within its room in
+ * <sw> and holding no NUL. Returns 0, or -1 when it is anything else.
+ */
+int reply_switch_master(const redisReply *msg, struct reply_switch *sw);
 /* The role ROLE's reply <r> states ("master", "slave", "sentinel"), or NULL
  * (no role, or one holding a NUL). */
 const char *reply_role(const redisReply *r);

@@ -408,8 +408,7 @@ static void switch_msg_cb(struct rconn *ac, void *reply, void *privdata)
 {
 	struct sentinel *sn = rconn_data(ac);
 	redisReply *r = reply;
-	char name[128], oip[64], nip[64];
-	int oport, nport;
+	struct reply_switch sw;
 
 	(void)privdata;
 	if (!r || ac != sn->wac)
@@ -429,12 +428,11 @@ static void switch_msg_cb(struct rconn *ac, void *reply, void *privdata)
 		sn->wsubscribed = true; /* the subscription's confirmation, or a pong */
 		return;
 	}
-	if (sscanf(r->element[2]->str, "%127s %63s %d %63s %d", name, oip, &oport, nip, &nport) != 5 ||
-	    strcmp(name, sn->master) != 0)
+	if (reply_switch_master(r->element[2], &sw) < 0 || strcmp(sw.name, sn->master) != 0)
 		return;
 	LOG(LOG_NOTICE, "sentinel %s:%d: +switch-master %s: %s:%d -> %s:%d", sn->hosts[sn->widx],
-	    sn->ports[sn->widx], name, oip, oport, nip, nport);
-	sn->on_switch(sn->arg, nip, nport);
+	    sn->ports[sn->widx], sw.name, sw.old_host, sw.old_port, sw.new_host, sw.new_port);
+	sn->on_switch(sn->arg, sw.new_host, sw.new_port);
 }
 
 /* Logs the watch's trouble <what> with the Sentinel watched, unless it is what was

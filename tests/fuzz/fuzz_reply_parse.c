@@ -3,7 +3,8 @@
  * libFuzzer target for what the agent reads out of Redis' replies, once the
  * reader (fuzz_resp.c) has built them: the rate-limit script's replies into a
  * store_result (src/store_parse.c), and MOVED/ASK errors, CLUSTER SLOTS
- * entries, a Sentinel's master address and ROLE (src/reply_parse.c).
+ * entries, a Sentinel's master address and +switch-master messages, and ROLE
+ * (src/reply_parse.c).
  *
  * The input's first two bytes choose the query the script answers: byte 0
  * the number of limits (1..16, low nibble) and of them the candidate's (bits
@@ -15,13 +16,15 @@
  * shape suggests (n from its length, with and without a batch's two
  * integers), the multi form's pair made of two neighbouring elements (as
  * store_batch.c hands a candidate's decision on), CLUSTER SLOTS entries,
- * the redirection reader on every string, the Sentinel's and ROLE's readers.
+ * the redirection and +switch-master readers on every string, the Sentinel's
+ * address and ROLE's readers.
  *
  * Whenever a reader accepts, what it filled must hold what its header
  * promises: flags 0 or 1, times and durations non-negative and within their
  * bounds, a grant within what was asked, slots within 0..16383 and start <=
  * end, ports within 1..65535, hosts inside the reply and NUL-terminated at
- * their length with no NUL before it. Anything else calls abort(). Inputs
+ * their length with no NUL before it, a +switch-master message read exactly as
+ * it is written. Anything else calls abort(). Inputs
  * over 64 KiB are ignored.
  *
  * Build and replay: see tests/fuzz/README.md (make fuzz, make replay).
@@ -30,6 +33,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -182,7 +186,8 @@ static void try_slots_entry(const redisReply *e)
 	CHECK(se.end == (unsigned long long)e->element[1]->integer);
 	CHECK(str_exact(se.host, se.hostlen));
 	h = e->element[2]->element[0];
-	CHECK(h->type == REDIS_REPLY_NIL ? se.hostlen == 0 : inside(se.host, se.hostlen, h->str, h->len));
+	CHECK(h->type == REDIS_REPLY_NIL ? se.hostlen == 0
+					 : inside(se.host, se.hostlen, h->str, h->len));
 	CHECK(se.port == e->element[2]->element[1]->integer);
 }
 
@@ -200,6 +205,25 @@ static void try_master_addr(const redisReply *r)
 	CHECK(ma.port >= 1 && ma.port <= 65535);
 	/* the port is what the whole string says, not a prefix of it */
 	CHECK(str_exact(r->element[1]->str, r->element[1]->len));
+}
+
+/* The +switch-master reader on <msg>: what it read, written again, is the message. */
+static void try_switch(const redisReply *msg)
+{
+	struct reply_switch sw;
+	char again[sizeof(sw) + 32];
+	int len;
+
+	if (reply_switch_master(msg, &sw) < 0)
+		return;
+	CHECK(memchr(sw.name, '\0', sizeof(sw.name)) != NULL);
+	CHECK(memchr(sw.old_host, '\0', sizeof(sw.old_host)) != NULL);
+	CHECK(memchr(sw.new_host, '\0', sizeof(sw.new_host)) != NULL);
+	CHECK(sw.name[0] && sw.old_host[0] && sw.new_host[0]);
+	CHECK(sw.old_port >= 1 && sw.old_port <= 65535 && sw.new_port >= 1 && sw.new_port <= 65535);
+	len = snprintf(again, sizeof(again), "%s %s %d %s %d", sw.name, sw.old_host, sw.old_port,
+		       sw.new_host, sw.new_port);
+	CHECK(len > 0 && (size_t)len == msg->len && memcmp(again, msg->str, msg->len) == 0);
 }
 
 /* ROLE's reader on <r>. */
@@ -224,6 +248,7 @@ static void try_all(const redisReply *rep, size_t n, size_t ncand, int64_t want,
 	case REDIS_REPLY_STATUS:
 	case REDIS_REPLY_STRING:
 		try_redirect(rep->str, rep->len);
+		try_switch(rep);
 		break;
 	case REDIS_REPLY_INTEGER:
 		CHECK(reply_int_in(rep, rep->integer, rep->integer));

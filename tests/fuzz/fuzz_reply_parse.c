@@ -19,8 +19,10 @@
  * the redirection and +switch-master readers on every string, the Sentinel's
  * address and ROLE's readers.
  *
- * Whenever a reader accepts, what it filled must hold what its header
- * promises: flags 0 or 1, times and durations non-negative and within their
+ * The script's reader is also checked against a model of its contract
+ * written here again (it must accept exactly what the model accepts, and
+ * fill what the reply says). Whenever a reader accepts, what it filled must
+ * hold what its header promises: flags 0 or 1, times and durations non-negative and within their
  * bounds, a grant within what was asked, slots within 0..16383 and start <=
  * end, ports within 1..65535, hosts inside the reply and NUL-terminated at
  * their length with no NUL before it, a +switch-master message read exactly as
@@ -72,6 +74,54 @@ static void check_verdict(const struct limit_verdict *v)
 	CHECK(v->reset_ms >= 0 && v->reset_ms <= REPLY_MS_MAX);
 }
 
+/*
+ * Whether the script's flat array <rep> answers a query of <n> limits and
+ * <want>, written here again element by element from store_parse.h's
+ * contract, so that the reader is checked both ways: what it accepts and
+ * what it refuses.
+ */
+static bool model_flat(const redisReply *rep, size_t n, int64_t want)
+{
+	static const long long lo[4] = {0, -REPLY_TOKENS_MAX, 0, 0};
+	static const long long hi[4] = {1, REPLY_TOKENS_MAX, REPLY_MS_MAX, REPLY_MS_MAX};
+	size_t k, limits_end = 3 + 4 * n;
+
+	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != limits_end + (want > 0 ? 2 : 0))
+		return false;
+	for (k = 0; k < rep->elements; k++) {
+		const redisReply *e = rep->element[k];
+		long long l, h;
+
+		if (k == 0) {
+			l = 0, h = 1;
+		} else if (k == 1) {
+			l = h = (long long)n;
+		} else if (k == 2) {
+			l = 0, h = REPLY_US_MAX;
+		} else if (k < limits_end) {
+			l = lo[(k - 3) % 4], h = hi[(k - 3) % 4];
+		} else if (k == limits_end) {
+			l = 0, h = want;
+		} else {
+			l = 0, h = REPLY_MS_MAX;
+		}
+		if (e->type != REDIS_REPLY_INTEGER || e->integer < l || e->integer > h)
+			return false;
+	}
+	return true;
+}
+
+/* The same for the answer to a query of <n> limits, <ncand> a candidate's, <want>. */
+static bool model_result(const redisReply *rep, size_t n, size_t ncand, int64_t want)
+{
+	if (!ncand)
+		return model_flat(rep, n, want);
+	return rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
+	       model_flat(rep->element[0], n - ncand, 0) &&
+	       (rep->element[1]->type == REDIS_REPLY_ERROR ||
+		model_flat(rep->element[1], ncand, 0));
+}
+
 /* The script's reader on <rep> for the query of <n> limits, <ncand> a candidate's, <want>. */
 static void try_result(const redisReply *rep, size_t n, size_t ncand, int64_t want)
 {
@@ -85,8 +135,11 @@ static void try_result(const redisReply *rep, size_t n, size_t ncand, int64_t wa
 	q.ncand = ncand;
 	q.want = want;
 	memset(&r, 0xa5, sizeof(r));
-	if (store_parse_result(rep, &q, &r) < 0)
+	if (store_parse_result(rep, &q, &r) < 0) {
+		CHECK(!model_result(rep, n, ncand, want));
 		return;
+	}
+	CHECK(model_result(rep, n, ncand, want));
 	CHECK(r.n == n);
 	CHECK(r.allowed == 0 || r.allowed == 1);
 	CHECK(r.now_us >= 0 && r.now_us <= REPLY_US_MAX);
@@ -104,13 +157,27 @@ static void try_result(const redisReply *rep, size_t n, size_t ncand, int64_t wa
 		CHECK(r.v[i].allowed == 0 || r.v[i].allowed == 1);
 		check_verdict(&r.v[i]);
 	}
-	/* the decision is the script's first integer, of the flat array or the pair's first */
+	/* what was filled is what the reply says: the decision of the flat array or the
+	 * pair's first, the verdicts of both */
 	{
 		const redisReply *flat = ncand ? rep->element[0] : rep;
 
-		CHECK(flat->type == REDIS_REPLY_ARRAY && flat->elements >= 3);
 		CHECK(r.allowed == (flat->element[0]->integer == 1));
 		CHECK(r.now_us == flat->element[2]->integer);
+		for (i = 0; i < (r.cand_ok ? n : own); i++) {
+			const redisReply *f = i < own ? flat : rep->element[1];
+			redisReply **e = f->element + 3 + 4 * (i < own ? i : i - own);
+
+			CHECK(r.v[i].allowed == (e[0]->integer == 1));
+			CHECK(r.v[i].remaining == e[1]->integer);
+			CHECK(r.v[i].retry_ms == e[2]->integer && r.v[i].reset_ms == e[3]->integer);
+		}
+		if (want > 0) {
+			CHECK(r.granted == flat->element[3 + 4 * n]->integer);
+			CHECK(r.lease_ms == flat->element[4 + 4 * n]->integer);
+		}
+		CHECK(r.cand_ok == (ncand > 0 && rep->element[1]->type != REDIS_REPLY_ERROR));
+		CHECK(!r.cand_ok || r.cand_allowed == (rep->element[1]->element[0]->integer == 1));
 	}
 }
 

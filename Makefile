@@ -13,7 +13,7 @@
 #                        ATTACKS=sigstop,stall runs those rows only
 #   make soak            steady load, reloads, restarts: RSS/fds/Redis memory flat? (SOAK_MIN=10)
 #   make fuzz-smoke      libFuzzer (clang): frame decoder, config loader, reply reader,
-#                        HTTP request parser (~2.5 min)
+#                        HTTP request parser, what is read out of replies (~3 min)
 #   make matrix          the tests on Debian 13, HAProxy 3.2/3.4, Valkey (root, ~15 min)
 #   make deb             Debian package (dpkg-buildpackage + lintian) into build/deb/
 #   make test-deb        build it, install it, run it, purge it (root; tests/package/)
@@ -66,7 +66,7 @@ endif
 
 SPOA_SRC  = spoa/spop.c spoa/server.c
 AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/store_node.c src/store_cmd.c \
-            src/store_cluster.c src/store_batch.c src/store_reply.c src/rconn.c src/tls.c src/resolve.c src/sentinel.c src/limiter.c src/digest.c src/log.c src/util.c \
+            src/store_cluster.c src/store_batch.c src/store_reply.c src/store_parse.c src/reply_parse.c src/rconn.c src/tls.c src/resolve.c src/sentinel.c src/limiter.c src/digest.c src/log.c src/util.c \
             src/memstore.c src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c \
             src/normalize.c src/overrides.c src/ctl.c src/status.c src/json.c \
             src/notify.c src/prepare.c src/parts.c src/candidate.c src/charge.c src/answer.c \
@@ -196,6 +196,12 @@ $(BUILD)/fuzz_resp_replay: tests/fuzz/fuzz_resp.c tests/fuzz/replay.c $(BUILD)/s
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS)
 
+$(BUILD)/fuzz_reply_parse_replay: tests/fuzz/fuzz_reply_parse.c tests/fuzz/replay.c \
+                                  $(BUILD)/src/store_reply.o $(BUILD)/src/reply_parse.o \
+                                  $(BUILD)/src/store_parse.o
+	@echo "  LD      $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS)
+
 $(BUILD)/fuzz_http_replay: tests/fuzz/fuzz_http.c tests/fuzz/replay.c $(BUILD)/src/http.o \
                            $(BUILD)/src/log.o $(BUILD)/src/util.o
 	@echo "  LD      $@"
@@ -212,10 +218,12 @@ unit: $(UNIT_BINS)
 # The fuzz corpus is replayed as a regression test under ASan/UBSan.
 replay:
 	$(Q)$(MAKE) --no-print-directory SANITIZE=address,undefined build-asan/fuzz_replay \
-	  build-asan/fuzz_config_replay build-asan/fuzz_resp_replay build-asan/fuzz_http_replay
+	  build-asan/fuzz_config_replay build-asan/fuzz_resp_replay build-asan/fuzz_http_replay \
+	  build-asan/fuzz_reply_parse_replay
 	build-asan/fuzz_replay tests/fuzz/corpus/spop_frame
 	build-asan/fuzz_config_replay tests/fuzz/corpus/config
 	build-asan/fuzz_resp_replay tests/fuzz/corpus/resp
+	build-asan/fuzz_reply_parse_replay tests/fuzz/corpus/reply_parse
 	build-asan/fuzz_http_replay tests/fuzz/corpus/http
 
 SPOA_BIN ?= $(abspath $(BIN))
@@ -241,7 +249,7 @@ CLANG ?= clang
 
 FUZZ_BUILD = build-fuzz
 fuzz: $(FUZZ_BUILD)/fuzz_spop_frame $(FUZZ_BUILD)/fuzz_config $(FUZZ_BUILD)/fuzz_resp \
-      $(FUZZ_BUILD)/fuzz_http
+      $(FUZZ_BUILD)/fuzz_http $(FUZZ_BUILD)/fuzz_reply_parse
 
 FUZZ_CONFIG_SRC = tests/fuzz/fuzz_config.c src/config.c src/rules.c src/util.c src/log.c \
                   src/limiter.c src/normalize.c spoa/spop.c src/secret.c src/config_read.c \
@@ -263,6 +271,15 @@ $(FUZZ_BUILD)/fuzz_resp: tests/fuzz/fuzz_resp.c tests/fuzz/fuzz.h src/store_repl
 	  $(PKG_CFLAGS) -o $@ tests/fuzz/fuzz_resp.c src/store_reply.c -lhiredis
 
 # the metrics listener's request parser (src/http.c), reachable by whoever can connect
+# what the store reads out of replies (src/store_parse.c, src/reply_parse.c)
+FUZZ_REPLY_PARSE_SRC = tests/fuzz/fuzz_reply_parse.c src/store_reply.c src/reply_parse.c \
+                       src/store_parse.c
+$(FUZZ_BUILD)/fuzz_reply_parse: $(FUZZ_REPLY_PARSE_SRC) tests/fuzz/fuzz.h src/store_reply.h \
+                                src/reply_parse.h src/store_parse.h src/store_types.h
+	@mkdir -p $(FUZZ_BUILD)
+	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \
+	  $(PKG_CFLAGS) -o $@ $(FUZZ_REPLY_PARSE_SRC) -lhiredis
+
 FUZZ_HTTP_SRC = tests/fuzz/fuzz_http.c src/http.c src/log.c src/util.c
 $(FUZZ_BUILD)/fuzz_http: $(FUZZ_HTTP_SRC) tests/fuzz/fuzz.h src/http.h
 	@mkdir -p $(FUZZ_BUILD)
@@ -271,7 +288,7 @@ $(FUZZ_BUILD)/fuzz_http: $(FUZZ_HTTP_SRC) tests/fuzz/fuzz.h src/http.h
 
 fuzz-smoke: fuzz
 	@mkdir -p $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/corpus-config $(FUZZ_BUILD)/corpus-resp \
-	  $(FUZZ_BUILD)/corpus-http
+	  $(FUZZ_BUILD)/corpus-http $(FUZZ_BUILD)/corpus-reply-parse
 	$(FUZZ_BUILD)/fuzz_spop_frame -max_total_time=60 -max_len=65536 \
 	  -dict=tests/fuzz/spop.dict $(FUZZ_BUILD)/corpus tests/fuzz/corpus/spop_frame
 	# libconfig 1.5 leaks a few bytes on some syntax errors: not ours, not counted
@@ -281,6 +298,9 @@ fuzz-smoke: fuzz
 	  $(FUZZ_BUILD)/corpus-resp tests/fuzz/corpus/resp
 	$(FUZZ_BUILD)/fuzz_http -max_total_time=30 -max_len=65536 -dict=tests/fuzz/http.dict \
 	  $(FUZZ_BUILD)/corpus-http tests/fuzz/corpus/http
+	$(FUZZ_BUILD)/fuzz_reply_parse -max_total_time=30 -max_len=65536 \
+	  -dict=tests/fuzz/reply_parse.dict $(FUZZ_BUILD)/corpus-reply-parse \
+	  tests/fuzz/corpus/reply_parse
 
 # ---- the main job and the benchmark ----------------------------------------
 

@@ -43,6 +43,7 @@
 #include "list.h"
 #include "log.h"
 #include "rconn.h"
+#include "reply_parse.h"
 #include "resolve.h"
 #include "sentinel.h"
 #include "store_reply.h"
@@ -259,9 +260,8 @@ static void addr_reply_cb(struct rconn *ac, void *reply, void *privdata)
 {
 	struct sentinel *sn = rconn_data(ac);
 	redisReply *r = reply;
-	char host[64];
-	long port;
-	char *end;
+	struct reply_master_addr ma;
+	const char *host = ma.host;
 
 	(void)privdata;
 	if (ac != sn->lac || !sn->lcb)
@@ -279,12 +279,10 @@ static void addr_reply_cb(struct rconn *ac, void *reply, void *privdata)
 		locate_fail(sn, r->type == REDIS_REPLY_NIL ? "does not know the master" : "bad reply");
 		return;
 	}
-	port = strtol(r->element[1]->str, &end, 10);
-	if (r->element[0]->len >= sizeof(host) || *end || port < 1 || port > 65535) {
+	if (reply_master_addr(r, &ma) < 0) {
 		locate_fail(sn, "bad address in its reply");
 		return;
 	}
-	memcpy(host, r->element[0]->str, r->element[0]->len + 1);
 	sn->preferred = sn->lidx;
 	if (!host_is_numeric(host)) { /* resolve-hostnames yes: the master's name */
 		if (!host_name_ok(host) || !sentinel_resolver(sn)) {
@@ -292,13 +290,13 @@ static void addr_reply_cb(struct rconn *ac, void *reply, void *privdata)
 			return;
 		}
 		ev_timer_stop(sn->loop, &sn->ltimer); /* the lookup has its own deadline */
-		sn->mport = (int)port;
+		sn->mport = ma.port;
 		sn->mrq = resolver_lookup(sn->resolver, host, master_resolved, sn);
 		if (!sn->mrq)
 			locate_fail(sn, "cannot resolve the master's name");
 		return;
 	}
-	locate_done(sn, host, (int)port, NULL);
+	locate_done(sn, host, ma.port, NULL);
 }
 
 static void locate_connect_cb(struct rconn *cac, int status)
@@ -410,8 +408,7 @@ static void switch_msg_cb(struct rconn *ac, void *reply, void *privdata)
 {
 	struct sentinel *sn = rconn_data(ac);
 	redisReply *r = reply;
-	char name[128], oip[64], nip[64];
-	int oport, nport;
+	struct reply_switch sw;
 
 	(void)privdata;
 	if (!r || ac != sn->wac)
@@ -431,12 +428,11 @@ static void switch_msg_cb(struct rconn *ac, void *reply, void *privdata)
 		sn->wsubscribed = true; /* the subscription's confirmation, or a pong */
 		return;
 	}
-	if (sscanf(r->element[2]->str, "%127s %63s %d %63s %d", name, oip, &oport, nip, &nport) != 5 ||
-	    strcmp(name, sn->master) != 0)
+	if (reply_switch_master(r->element[2], &sw) < 0 || strcmp(sw.name, sn->master) != 0)
 		return;
 	LOG(LOG_NOTICE, "sentinel %s:%d: +switch-master %s: %s:%d -> %s:%d", sn->hosts[sn->widx],
-	    sn->ports[sn->widx], name, oip, oport, nip, nport);
-	sn->on_switch(sn->arg, nip, nport);
+	    sn->ports[sn->widx], sw.name, sw.old_host, sw.old_port, sw.new_host, sw.new_port);
+	sn->on_switch(sn->arg, sw.new_host, sw.new_port);
 }
 
 /* Logs the watch's trouble <what> with the Sentinel watched, unless it is what was

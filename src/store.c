@@ -30,6 +30,9 @@
  *   store_int.h      the data the layers share: nodes, commands, the store;
  *   store_types.h    the API's types (store.h includes them); no functions.
  *   store_reply.c    the reply objects the transport's reader builds.
+ *   store_parse.c    the script's replies read into a result (store_cmd.c);
+ *   reply_parse.c    MOVED/ASK, CLUSTER SLOTS entries, ROLE, a Sentinel's
+ *                    answer read. Both only read: they act on nothing.
  *
  * A lower layer may read fields an upper one keeps (the mode and a node's
  * slots for the floor of its limit and its reconnect backoff), never call it.

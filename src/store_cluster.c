@@ -6,13 +6,13 @@
  * dispatched, answered, freed) and the node layer (store_node.c: nodes found
  * or made, their health told); store.c wires it into the layers' callbacks.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "crc16.h"
 #include "log.h"
+#include "reply_parse.h"
 #include "store_cluster.h"
 #include "store_cmd.h"
 #include "store_node.h"
@@ -66,37 +66,20 @@ bool cmd_redirect(struct store_node *from, struct store_cmd *c, const char *err)
 	struct store *s = from->s;
 	struct store_node *to;
 	struct endpoint ep;
-	const char *p, *colon;
-	char *end;
-	unsigned long slot;
-	long port;
+	struct reply_redirect rd;
+	int parsed;
 	bool ask;
 
-	if (strncmp(err, "MOVED ", 6) == 0) {
-		ask = false;
-		p = err + 6;
-	} else if (strncmp(err, "ASK ", 4) == 0) {
-		ask = true;
-		p = err + 4;
-	} else {
+	parsed = reply_redirect_parse(err, &rd);
+	if (parsed > 0)
 		return false;
-	}
 	LOG(LOG_DEBUG, "redis %s: %s", from->name, err);
 	/* the node answered: it is healthy, whatever its slots */
 	breaker_record(from, STORE_OK);
-	errno = 0;
-	slot = strtoul(p, &end, 10);
-	if (errno || end == p || *end != ' ' || slot >= CRC16_SLOTS)
+	if (parsed < 0)
 		goto bad;
-	p = end + 1;
-	colon = strrchr(p, ':');
-	if (!colon)
-		goto bad;
-	errno = 0;
-	port = strtol(colon + 1, &end, 10);
-	if (errno || end == colon + 1 || *end)
-		goto bad;
-	if (endpoint_make(&ep, from, p, (size_t)(colon - p), port) < 0)
+	ask = rd.ask;
+	if (endpoint_make(&ep, from, rd.host, rd.hostlen, rd.port) < 0)
 		goto bad;
 	if (c->redirects >= MAX_REDIRECTS) {
 		store_log_trouble(from, "redirect", "too many redirections");
@@ -116,7 +99,7 @@ bool cmd_redirect(struct store_node *from, struct store_cmd *c, const char *err)
 			s->mode = MODE_CLUSTER;
 			s->stats.cluster = true;
 		}
-		slot_set(s, (unsigned)slot, to);
+		slot_set(s, rd.slot, to);
 		refresh_request(s);
 	}
 	if (cmd_dispatch_nocb(to, c) == 0)
@@ -135,26 +118,6 @@ fail:
 
 /* ---- topology ------------------------------------------------------------ */
 
-/* One CLUSTER SLOTS entry: { start, end, { host, port, ... }, replicas... }. */
-static bool slots_entry_ok(const redisReply *e)
-{
-	const redisReply *m;
-
-	if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
-	    e->element[0]->type != REDIS_REPLY_INTEGER ||
-	    e->element[1]->type != REDIS_REPLY_INTEGER)
-		return false;
-	if (e->element[0]->integer < 0 || e->element[1]->integer >= CRC16_SLOTS ||
-	    e->element[0]->integer > e->element[1]->integer)
-		return false;
-	m = e->element[2];
-	if (m->type != REDIS_REPLY_ARRAY || m->elements < 2)
-		return false;
-	if (m->element[0]->type != REDIS_REPLY_STRING && m->element[0]->type != REDIS_REPLY_NIL)
-		return false;
-	return m->element[1]->type == REDIS_REPLY_INTEGER;
-}
-
 /*
  * Makes the CLUSTER SLOTS array <rep> from node <src> the slot map: masters
  * only, new ones connected, those no longer in it retired. A malformed reply
@@ -164,11 +127,12 @@ static bool slots_entry_ok(const redisReply *e)
 static bool topology_apply(struct store *s, struct store_node *src, const redisReply *rep)
 {
 	unsigned masters = 0, changed = 0, i;
+	struct reply_slots_entry se;
 	struct list *l, *tmp;
 	size_t k;
 
 	for (k = 0; k < rep->elements; k++) {
-		if (!slots_entry_ok(rep->element[k])) {
+		if (reply_slots_entry(rep->element[k], &se) < 0) {
 			store_log_trouble(src, "CLUSTER SLOTS", "unexpected reply shape");
 			node_error(src, STORE_EC_OTHER);
 			return false;
@@ -178,15 +142,13 @@ static bool topology_apply(struct store *s, struct store_node *src, const redisR
 		LIST_ELEM(l, struct store_node, link)->mark = false;
 	memset(s->scratch, 0, CRC16_SLOTS * sizeof(*s->scratch));
 	for (k = 0; k < rep->elements; k++) {
-		const redisReply *e = rep->element[k], *m = e->element[2];
-		bool str = m->element[0]->type == REDIS_REPLY_STRING;
 		struct store_node *n;
 		struct endpoint ep;
-		long long slot;
+		unsigned slot;
 
-		/* NULL or "": the node we asked (unknown or own endpoint) */
-		if (endpoint_make(&ep, src, str ? m->element[0]->str : "", str ? m->element[0]->len : 0,
-				  (long)m->element[1]->integer) < 0) {
+		(void)reply_slots_entry(rep->element[k], &se); /* checked above */
+		/* "": the node we asked (unknown or own endpoint) */
+		if (endpoint_make(&ep, src, se.host, se.hostlen, (long)se.port) < 0) {
 			store_log_trouble(src, "CLUSTER SLOTS",
 					  "a master has no numeric address: its slots are left out");
 			continue;
@@ -197,7 +159,7 @@ static bool topology_apply(struct store *s, struct store_node *src, const redisR
 		if (!n->mark)
 			masters++;
 		n->mark = true;
-		for (slot = e->element[0]->integer; slot <= e->element[1]->integer; slot++)
+		for (slot = se.start; slot <= se.end; slot++)
 			s->scratch[slot] = n;
 	}
 	for (i = 0; i < CRC16_SLOTS; i++) {

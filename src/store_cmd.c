@@ -10,8 +10,9 @@
  *  - Admission under the node's limit (cmd_submit()): sent now, or queued.
  *  - Sending: RESP written into the node's connection buffer, or a decision
  *    handed to the batch (cmd_ops.batch); the flusher sends both.
- *  - Replies: parsed and range-checked, NOSCRIPT re-sent once as EVAL, a
- *    redirection handed up (cmd_ops.redirect), the node's health told.
+ *  - Replies: parsed and range-checked (store_parse.c), NOSCRIPT re-sent
+ *    once as EVAL, a redirection handed up (cmd_ops.redirect), the node's
+ *    health told.
  * Calls the node layer (store_node.c) and the transport; the layers above
  * through struct cmd_ops (store_cmd.h).
  */
@@ -21,9 +22,11 @@
 
 #include "log.h"
 #include "pool.h"
+#include "reply_parse.h"
 #include "scripts.h"
 #include "store_cmd.h"
 #include "store_node.h"
+#include "store_parse.h"
 #include "util.h"
 
 static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval);
@@ -410,89 +413,6 @@ void cmd_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	cmd_timer_arm(s);
 }
 
-/* Bounds of the integers a script reply may carry: beyond, the reply is nonsense. */
-#define REPLY_US_MAX     ((long long)1 << 52)  /* a Redis time: ~142 years in us */
-#define REPLY_MS_MAX     ((long long)1 << 40)  /* a duration: ~34 years in ms */
-#define REPLY_TOKENS_MAX ((long long)1 << 32)  /* tokens left: x a rate (< 2^30) fits */
-
-/* True when <e> is an integer within [lo, hi]. */
-static bool int_in(const redisReply *e, long long lo, long long hi)
-{
-	return e->type == REDIS_REPLY_INTEGER && e->integer >= lo && e->integer <= hi;
-}
-
-/*
- * Parses the script's flat integer array, the answer to <q>, into <r>. Every
- * integer is checked against its range (flags 0 or 1, times and durations
- * non-negative and bounded, a grant within what was asked), so nothing the
- * agent computes from it can overflow. Returns 0 or -1.
- */
-static int parse_flat(const redisReply *rep, size_t n, int64_t want, struct store_result *r)
-{
-	bool batch = want > 0;
-	size_t i;
-
-	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 3 + 4 * n + (batch ? 2 : 0))
-		return -1;
-	if (!int_in(rep->element[0], 0, 1) || !int_in(rep->element[1], (long long)n, (long long)n) ||
-	    !int_in(rep->element[2], 0, REPLY_US_MAX))
-		return -1;
-	r->allowed = rep->element[0]->integer == 1;
-	r->n = n;
-	r->now_us = rep->element[2]->integer;
-	for (i = 0; i < n; i++) {
-		redisReply **e = rep->element + 3 + 4 * i;
-
-		if (!int_in(e[0], 0, 1) || !int_in(e[1], -REPLY_TOKENS_MAX, REPLY_TOKENS_MAX) ||
-		    !int_in(e[2], 0, REPLY_MS_MAX) || !int_in(e[3], 0, REPLY_MS_MAX))
-			return -1;
-		r->v[i].allowed = e[0]->integer == 1;
-		r->v[i].remaining = e[1]->integer;
-		r->v[i].retry_ms = e[2]->integer;
-		r->v[i].reset_ms = e[3]->integer;
-	}
-	r->granted = r->allowed ? 1 : 0;
-	r->lease_ms = 0;
-	if (batch) {
-		if (!int_in(rep->element[3 + 4 * n], 0, want) ||
-		    !int_in(rep->element[4 + 4 * n], 0, REPLY_MS_MAX))
-			return -1;
-		r->granted = rep->element[3 + 4 * n]->integer;
-		r->lease_ms = rep->element[4 + 4 * n]->integer;
-	}
-	r->cand_ok = r->cand_allowed = false;
-	return 0;
-}
-
-/*
- * Parses the answer to <q> into <r>: the script's flat array, or for a query
- * with a candidate the multi form's pair { own decision, candidate's }. The
- * candidate's element may be an error of its own (r->cand_ok stays false);
- * an error in the first is the caller's (cmd_reply()). Returns 0 or -1.
- */
-static int parse_result(const redisReply *rep, const struct store_query *q,
-			struct store_result *r)
-{
-	struct store_result cr;
-	size_t i, ne = q->n - q->ncand;
-
-	if (!q->ncand)
-		return parse_flat(rep, q->n, q->want, r);
-	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
-	    parse_flat(rep->element[0], ne, 0, r) < 0)
-		return -1;
-	r->n = q->n;
-	if (rep->element[1]->type == REDIS_REPLY_ERROR)
-		return 0;
-	if (parse_flat(rep->element[1], q->ncand, 0, &cr) < 0)
-		return -1;
-	for (i = 0; i < q->ncand; i++)
-		r->v[ne + i] = cr.v[i];
-	r->cand_ok = true;
-	r->cand_allowed = cr.allowed;
-	return 0;
-}
-
 /* ---- sending ------------------------------------------------------------- */
 
 /* Appends the string <str> of <len> bytes to <av>. */
@@ -728,7 +648,7 @@ void cmd_reply(struct store_node *n, struct store_cmd *c, const redisReply *rep)
 	} else if (c->kind == CMD_HEARTBEAT) {
 		char num[24];
 
-		if (int_in(rep, 0, INT32_MAX)) {
+		if (reply_int_in(rep, 0, INT32_MAX)) {
 			s->stats.replies++;
 			snprintf(num, sizeof(num), "%lld", (long long)rep->integer);
 			cmd_answer_full(c, STORE_OK, NULL, num, strlen(num));
@@ -762,7 +682,7 @@ void cmd_reply(struct store_node *n, struct store_cmd *c, const redisReply *rep)
 			node_error(n, STORE_EC_OTHER);
 			cmd_answer(c, STORE_ERROR, NULL);
 		}
-	} else if (parse_result(rep, &c->q, &res) < 0) {
+	} else if (store_parse_result(rep, &c->q, &res) < 0) {
 		store_log_trouble(n, "reply", "unexpected reply shape");
 		node_error(n, STORE_EC_OTHER);
 		cmd_answer(c, STORE_ERROR, NULL);

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "reply_parse.h"
 #include "resolve.h"
 #include "scripts.h"
 #include "sentinel.h"
@@ -593,8 +594,9 @@ static void role_reply_cb(struct rconn *rc, void *reply, void *privdata)
 	(void)privdata;
 	if (!rep || n->rc != rc)
 		return;
-	role = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
-	       rep->element[0]->type == REDIS_REPLY_STRING ? rep->element[0]->str : "no role";
+	role = reply_role(rep);
+	if (!role)
+		role = "no role";
 	if (strcmp(role, "master") == 0)
 		return;
 	store_log_trouble(n, "ROLE", role);

@@ -92,6 +92,11 @@ bool rconn_tls(const struct rconn *c)
 	return c->ssl != NULL;
 }
 
+bool rconn_handshaking(const struct rconn *c)
+{
+	return c->state == RC_HANDSHAKE;
+}
+
 /* Records the first error of <c>; the watcher's callback acts on it. */
 static void PRINTF(2, 3) set_failed(struct rconn *c, const char *fmt, ...)
 {
@@ -540,7 +545,7 @@ static void connected(struct rconn *c)
 	if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) == -1)
 		err = errno;
 	if (err) {
-		set_failed(c, "connect: %s", strerror(err));
+		set_failed(c, "%s", strerror(err));
 		return;
 	}
 	if (!c->ssl) {
@@ -640,7 +645,7 @@ static int dial(const char *ip, int port, const char *path, bool keepalive, char
 		return -1;
 	}
 	if (connect(fd, (struct sockaddr *)&ss, sl) == -1 && errno != EINPROGRESS) {
-		snprintf(err, errlen, "connect: %s", strerror(errno));
+		snprintf(err, errlen, "%s", strerror(errno));
 		close(fd);
 		return -1;
 	}

@@ -81,5 +81,7 @@ void rconn_flush(struct rconn *c);
 void *rconn_data(const struct rconn *c);
 const char *rconn_errstr(const struct rconn *c);
 bool rconn_tls(const struct rconn *c);
+/* TCP connected, the TLS handshake not finished yet */
+bool rconn_handshaking(const struct rconn *c);
 
 #endif

@@ -23,6 +23,7 @@
 #include "sentinel.h"
 #include "store_node.h"
 #include "store_reply.h"
+#include "tls.h"
 #include "util.h"
 
 static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents);
@@ -613,6 +614,21 @@ void node_lost(struct store_node *n)
 
 /* ---- connections --------------------------------------------------------- */
 
+/* What to do about the TLS error <e> of <n>'s connection, or "". */
+static const char *tls_hint(const struct store_node *n, const char *e)
+{
+	if (!n->s->tls || tls_ctx_has_cert(n->s->tls))
+		return "";
+	if (strstr(e, "certificate required") || strstr(e, "alert handshake failure"))
+		return ": the server requires a client certificate: set redis.tls.cert_file and "
+		       "redis.tls.key_file";
+	/* TLS 1.3: the server's alert may be lost to the reset that follows it */
+	if (n->state != ND_READY && (strstr(e, "reset by peer") || strstr(e, "closed the connection")))
+		return ": the server hung up after the TLS handshake: if it requires a client "
+		       "certificate, set redis.tls.cert_file and redis.tls.key_file";
+	return "";
+}
+
 /* True when the error reply <err> says the connection must authenticate first. */
 static bool auth_needed(const char *err)
 {
@@ -629,17 +645,20 @@ static void lost_why(struct store_node *n, struct rconn *rc)
 {
 	const char *e = rconn_errstr(rc);
 	char where[STORE_NODE_NAME + 64];
+	/* the connection's TLS is gone by now (rconn_tls() is false): the store's says */
+	bool tls = n->s->tls != NULL;
 
 	node_where(n, where, sizeof(where));
 	if (n->state == ND_READY)
 		node_down(n, "connection to %s lost: %s", where, e);
-	else if (!rconn_tls(rc) && (strstr(e, "\"\\x15\"") || strstr(e, "\"\\x16\"")))
+	else if (!tls && (strstr(e, "\"\\x15\"") || strstr(e, "\"\\x16\"")))
 		node_down(n, "cannot connect to %s: the server speaks TLS: set redis.tls", where);
-	else if (!rconn_tls(rc) && strcmp(e, "server closed the connection") == 0)
-		node_down(n, "cannot connect to %s: the server closed the connection before "
-			  "answering (a TLS port? then set redis.tls)", where);
+	else if (!tls && (strcmp(e, "server closed the connection") == 0 ||
+				    strstr(e, "Connection reset by peer")))
+		node_down(n, "cannot connect to %s: the server hung up on our first command "
+			  "without a word (%s): if it speaks TLS, set redis.tls", where, e);
 	else
-		node_down(n, "cannot connect to %s: %s", where, e);
+		node_down(n, "cannot connect to %s: %s%s", where, e, tls_hint(n, e));
 }
 
 static void load_reply_cb(struct rconn *rc, void *reply, void *privdata)
@@ -751,8 +770,8 @@ static void connect_cb(struct rconn *rc, int status)
 		char where[STORE_NODE_NAME + 64];
 
 		/* the connection is freed after this callback */
-		node_down(n, "cannot connect to %s: %s", node_where(n, where, sizeof(where)),
-			  rconn_errstr(rc));
+		node_down(n, "cannot connect to %s: %s%s", node_where(n, where, sizeof(where)),
+			  rconn_errstr(rc), tls_hint(n, rconn_errstr(rc)));
 		node_lost(n);
 		return;
 	}

@@ -95,7 +95,7 @@ typedef void (*store_str_fn)(enum store_status st, const char *val, size_t len, 
 #define STORE_LAT_BUCKETS  16    /* reply latencies: <= 50 us doubling, the last beyond */
 #define STORE_LAT_WINDOW_S 10.0  /* latencies kept: this window and the one before */
 #define STORE_NODE_NAME    80    /* a node's name as reported (cut) */
-#define STORE_TROUBLE      200   /* what is wrong with a node, in words (cut) */
+#define STORE_TROUBLE      400   /* what is wrong with a node, in words (cut) */
 
 /* One Redis node as the status page shows it. */
 struct store_node_stats {

@@ -681,7 +681,8 @@ static void load_reply_cb(struct rconn *rc, void *reply, void *privdata)
 				  "(and redis.user for an ACL user)", where);
 		else if (strncmp(rep->str, "NOPERM", 6) == 0)
 			node_down(n, "%s: SCRIPT LOAD refused to redis.user (%s): the ACL the agent "
-				  "needs is in doc/configuration.md, Secrets", where, rep->str);
+				  "needs is in doc/configuration.md, The Redis user the agent needs",
+				  where, rep->str);
 		else
 			node_down(n, "%s: SCRIPT LOAD: %s", where, rep->str);
 		/* e.g. LOADING while Redis reads its dataset: counted like any error */

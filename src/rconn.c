@@ -139,8 +139,7 @@ static void destroy(struct rconn *c, bool event, int status)
 		close(c->fd);
 	c->fd = -1;
 	c->in_cb++;
-	if (event && was != RC_UP && c->on_connect)
-		c->on_connect(c, -1);
+	/* the commands owed first, then the event: as rconn.h promises */
 	while (c->count) {
 		struct rconn_cb cb = c->cbs[c->head];
 
@@ -151,6 +150,8 @@ static void destroy(struct rconn *c, bool event, int status)
 	}
 	if (c->sub_fn)
 		c->sub_fn(c, NULL, c->sub_priv);
+	if (event && was != RC_UP && c->on_connect)
+		c->on_connect(c, -1);
 	if (event && was == RC_UP && c->on_disconnect)
 		c->on_disconnect(c, status);
 	ERR_clear_error();

@@ -633,8 +633,11 @@ size_t store_node_stats(const struct store *s, struct store_node_stats *out, siz
 		o->queued = nd->nqueued;
 		o->slots = s->mode == MODE_CLUSTER ? nd->nslots : 16384;
 		memcpy(o->errors, nd->errors, sizeof(o->errors));
-		o->down_since = nd->down_at;
-		(void)node_trouble(nd, now, o->trouble, sizeof(o->trouble));
+		/* what store_health() says of it: nothing for a node that owns no slot */
+		if (nd->nslots || nd->seed) {
+			o->down_since = nd->down_at;
+			(void)node_trouble(nd, now, o->trouble, sizeof(o->trouble));
+		}
 		for (i = 0; i < STORE_LAT_BUCKETS; i++)
 			o->lat[i] = nd->lat[0][i] + nd->lat[1][i];
 		n++;

@@ -281,8 +281,8 @@ static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 		} else {
 			n->stall_seen = false;
 			breaker_trip(n, "stalled, no reply in time");
-			node_down(n, "%s stalled: commands out, no reply for %.1f s; reconnecting",
-				  n->name, now - n->last_progress);
+			node_down(n, "stalled: commands out, no reply for %.1f s; reconnecting",
+				  now - n->last_progress);
 			node_close(n);
 			node_lost(n);
 		}

@@ -54,7 +54,8 @@ void store_log_trouble(struct store_node *n, const char *what, const char *detai
 static const char *node_where(const struct store_node *n, char *buf, size_t len)
 {
 	if (n->sentineled && n->addr[0])
-		snprintf(buf, len, "%s at %s%s%d", n->name, n->addr, ":", n->dial_port);
+		snprintf(buf, len, strchr(n->addr, ':') ? "%s at [%s]:%d" : "%s at %s:%d", n->name,
+			 n->addr, n->dial_port);
 	else if (n->named && n->addr[0])
 		snprintf(buf, len, "%s (%s)", n->name, n->addr);
 	else
@@ -744,7 +745,7 @@ static void role_reply_cb(struct rconn *rc, void *reply, void *privdata)
 {
 	struct store_node *n = rconn_data(rc);
 	redisReply *rep = reply;
-
+	char where[STORE_NODE_NAME + 64];
 	const char *role;
 
 	(void)privdata;
@@ -754,8 +755,8 @@ static void role_reply_cb(struct rconn *rc, void *reply, void *privdata)
 	       rep->element[0]->type == REDIS_REPLY_STRING ? rep->element[0]->str : "no role";
 	if (strcmp(role, "master") == 0)
 		return;
-	node_down(n, "%s at %s:%d is a %s, not the master (a failover in progress?)", n->name,
-		  n->addr, n->dial_port, role);
+	node_down(n, "%s is a %s, not the master (a failover in progress?)",
+		  node_where(n, where, sizeof(where)), role);
 	node_error(n, STORE_EC_READONLY);
 	rconn_disconnect(rc);
 }

@@ -15,7 +15,7 @@ import pytest
 import spop_client as sc
 from conftest import SPOA_BIN, Redis, agent_config, agent_env, free_port, to_libconfig, \
     wait_until
-from test_redis_health import status_json, wait_down
+from test_redis_health import status_json
 from test_secrets import PW, AuthRedis, secret_file
 from test_tls import OPENSSL, PKI, TLSRedis
 
@@ -72,20 +72,19 @@ def test_tls_against_a_clear_text_port(agent, procs, tmp):
          "ms): is this the TLS port? (redis.tls is set)" % r.address)
 
 
-@needs_openssl
-def test_tls_against_a_server_answering_in_clear_text(agent, procs, tmp):
-    """A clear-text server that answers the TLS handshake (with an error reply)."""
+def serve_bytes(reply):
+    """A server on loopback that answers whatever it reads with <reply>, then hangs up:
+    (address, stop function)."""
     import socket
     import threading
-    pki = PKI(tmp, "ca")
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(16)
-    stop = []
+    srv.settimeout(0.2)
+    stop = threading.Event()
 
     def serve():
-        srv.settimeout(0.2)
-        while not stop:
+        while not stop.is_set():
             try:
                 c, _ = srv.accept()
             except OSError:
@@ -93,22 +92,43 @@ def test_tls_against_a_server_answering_in_clear_text(agent, procs, tmp):
             try:
                 c.settimeout(1)
                 c.recv(4096)
-                c.sendall(b"-ERR unknown command\r\n")
+                c.sendall(reply)
             except OSError:
                 pass
             c.close()
     t = threading.Thread(target=serve, daemon=True)
     t.start()
+
+    def close():
+        stop.set()
+        t.join(5)
+        srv.close()
+    return "127.0.0.1:%d" % srv.getsockname()[1], close
+
+
+@needs_openssl
+def test_tls_against_a_server_answering_in_clear_text(agent, procs, tmp):
+    """A clear-text server that answers the TLS handshake (with an error reply)."""
+    pki = PKI(tmp, "ca")
+    addr, close = serve_bytes(b"-ERR unknown command\r\n")
     try:
-        addr = "127.0.0.1:%d" % srv.getsockname()[1]
         a = agent(redis=None, store="redis", metrics=True, wait_redis=False,
                   redis_cfg={"address": addr, "tls": {"ca_file": str(pki.ca_crt)}})
         told(a, "cannot connect to %s: the server answered in clear text: is this the TLS "
              "port? (redis.tls is set)" % addr)
     finally:
-        stop.append(1)
-        t.join(5)
-        srv.close()
+        close()
+
+
+def test_clear_text_against_a_server_sending_a_tls_alert(agent):
+    """A TLS server that answers clear text with a TLS alert record (0x15)."""
+    addr, close = serve_bytes(b"\x15\x03\x03\x00\x02\x02\x46")
+    try:
+        a = agent(redis=None, store="redis", metrics=True, wait_redis=False,
+                  redis_cfg={"address": addr})
+        told(a, "cannot connect to %s: the server speaks TLS: set redis.tls" % addr)
+    finally:
+        close()
 
 
 @needs_openssl

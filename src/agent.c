@@ -116,6 +116,7 @@ static void publish(struct agent *a)
 		ms->c[MC_REDIS_LATE] = st->late;
 		ms->c[MC_REDIS_PENDING] = st->pending;
 		ms->c[MC_BREAKER_OPEN] = st->breaker_open ? 1 : 0;
+		ms->c[MC_REDIS_DOWN] = store_down(a->store) ? 1 : 0;
 		ms->c[MC_BREAKER_OPENED] = st->breaker_opened;
 		ms->c[MC_REDIS_CONCURRENCY] = st->concurrency_limit;
 		ms->c[MC_REDIS_QUEUED] = st->queued;

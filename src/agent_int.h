@@ -44,11 +44,13 @@ struct digest_slot;
 struct tier_slot;
 struct spoa_req;
 
-/* Decision outcomes, counted. */
+/* Decision outcomes, counted: allowed or denied, and of these the degraded ones. */
 enum agent_outcome {
-	OUT_ALLOWED   = 0,
-	OUT_DENIED    = 1,
-	OUT_DEGRADED  = 2,      /* Redis not consulted or failed: fail-open */
+	OUT_ALLOWED   = 0,      /* exact or by the failure ladder */
+	OUT_DENIED    = 1,      /* ... */
+	OUT_DEGRADED  = 2,      /* of the above, those Redis could not decide (some part
+				 * failed): the failure ladder answered, allowing or
+				 * denying; by reason in agent.degraded_by */
 	OUT_IGNORED   = 3,      /* no message of ours in the NOTIFY */
 	OUT_COUNT               /* sentinel */
 };

@@ -174,6 +174,7 @@ void respond(struct decision *d)
 	const struct rule_limit *l = NULL, *shadow = NULL;
 	size_t li_best = 0;
 	bool allowed = true, degraded = false, any = false, local = false, local_denied = false;
+	int why = STORE_OK;             /* the first failed part's status: the decision's reason */
 	char buf[1024];
 	size_t i;
 	int p;
@@ -182,9 +183,9 @@ void respond(struct decision *d)
 	for (p = 0; p < NPARTS; p++) {
 		if (!d->parts[p].used || !part_enforced(&d->parts[p]))
 			continue;
-		if (d->parts[p].st != STORE_OK) {
+		if (d->parts[p].st != STORE_OK && !degraded) {
 			degraded = true;
-			a->degraded_by[d->parts[p].st < STORE_COUNT ? d->parts[p].st : STORE_ERROR]++;
+			why = d->parts[p].st < STORE_COUNT ? (int)d->parts[p].st : STORE_ERROR;
 		}
 		if (d->parts[p].st == STORE_OK || d->parts[p].fallback) {
 			any = true;
@@ -220,7 +221,13 @@ void respond(struct decision *d)
 	set_int(req, "allow", allowed ? 1 : 0);
 	d->allowed = allowed;
 	d->rule = l;
-	a->outcomes[!allowed ? OUT_DENIED : (degraded ? OUT_DEGRADED : OUT_ALLOWED)]++;
+	/* one decision counts once, whatever the number of its parts Redis could not
+	 * decide: the shutdown line's degraded total is the sum of its reasons */
+	a->outcomes[allowed ? OUT_ALLOWED : OUT_DENIED]++;
+	if (degraded) {
+		a->outcomes[OUT_DEGRADED]++;
+		a->degraded_by[why]++;
+	}
 	if (a->ms) {
 		const char *rule = l ? l->name : "-";
 
@@ -240,11 +247,8 @@ void respond(struct decision *d)
 			a->ms->c[MC_FB_CLOSED]++;
 		else if (degraded && local_denied)
 			a->ms->c[MC_FB_LOCAL_DENIED]++;
-		for (p = 0; p < NPARTS; p++)
-			if (d->parts[p].used && part_enforced(&d->parts[p]) &&
-			    d->parts[p].st != STORE_OK)
-				a->ms->degraded[d->parts[p].st < STORE_COUNT ? d->parts[p].st
-									 : STORE_ERROR]++;
+		if (degraded)
+			a->ms->degraded[why]++;
 	}
 	if (degraded)
 		set_int(req, "degraded", 1);

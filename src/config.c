@@ -113,6 +113,10 @@ static struct tls_ctx *load_tls(struct loader *ld, const config_setting_t *g, co
 	name = get_str(ld, t, "server_name", NULL);
 	minv = get_str(ld, t, "min_version", NULL);
 	get_bool(ld, t, "verify", &o.verify);
+	if (!o.verify && !ld->cfg->redis.noverify_line) {
+		ld->cfg->redis.noverify_line = line_of(config_setting_get_member(t, "verify"));
+		ld->cfg->redis.noverify_where = where;
+	}
 	if (name && !(host_name_ok(name) || host_is_numeric(name)))
 		add_err(ld, line_of(t), "%s.tls.server_name '%s': a host name or an address",
 			where, name);
@@ -913,6 +917,42 @@ bool config_password_advice(const struct agent_config *cfg, char *buf, size_t le
 		 "systemd, a LoadCredential= credential)",
 		 cfg->file, cfg->redis.password_line);
 	return true;
+}
+
+/*
+ * What `-c` and the agent's start say of a TLS group with `verify = false`:
+ * formatted into <buf>; false when there is none.
+ */
+bool config_tls_advice(const struct agent_config *cfg, char *buf, size_t len)
+{
+	if (!cfg->redis.noverify_line)
+		return false;
+	snprintf(buf, len,
+		 "%s:%d: warning: %s.tls.verify = false: the server's certificate is not checked, "
+		 "so anyone on the path can pose as Redis and read what the agent sends, its "
+		 "password included; name the CA with ca_file instead",
+		 cfg->file, cfg->redis.noverify_line, cfg->redis.noverify_where);
+	return true;
+}
+
+/*
+ * How the agent reaches Redis, for `-c`: the address (or the Sentinels) and
+ * whether in clear text or over TLS, its certificate verified or not.
+ */
+void config_redis_transport(const struct agent_config *cfg, char *buf, size_t len)
+{
+	const struct tls_ctx *t = cfg->redis.tls;
+	const char *how = !t ? "in clear text"
+			  : tls_ctx_verify(t) ? "over TLS, the server's certificate verified"
+					      : "over TLS, the server's certificate NOT verified "
+						"(tls.verify = false)";
+
+	if (cfg->redis.nsentinels)
+		snprintf(buf, len, "the master '%s' named by %zu Sentinel(s), %s%s",
+			 cfg->redis.sentinel_master, cfg->redis.nsentinels, how,
+			 cfg->redis.sentinel_tls ? "; the Sentinels over TLS" : "");
+	else
+		snprintf(buf, len, "%s, %s", cfg->redis.address ? cfg->redis.address : "?", how);
 }
 
 void cfg_errors_release(struct cfg_errors *errs)

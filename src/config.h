@@ -131,6 +131,8 @@ struct agent_config {
 		char *sentinel_password_file; /* owned or NULL: ... this file */
 		struct tls_ctx *tls;    /* a reference, or NULL: clear text (redis.tls) */
 		struct tls_ctx *sentinel_tls; /* the Sentinels' (redis.sentinel.tls, else tls) */
+		int noverify_line;      /* line of a tls.verify = false, 0: none */
+		const char *noverify_where; /* static: its group, "redis" or "redis.sentinel" */
 		unsigned connect_timeout_ms;
 		unsigned command_timeout_ms; /* 0: derived (config_command_timeout_ms()) */
 		unsigned max_pending;
@@ -235,5 +237,7 @@ void config_free(struct agent_config *cfg);
 void cfg_errors_release(struct cfg_errors *errs);
 bool config_password_advice(const struct agent_config *cfg, char *buf, size_t len);
 bool config_metrics_advice(const struct agent_config *cfg, char *buf, size_t len);
+bool config_tls_advice(const struct agent_config *cfg, char *buf, size_t len);
+void config_redis_transport(const struct agent_config *cfg, char *buf, size_t len);
 
 #endif /* AGENT_CONFIG_H */

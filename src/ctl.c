@@ -41,6 +41,7 @@
 #include "secret.h"
 #include "store.h"
 #include "store_reply.h"
+#include "tls.h"
 #include "util.h"
 
 #define CTL_TIMEOUT_S   5       /* connect and command timeout */
@@ -126,7 +127,38 @@ struct ctl_conn {
 	redisReply *rep;                /* owned copy of the reply */
 	ev_timer timer;
 	char err[256];
+	char addr[300];                 /* what the messages name */
+	bool tls;                       /* over TLS */
+	bool has_cert;                  /* ... with a client certificate */
+	bool told;                      /* an error was printed: the next ones are not */
+	bool answered;                  /* a reply came on this connection */
 };
+
+/*
+ * Prints "redis ADDR: <what>" once per connection: a lost connection fails
+ * every command after it, and one message says it. A TLS alert that a client
+ * certificate is required (TLS 1.3: after the handshake, at the first read)
+ * says what to set.
+ */
+static void conn_tell(struct ctl_conn *cc, const char *what)
+{
+	bool nocert = cc->tls && !cc->has_cert;
+	bool cert = nocert && (strstr(what, "certificate required") ||
+			       strstr(what, "handshake failure"));
+	/* TLS 1.3: the server's alert may be lost to the reset that follows it */
+	bool hung_up = nocert && !cc->answered && (strstr(what, "reset by peer") ||
+						   strstr(what, "closed the connection"));
+
+	if (cc->told)
+		return;
+	cc->told = true;
+	fprintf(stderr, "redis %s: %s%s\n", cc->addr, what,
+		cert ? ": the server requires a client certificate: set redis.tls.cert_file and "
+		       "redis.tls.key_file"
+		: hung_up ? ": the server hung up after the TLS handshake: if it requires a client "
+			    "certificate, set redis.tls.cert_file and redis.tls.key_file"
+			  : "");
+}
 
 static redisReply *reply_copy(const redisReply *r)
 {
@@ -177,8 +209,10 @@ static void conn_reply(struct rconn *rc, void *reply, void *priv)
 	struct ctl_conn *cc = priv;
 
 	(void)rc;
-	if (reply)
+	if (reply) {
 		cc->rep = reply_copy(reply);
+		cc->answered = true;
+	}
 	cc->done = true;
 }
 
@@ -203,11 +237,17 @@ static void conn_free(struct ctl_conn *cc)
 	free(cc);
 }
 
-/* Runs the loop until <cc>'s flag <*flag> is set or the deadline passes. */
+/*
+ * Runs the loop until <cc>'s flag <*flag> is set or the deadline passes. What
+ * is pending already runs first, without waiting: a write that failed in
+ * rconn_flush() is acted on from the loop, and ev_run(EVRUN_ONCE) would run
+ * it and then block in the poll until the deadline.
+ */
 static void conn_wait(struct ctl_conn *cc, const bool *flag, const int *state)
 {
 	ev_timer_set(&cc->timer, CTL_TIMEOUT_S, 0.);
 	ev_timer_start(cc->loop, &cc->timer);
+	ev_run(cc->loop, EVRUN_NOWAIT);
 	while (flag ? !*flag : *state == 0)
 		ev_run(cc->loop, EVRUN_ONCE);
 	ev_timer_stop(cc->loop, &cc->timer);
@@ -285,6 +325,9 @@ static struct ctl_conn *ctl_connect(const char *addr, const char *user, const ch
 	if (ctl_addr(addr, ip, sizeof(ip), &port, &path) < 0)
 		return NULL;
 	cc = xcalloc(1, sizeof(*cc));
+	snprintf(cc->addr, sizeof(cc->addr), "%s", addr);
+	cc->tls = tls != NULL;
+	cc->has_cert = tls && tls_ctx_has_cert(tls);
 	cc->loop = ev_loop_new(EVFLAG_AUTO);
 	ev_timer_init(&cc->timer, conn_timeout, 0., 0.);
 	cc->timer.data = cc;
@@ -298,26 +341,34 @@ static struct ctl_conn *ctl_connect(const char *addr, const char *user, const ch
 			o.server_name = host;
 		cc->rc = rconn_connect(&o, path ? NULL : ip, port, path, err, sizeof(err));
 		if (!cc->rc) {
-			fprintf(stderr, "redis %s: %s\n", addr, err);
+			conn_tell(cc, err);
 			conn_free(cc);
 			return NULL;
 		}
 	}
 	conn_wait(cc, NULL, &cc->state);
 	if (cc->state != 1) {
-		fprintf(stderr, "redis %s: %s\n", addr, cc->err);
+		conn_tell(cc, cc->err);
 		conn_free(cc);
 		return NULL;
 	}
-	if (!password)
-		return cc;
-	{
+	/* AUTH, or a PING: a server that refuses us after the handshake (TLS 1.3
+	 * checks the client's certificate then) says so here, once */
+	if (password) {
 		const char *argv[3] = {"AUTH", user ? user : password, password};
 
 		rep = conn_command(cc, user ? 3 : 2, argv);
+	} else {
+		const char *argv[1] = {"PING"};
+
+		rep = conn_command(cc, 1, argv);
 	}
 	if (!rep || rep->type == REDIS_REPLY_ERROR) {
-		fprintf(stderr, "redis %s: AUTH: %s\n", addr, rep ? rep->str : cc->err);
+		char what[300];
+
+		snprintf(what, sizeof(what), "%s%s", password ? "AUTH: " : "",
+			 rep ? rep->str : cc->err);
+		conn_tell(cc, what);
 		freeReplyObject(rep);
 		conn_free(cc);
 		return NULL;
@@ -381,7 +432,7 @@ static redisReply *ctl_run(struct ctl *c, int argc, const char **argv)
 		const char *to;
 
 		if (!rep) {
-			fprintf(stderr, "redis: %s\n", c->rc->err);
+			conn_tell(c->rc, c->rc->err);
 			return NULL;
 		}
 		if (rep->type != REDIS_REPLY_ERROR || strncmp(rep->str, "MOVED ", 6) != 0)
@@ -658,7 +709,7 @@ static redisReply *ctl_all(struct ctl *c)
 static int ctl_list(struct ctl *c)
 {
 	redisReply *rep = ctl_all(c);
-	int64_t now = ctl_time(c);
+	int64_t now = rep ? ctl_time(c) : -1;
 	size_t i;
 
 	if (!rep || now < 0) {

@@ -474,8 +474,12 @@ static void deadline_notes(const char *file, const struct agent_config *c)
 			  : budget                    ? "derived from spoe_timeout"
 						      : "derived: no spoe_timeout";
 
+	char transport[512];
+
 	if (c->store != STORE_KIND_REDIS)
 		return;
+	config_redis_transport(c, transport, sizeof(transport));
+	printf("%s: redis: %s\n", file, transport);
 	if (budget)
 		printf("%s: redis deadlines: decisions %u ms after their NOTIFY arrived "
 		       "(%.0f%% of spoe_timeout), other commands %u ms after they are sent "
@@ -510,8 +514,8 @@ static void check_fallback(const char *file, const struct agent_config *c)
 int main(int argc, char **argv)
 {
 	const char *file = "/etc/spoa-ratelimit/spoa-ratelimit.conf";
-	bool check = false, debug = false, advise;
-	char advice[512];
+	bool check = false, debug = false, advise, tls_advise;
+	char advice[512], tls_advice[512];
 	struct ruleset *rs;
 	int opt, workers = 0;
 
@@ -554,9 +558,12 @@ int main(int argc, char **argv)
 	if (!rs)
 		return 1;
 	advise = config_password_advice(rs->cfg, advice, sizeof(advice));
+	tls_advise = config_tls_advice(rs->cfg, tls_advice, sizeof(tls_advice));
 	if (check) {
 		if (advise)
 			fprintf(stderr, "%s\n", advice);
+		if (tls_advise)
+			fprintf(stderr, "%s\n", tls_advice);
 		if (config_metrics_advice(rs->cfg, advice, sizeof(advice)))
 			fprintf(stderr, "%s\n", advice);
 		printf("%s: configuration is valid (%zu tiers, %zu limits, %zu endpoints)\n", file,
@@ -578,6 +585,8 @@ int main(int argc, char **argv)
 	log_set_level(debug ? LOG_DEBUG : rs->cfg->log_level);
 	if (advise)
 		LOG(LOG_WARN, "%s", advice);
+	if (tls_advise)
+		LOG(LOG_WARN, "%s", tls_advice);
 	signal(SIGPIPE, SIG_IGN);
 	if (!workers)
 		workers = (int)rs->cfg->workers;

@@ -773,6 +773,10 @@ static const struct family families[] = {
 		"Commands in flight to Redis.", MC_REDIS_PENDING),
 	FAM_SUM("spoa_ratelimit_redis_breaker_open", PROM_GAUGE,
 		"Workers whose Redis circuit breaker is open.", MC_BREAKER_OPEN),
+	FAM_SUM("spoa_ratelimit_redis_down", PROM_GAUGE,
+		"Workers with a Redis node down: a connection refused, timed out, failed "
+		"(TLS, AUTH, SCRIPT LOAD) or lost, and none ready since.",
+		MC_REDIS_DOWN),
 	FAM_SUM("spoa_ratelimit_redis_breaker_opened_total", PROM_COUNTER,
 		"Times a circuit breaker opened.", MC_BREAKER_OPENED),
 	FAM_SUM("spoa_ratelimit_redis_concurrency_limit", PROM_GAUGE,
@@ -952,9 +956,17 @@ static void merge_nodes(const struct metrics *m, struct met_view *v)
 				*d = *src;
 				continue;
 			}
-			/* a worker whose connection is not ready tells */
+			/* a worker whose connection is not ready tells, and the
+			 * first one down says since when and why */
 			if (strcmp(src->state, "ready") != 0)
 				memcpy(d->state, src->state, sizeof(d->state));
+			if (src->down_since > 0 &&
+			    (d->down_since <= 0 || src->down_since < d->down_since)) {
+				d->down_since = src->down_since;
+				memcpy(d->trouble, src->trouble, sizeof(d->trouble));
+			} else if (!d->trouble[0]) {
+				memcpy(d->trouble, src->trouble, sizeof(d->trouble));
+			}
 			d->breaker_open |= src->breaker_open;
 			d->limit += src->limit;
 			d->out += src->out;

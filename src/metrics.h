@@ -51,6 +51,7 @@ enum met_counter {
 	MC_REDIS_LATE,
 	MC_REDIS_PENDING,       /* gauge */
 	MC_BREAKER_OPEN,        /* gauge 0/1 */
+	MC_REDIS_DOWN,          /* gauge 0/1: a Redis node down (store_down()) */
 	MC_BREAKER_OPENED,
 	MC_REDIS_CONCURRENCY,   /* gauge: sum of the nodes' concurrency limits */
 	MC_REDIS_QUEUED,        /* gauge: commands waiting for room to be sent */

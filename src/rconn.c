@@ -100,6 +100,11 @@ bool rconn_protocol_error(const struct rconn *c)
 	return c->proto_err;
 }
 
+bool rconn_handshaking(const struct rconn *c)
+{
+	return c->state == RC_HANDSHAKE;
+}
+
 /* Records the first error of <c>; the watcher's callback acts on it. */
 static void PRINTF(2, 3) set_failed(struct rconn *c, const char *fmt, ...)
 {
@@ -143,8 +148,7 @@ static void destroy(struct rconn *c, bool event, int status)
 		close(c->fd);
 	c->fd = -1;
 	c->in_cb++;
-	if (event && was != RC_UP && c->on_connect)
-		c->on_connect(c, -1);
+	/* the commands owed first, then the event: as rconn.h promises */
 	while (c->count) {
 		struct rconn_cb cb = c->cbs[c->head];
 
@@ -155,6 +159,8 @@ static void destroy(struct rconn *c, bool event, int status)
 	}
 	if (c->sub_fn)
 		c->sub_fn(c, NULL, c->sub_priv);
+	if (event && was != RC_UP && c->on_connect)
+		c->on_connect(c, -1);
 	if (event && was == RC_UP && c->on_disconnect)
 		c->on_disconnect(c, status);
 	ERR_clear_error();
@@ -543,16 +549,76 @@ static void up(struct rconn *c)
 		do_write(c);
 }
 
-/* Why the handshake failed, the certificate's verdict first. */
+/* The names <x> is for (its DNS and IP subject alternative names, else its CN), in <buf>. */
+static void cert_names(X509 *x, char *buf, size_t len)
+{
+	GENERAL_NAMES *gens = X509_get_ext_d2i(x, NID_subject_alt_name, NULL, NULL);
+	size_t off = 0;
+	int i;
+
+	buf[0] = 0;
+	for (i = 0; gens && i < sk_GENERAL_NAME_num(gens) && off < len; i++) {
+		const GENERAL_NAME *g = sk_GENERAL_NAME_value(gens, i);
+		char ip[INET6_ADDRSTRLEN] = "";
+		const char *name = NULL;
+		int w;
+
+		if (g->type == GEN_DNS) {
+			name = (const char *)ASN1_STRING_get0_data(g->d.dNSName);
+		} else if (g->type == GEN_IPADD && (g->d.iPAddress->length == 4 ||
+						     g->d.iPAddress->length == 16)) {
+			inet_ntop(g->d.iPAddress->length == 4 ? AF_INET : AF_INET6,
+				  ASN1_STRING_get0_data(g->d.iPAddress), ip, sizeof(ip));
+			name = ip;
+		}
+		if (!name)
+			continue;
+		w = snprintf(buf + off, len - off, "%s%s", off ? ", " : "", name);
+		if (w > 0)
+			off += (size_t)w;
+	}
+	GENERAL_NAMES_free(gens);
+	if (!off && X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, buf,
+					      (int)len) < 0)
+		snprintf(buf, len, "no name");
+}
+
+/*
+ * Why the handshake failed, the certificate's verdict first (for a name that
+ * does not match, the name expected and those the certificate holds). Bytes
+ * that are no TLS record (OpenSSL: a wrong version number, a record too long)
+ * are a clear-text server's answer: the port is no TLS port.
+ */
 static void handshake_failed(struct rconn *c, int e)
 {
 	long v = SSL_get_verify_result(c->ssl);
+	unsigned long err = ERR_peek_error();
 	char why[200];
 
-	if (v != X509_V_OK)
+	if (v == X509_V_ERR_HOSTNAME_MISMATCH || v == X509_V_ERR_IP_ADDRESS_MISMATCH) {
+		STACK_OF(X509) *chain = SSL_get_peer_cert_chain(c->ssl);
+		X509_VERIFY_PARAM *p = SSL_get0_param(c->ssl);
+		const char *host = X509_VERIFY_PARAM_get0_host(p, 0);
+		char *ip = host ? NULL : X509_VERIFY_PARAM_get1_ip_asc(p);
+		char names[160] = "no certificate";
+
+		if (chain && sk_X509_num(chain) > 0)
+			cert_names(sk_X509_value(chain, 0), names, sizeof(names));
+		set_failed(c, "TLS: certificate verify failed: %s: expected %s, the certificate is "
+			   "for %s", X509_verify_cert_error_string(v), host ? host : ip ? ip : "?",
+			   names);
+		OPENSSL_free(ip);
+	} else if (v != X509_V_OK) {
 		set_failed(c, "TLS: certificate verify failed: %s",
 			   X509_verify_cert_error_string(v));
-	else if (e == SSL_ERROR_SYSCALL && !ERR_peek_error())
+	} else if (ERR_GET_LIB(err) == ERR_LIB_SSL &&
+		   (ERR_GET_REASON(err) == SSL_R_WRONG_VERSION_NUMBER ||
+		    ERR_GET_REASON(err) == SSL_R_PACKET_LENGTH_TOO_LONG ||
+		    ERR_GET_REASON(err) == SSL_R_UNKNOWN_PROTOCOL)) {
+		ERR_clear_error();
+		set_failed(c, "the server answered in clear text: is this the TLS port? "
+			   "(redis.tls is set)");
+	} else if (e == SSL_ERROR_SYSCALL && !ERR_peek_error())
 		set_failed(c, "TLS handshake: %s",
 			   errno ? strerror(errno) : "the server closed the connection");
 	else
@@ -586,7 +652,7 @@ static void connected(struct rconn *c)
 	if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) == -1)
 		err = errno;
 	if (err) {
-		set_failed(c, "connect: %s", strerror(err));
+		set_failed(c, "%s", strerror(err));
 		return;
 	}
 	if (!c->ssl) {
@@ -694,7 +760,7 @@ static int dial(const char *ip, int port, const char *path, bool keepalive, char
 		return -1;
 	}
 	if (connect(fd, (struct sockaddr *)&ss, sl) == -1 && errno != EINPROGRESS) {
-		snprintf(err, errlen, "connect: %s", strerror(errno));
+		snprintf(err, errlen, "%s", strerror(errno));
 		close(fd);
 		return -1;
 	}

@@ -96,5 +96,7 @@ const char *rconn_errstr(const struct rconn *c);
  * one past its limits), not because of the network. */
 bool rconn_protocol_error(const struct rconn *c);
 bool rconn_tls(const struct rconn *c);
+/* TCP connected, the TLS handshake not finished yet */
+bool rconn_handshaking(const struct rconn *c);
 
 #endif

@@ -63,7 +63,10 @@ struct sentinel {
 	struct ev_loop *loop;           /* ref */
 	char *hosts[SENTINEL_MAX];      /* owned: numeric, or a name */
 	int ports[SENTINEL_MAX];
-	char ips[SENTINEL_MAX][INET6_ADDRSTRLEN]; /* a name's last address, "" none yet */
+	char ips[SENTINEL_MAX][INET6_ADDRSTRLEN]; /* a name's address dialled last, "" none yet */
+	char addrs[SENTINEL_MAX][RESOLVE_MAX_ADDRS][INET6_ADDRSTRLEN]; /* ... all of them */
+	unsigned naddrs[SENTINEL_MAX];  /* ... how many */
+	unsigned next[SENTINEL_MAX];    /* ... the one dialled next (in turn) */
 	double ip_until[SENTINEL_MAX];  /* mono(): that answer's TTL runs out */
 	struct resolve_req *rqs[SENTINEL_MAX]; /* lookups in flight */
 	struct sentinel_lookup lk[SENTINEL_MAX]; /* ... their arguments */
@@ -128,6 +131,8 @@ static void name_resolved(void *arg, const struct resolve_result *res)
 
 	sn->rqs[i] = NULL;
 	if (res->ok) {
+		memcpy(sn->addrs[i], res->addrs, sizeof(sn->addrs[i]));
+		sn->naddrs[i] = res->naddrs;
 		snprintf(sn->ips[i], sizeof(sn->ips[i]), "%s", res->addrs[0]);
 		sn->ip_until[i] = mono() + res->ttl_s;
 	} else {
@@ -159,7 +164,11 @@ static void rtimer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	names_refresh(container_of(t, struct sentinel, rtimer));
 }
 
-/* Sentinel <i>'s address to dial now: numeric, or its name's last answer (NULL: none yet). */
+/*
+ * Sentinel <i>'s address to dial now: numeric, or one of its name's last answer
+ * (NULL: none yet), each in turn: a name with several addresses, one of them
+ * down, is not stuck on the first.
+ */
 static const char *sentinel_ip(struct sentinel *sn, size_t i)
 {
 	if (host_is_numeric(sn->hosts[i]))
@@ -168,6 +177,9 @@ static const char *sentinel_ip(struct sentinel *sn, size_t i)
 		names_refresh(sn);
 		return NULL;
 	}
+	if (sn->naddrs[i] > 1)
+		snprintf(sn->ips[i], sizeof(sn->ips[i]), "%s",
+			 sn->addrs[i][sn->next[i]++ % sn->naddrs[i]]);
 	return sn->ips[i];
 }
 

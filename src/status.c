@@ -165,6 +165,9 @@ enum { P_DECISIONS = 0, P_DENIALS, P_REDIS, P_DEGRADED, P_QUOTAS, P_CANDIDATE, P
 struct model {
 	struct panel p[P_COUNT];
 	const char *state;              /* static: "ok", "degraded", "not ready" */
+	const char *health;             /* what is wrong with Redis, or NULL: health_buf,
+					 * or the caller's status_info.health */
+	char health_buf[1024];
 };
 
 /* A string cell, copied (<s> may go before the model). */
@@ -507,7 +510,8 @@ static const struct col node_cols[] = {
 	{"name", "Node"},       {"state", "State"},        {"breaker_open", "Breaker open"},
 	{"limit", "Limit"},     {"in_flight", "In flight"}, {"queued", "Queued"},
 	{"p50_ms", "p50 ms"},   {"p90_ms", "p90 ms"},       {"p99_ms", "p99 ms"},
-	{"replies", "Replies"}, {"errors", "Errors"}};
+	{"replies", "Replies"}, {"errors", "Errors"},        {"down_since", "Down since"},
+	{"trouble", "Trouble"}};
 static const struct col errclass_cols[] = {{"class", "Class"}, {"count", "Errors"}};
 
 static void panel_redis(struct model *m, const struct met_view *v, const struct status_info *si)
@@ -523,7 +527,8 @@ static void panel_redis(struct model *m, const struct met_view *v, const struct 
 	p->id = "redis";
 	p->title = "Redis";
 	p->hint = "per node: latency of the last 10-20 s, concurrency limit, queue, breaker";
-	field(p, "health", "Trouble", c_str(si->health));
+	field(p, "health", "Trouble", c_str(m->health));
+	field(p, "down", "Workers with a node down", c_u64(v->sum[MC_REDIS_DOWN]));
 	field(p, "breaker_open", "Workers with a breaker open", c_u64(v->sum[MC_BREAKER_OPEN]));
 	field(p, "breaker_opened", "Breaker openings", c_u64(v->sum[MC_BREAKER_OPENED]));
 	field(p, "concurrency_limit", "Concurrency limit", c_u64(v->sum[MC_REDIS_CONCURRENCY]));
@@ -551,6 +556,8 @@ static void panel_redis(struct model *m, const struct met_view *v, const struct 
 		for (k = 0; k < STORE_EC_COUNT; k++)
 			errs += n->errors[k];
 		c[10] = c_u64(errs);
+		c[11] = n->down_since > 0 ? c_num(n->down_since) : c_num(NAN);
+		c[12] = c_ref(n->trouble[0] ? n->trouble : NULL);
 	}
 	t = table(p, "errors", "Error replies by class", errclass_cols, ARRAY_SIZE(errclass_cols));
 	for (k = 0; k < STORE_EC_COUNT; k++) {
@@ -559,7 +566,7 @@ static void panel_redis(struct model *m, const struct met_view *v, const struct 
 		c[0] = c_ref(store_errclass_str(k));
 		c[1] = c_u64(v->sum[ec[k]]);
 	}
-	p->alert = si->health != NULL || v->sum[MC_BREAKER_OPEN] > 0;
+	p->alert = m->health != NULL || v->sum[MC_BREAKER_OPEN] > 0 || v->sum[MC_REDIS_DOWN] > 0;
 }
 
 static const struct col reason_cols[] = {{"reason", "Reason"}, {"count", "Decisions"}};
@@ -705,13 +712,36 @@ static void panel_overrides(struct model *m, const struct met_view *v,
 	p->alert = false;
 }
 
+/*
+ * What is wrong with Redis, in the words of /ready: every node's trouble as its
+ * workers report it (store_node_stats(), merged by metrics_view(): the first
+ * worker down says why), or <si>'s when no node reports any (NULL: nothing).
+ */
+static const char *model_health(struct model *m, const struct met_view *v,
+				const struct status_info *si)
+{
+	size_t i, off = 0;
+	int w;
+
+	for (i = 0; i < v->nnodes && off < sizeof(m->health_buf); i++) {
+		if (!v->nodes[i].trouble[0])
+			continue;
+		w = snprintf(m->health_buf + off, sizeof(m->health_buf) - off, "%sredis %s %s",
+			     off ? "; " : "", v->nodes[i].name, v->nodes[i].trouble);
+		if (w > 0)
+			off += (size_t)w;
+	}
+	return off ? m->health_buf : si->health;
+}
+
 static void model_build(struct model *m, const struct met_view *v, const struct status_info *si)
 {
 	double last[MET_RESULTS];
 	uint64_t total;
 
 	memset(m, 0, sizeof(*m));
-	m->state = !si->ready ? "not ready" : si->health ? "degraded" : "ok";
+	m->health = model_health(m, v, si);
+	m->state = !si->ready ? "not ready" : m->health ? "degraded" : "ok";
 	panel_agent(m, v, si);
 	panel_decisions(m, v, last, &total);
 	panel_denials(m, v, si, last);

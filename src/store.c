@@ -130,13 +130,20 @@
  * transport carries out when the callback returns.
  *
  * Circuit breaker, per node: <breaker_failures> consecutive Redis failures of
- * queries sent to one node (error replies, lost connections; a missed deadline
- * is congestion, handled by the limit, not a failure) stop queries to that
+ * one node (error replies to queries sent to it; connections refused, failed
+ * or lost, one failure each whatever the commands they carried: node_down();
+ * a missed deadline is congestion, handled by the limit, not a failure) stop
+ * queries to that
  * node (BREAKER) for a cool-down; a stall opens it at once; then one query
  * goes through as a probe; its success closes the breaker. A node that
  * answers with a redirection is healthy. Error replies are counted by class
  * (OOM, BUSY, LOADING, READONLY/MASTERDOWN, other) and the last one is kept
  * for store_health().
+ *
+ * Health: a node is down from a connection that failed or was lost
+ * (node_down(): the time and the reason in words) until one is ready again.
+ * store_health() and store_node_stats() tell it, with error replies and an
+ * open breaker, in the same words to /ready, the status page and the metrics.
  *
  * Bounded: at most max_pending commands in flight or queued over all nodes
  * (abandoned and parked ones included, so a stalled Redis cannot make us
@@ -276,8 +283,9 @@ static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 			n->stall_seen = true;
 		} else {
 			n->stall_seen = false;
-			store_log_trouble(n, "stalled", "no reply in time, reconnecting");
 			breaker_trip(n, "stalled, no reply in time");
+			node_down(n, "stalled: commands out, no reply for %.1f s; reconnecting",
+				  now - n->last_progress);
 			node_close(n);
 			node_lost(n);
 		}
@@ -456,9 +464,39 @@ bool store_key_ready(const struct store *s, const char *key)
 }
 
 /*
- * Describes in <buf> what is wrong with the nodes that own slots: an open
- * breaker, error replies within the last TROUBLE_S. Returns true (and an
- * empty <buf>) when nothing is.
+ * Writes in <buf> what is wrong with <n> at <now> (mono()), as the status and
+ * /ready say it after the node's name: down and why, error replies within the
+ * last TROUBLE_S, the breaker open. Returns false (an empty <buf>) when nothing is.
+ */
+static bool node_trouble(const struct store_node *n, double now, char *buf, size_t len)
+{
+	bool err = n->err_class >= 0 && now - n->err_at < TROUBLE_S;
+	char cls[16];
+	size_t i;
+
+	if (len)
+		buf[0] = 0;
+	if (n->down_at) {
+		snprintf(buf, len, "down%s: %s", n->breaker_open ? " (breaker open)" : "",
+			 n->down_why);
+		return true;
+	}
+	if (!err && !n->breaker_open)
+		return false;
+	snprintf(cls, sizeof(cls), "%s", store_errclass_str(n->err_class));
+	for (i = 0; cls[i]; i++)
+		cls[i] = (char)(cls[i] - 'a' + 'A');
+	snprintf(buf, len, "%s%s%s", err ? (n->err_class == STORE_EC_OTHER ? "errors" : cls) : "",
+		 err && n->breaker_open ? ", " : "", n->breaker_open ? "breaker open" : "");
+	return true;
+}
+
+/*
+ * Describes in <buf> what is wrong with the nodes that own slots (and the
+ * seed): down and why, an open breaker, error replies within the last
+ * TROUBLE_S ("redis 10.0.0.5:6379 OOM, breaker open", "redis 10.0.0.5:6379
+ * down: cannot connect to 10.0.0.5:6379: Connection refused"). Returns true
+ * (and an empty <buf>) when nothing is.
  */
 bool store_health(const struct store *s, char *buf, size_t len)
 {
@@ -471,25 +509,32 @@ bool store_health(const struct store *s, char *buf, size_t len)
 		buf[0] = 0;
 	for (l = s->nodes.next; l != &s->nodes; l = l->next) {
 		const struct store_node *n = LIST_ELEM(l, struct store_node, link);
-		bool err = n->err_class >= 0 && now - n->err_at < TROUBLE_S;
-		char cls[16];
-		size_t i;
+		char what[STORE_TROUBLE];
 
-		if ((!n->nslots && !n->seed) || (!err && !n->breaker_open))
+		if ((!n->nslots && !n->seed) || n->retired || !node_trouble(n, now, what, sizeof(what)))
 			continue;
-		snprintf(cls, sizeof(cls), "%s", store_errclass_str(n->err_class));
-		for (i = 0; cls[i]; i++)
-			cls[i] = (char)(cls[i] - 'a' + 'A');
-		w = snprintf(buf + off, len > off ? len - off : 0, "%sredis %s%s%s%s%s",
-			     off ? ", " : "", n->name, err ? " " : "",
-			     err ? (n->err_class == STORE_EC_OTHER ? "errors" : cls) : "",
-			     err && n->breaker_open ? "," : "", n->breaker_open ? " breaker open" : "");
+		w = snprintf(buf + off, len > off ? len - off : 0, "%sredis %s %s", off ? "; " : "",
+			     n->name, what);
 		if (w > 0)
 			off += (size_t)w;
 		if (off >= len)
 			break;
 	}
 	return off == 0;
+}
+
+/* True when some node that owns slots (or the seed) is down now. */
+bool store_down(const struct store *s)
+{
+	const struct list *l;
+
+	for (l = s->nodes.next; l != &s->nodes; l = l->next) {
+		const struct store_node *n = LIST_ELEM(l, struct store_node, link);
+
+		if ((n->nslots || n->seed) && !n->retired && n->down_at)
+			return true;
+	}
+	return false;
 }
 
 /*
@@ -591,6 +636,11 @@ size_t store_node_stats(const struct store *s, struct store_node_stats *out, siz
 		o->queued = nd->nqueued;
 		o->slots = s->mode == MODE_CLUSTER ? nd->nslots : 16384;
 		memcpy(o->errors, nd->errors, sizeof(o->errors));
+		/* what store_health() says of it: nothing for a node that owns no slot */
+		if (nd->nslots || nd->seed) {
+			o->down_since = nd->down_at;
+			(void)node_trouble(nd, now, o->trouble, sizeof(o->trouble));
+		}
 		for (i = 0; i < STORE_LAT_BUCKETS; i++)
 			o->lat[i] = nd->lat[0][i] + nd->lat[1][i];
 		n++;

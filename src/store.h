@@ -93,6 +93,7 @@ int store_heartbeat(struct store *s, const char *key, const char *id, unsigned w
 bool store_ready(const struct store *s);
 bool store_key_ready(const struct store *s, const char *key);
 bool store_health(const struct store *s, char *buf, size_t len);
+bool store_down(const struct store *s);
 const struct store_stats *store_stats(const struct store *s);
 size_t store_node_stats(const struct store *s, struct store_node_stats *out, size_t max);
 double store_lat_bound(unsigned i);

@@ -132,6 +132,11 @@ struct store_node {
 	double err_at;                  /* mono() of that reply */
 	uint64_t log_suppressed;        /* trouble not logged */
 	ev_tstamp log_last;
+	double down_at;                 /* ev_time() (Unix s) it went down: a connect that
+					 * failed or a connection lost; 0: up, or never
+					 * tried yet */
+	char down_why[STORE_TROUBLE];   /* ... why, in words (node_down()) */
+	bool down_told;                 /* this connection's failure was told already */
 };
 
 /* One query, from store_decide()/store_hget() to its answer and its reply. */

@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,9 +24,11 @@
 #include "sentinel.h"
 #include "store_node.h"
 #include "store_reply.h"
+#include "tls.h"
 #include "util.h"
 
 static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents);
+static void breaker_conn_failed(struct store_node *n, const char *why);
 
 /* Logs trouble with node <n> at most once a second, counting what was dropped. */
 void store_log_trouble(struct store_node *n, const char *what, const char *detail)
@@ -43,6 +46,61 @@ void store_log_trouble(struct store_node *n, const char *what, const char *detai
 		LOG(LOG_WARN, "redis %s %s: %s", n->name, what, detail);
 	n->log_suppressed = 0;
 	n->log_last = now;
+}
+
+/*
+ * Where <n> is, for a message: "10.0.0.5:6379", "redis.example:6379 (10.0.0.5)",
+ * "master mymaster at 10.0.0.5:6379", "unix:/path".
+ */
+static const char *node_where(const struct store_node *n, char *buf, size_t len)
+{
+	if (n->sentineled && n->addr[0])
+		snprintf(buf, len, strchr(n->addr, ':') ? "%s at [%s]:%d" : "%s at %s:%d", n->name,
+			 n->addr, n->dial_port);
+	else if (n->named && n->addr[0])
+		snprintf(buf, len, "%s (%s)", n->name, n->addr);
+	else
+		snprintf(buf, len, "%s", n->name);
+	return buf;
+}
+
+/*
+ * <n> is down: a connect failed (refused, timed out, TLS, AUTH, no script) or
+ * its connection was lost. <fmt> says why in words, for the operator: it is
+ * logged (at most once a second), kept for the status (store_health(),
+ * store_node_stats()) until a connection is ready again, and counted once
+ * for the breaker. The time it went down is the first failure's.
+ */
+void node_down(struct store_node *n, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (n->down_told)
+		return;
+	n->down_told = true;
+	va_start(ap, fmt);
+	vsnprintf(n->down_why, sizeof(n->down_why), fmt, ap);
+	va_end(ap);
+	if (!n->down_at) {
+		n->down_at = ev_time();
+		n->log_last = 0; /* the first failure is always logged */
+	}
+	store_log_trouble(n, "down", n->down_why);
+	breaker_conn_failed(n, n->down_why);
+}
+
+/* <n> is up again (its connection ready): no longer down. */
+static void node_up(struct store_node *n)
+{
+	if (n->down_at) {
+		LOG(LOG_NOTICE, "redis %s up again after %.1f s down", n->name,
+		    ev_time() - n->down_at);
+		n->down_at = 0;
+		n->down_why[0] = 0;
+	}
+	/* a connection made is a success of the node, unless a probe must say so */
+	if (!n->breaker_open)
+		n->failures = 0;
 }
 
 /* ---- circuit breaker (per node) ---------------------------------------- */
@@ -107,12 +165,40 @@ void breaker_record(struct store_node *n, enum store_status st)
 		n->probing = false;
 		return;
 	}
-	if (st != STORE_ERROR && st != STORE_DOWN)
+	/* a connection lost is one failure of the node, counted once by
+	 * node_down(), not once per command that was out on it */
+	if (st != STORE_ERROR)
 		return;
 	n->failures++;
 	if (!n->breaker_open && n->failures >= s->breaker_failures) {
 		snprintf(why, sizeof(why), "%u consecutive failures", n->failures);
 		breaker_open_now(n, why);
+	}
+}
+
+/*
+ * A connection to <n> failed or was lost (node_down()): one Redis failure,
+ * whatever the number of commands that were out on it, counted like an error
+ * reply. A Redis that refuses or drops connections is broken: after
+ * <breaker_failures> of them in a row (about a second of reconnects with the
+ * backoff) the breaker opens, so the breaker and its alert say "Redis is
+ * failing" whatever the way; and once a connection is made again, one probe
+ * decision must succeed before the others follow it.
+ */
+static void breaker_conn_failed(struct store_node *n, const char *why)
+{
+	struct store *s = n->s;
+	char buf[STORE_TROUBLE + 40];
+
+	if (n->probing) {
+		breaker_open_now(n, "probe failed");
+		return;
+	}
+	n->failures++;
+	if (!n->breaker_open && n->failures >= s->breaker_failures) {
+		snprintf(buf, sizeof(buf), "%u consecutive failures, the last: %s", n->failures,
+			 why);
+		breaker_open_now(n, buf);
 	}
 }
 
@@ -530,6 +616,53 @@ void node_lost(struct store_node *n)
 
 /* ---- connections --------------------------------------------------------- */
 
+/* What to do about the TLS error <e> of <n>'s connection, or "". */
+static const char *tls_hint(const struct store_node *n, const char *e)
+{
+	if (!n->s->tls || tls_ctx_has_cert(n->s->tls))
+		return "";
+	if (strstr(e, "certificate required") || strstr(e, "alert handshake failure"))
+		return ": the server requires a client certificate: set redis.tls.cert_file and "
+		       "redis.tls.key_file";
+	/* TLS 1.3: the server's alert may be lost to the reset that follows it */
+	if (n->state != ND_READY && (strstr(e, "reset by peer") || strstr(e, "closed the connection")))
+		return ": the server hung up after the TLS handshake: if it requires a client "
+		       "certificate, set redis.tls.cert_file and redis.tls.key_file";
+	return "";
+}
+
+/* True when the error reply <err> says the connection must authenticate first. */
+static bool auth_needed(const char *err)
+{
+	return strncmp(err, "NOAUTH", 6) == 0 || strstr(err, "unauthenticated") != NULL;
+}
+
+/*
+ * Why <rc>, <n>'s connection, was lost, in words: a connection that was ready
+ * (Redis gone), or one that was up but never got ready, where a clear-text
+ * connection to a TLS port shows as a TLS record (an alert, 0x15, or a
+ * handshake, 0x16) where a reply should be, or as the server hanging up.
+ */
+static void lost_why(struct store_node *n, struct rconn *rc)
+{
+	const char *e = rconn_errstr(rc);
+	char where[STORE_NODE_NAME + 64];
+	/* the connection's TLS is gone by now (rconn_tls() is false): the store's says */
+	bool tls = n->s->tls != NULL;
+
+	node_where(n, where, sizeof(where));
+	if (n->state == ND_READY)
+		node_down(n, "connection to %s lost: %s", where, e);
+	else if (!tls && (strstr(e, "\"\\x15\"") || strstr(e, "\"\\x16\"")))
+		node_down(n, "cannot connect to %s: the server speaks TLS: set redis.tls", where);
+	else if (!tls && (strcmp(e, "server closed the connection") == 0 ||
+				    strstr(e, "Connection reset by peer")))
+		node_down(n, "cannot connect to %s: the server hung up on our first command "
+			  "without a word (%s): if it speaks TLS, set redis.tls", where, e);
+	else
+		node_down(n, "cannot connect to %s: %s%s", where, e, tls_hint(n, e));
+}
+
 static void load_reply_cb(struct rconn *rc, void *reply, void *privdata)
 {
 	struct store_node *n = rconn_data(rc);
@@ -540,8 +673,20 @@ static void load_reply_cb(struct rconn *rc, void *reply, void *privdata)
 	if (!rep || n->rc != rc)
 		return;
 	if (rep->type != REDIS_REPLY_STRING || rep->len != 40) {
-		store_log_trouble(n, "SCRIPT LOAD", rep->type == REDIS_REPLY_ERROR ? rep->str
-										: "bad reply");
+		char where[STORE_NODE_NAME + 64];
+
+		node_where(n, where, sizeof(where));
+		if (rep->type != REDIS_REPLY_ERROR)
+			node_down(n, "%s: SCRIPT LOAD: a reply that is no script digest", where);
+		else if (auth_needed(rep->str))
+			node_down(n, "%s: Redis requires authentication: set redis.password_file "
+				  "(and redis.user for an ACL user)", where);
+		else if (strncmp(rep->str, "NOPERM", 6) == 0)
+			node_down(n, "%s: SCRIPT LOAD refused to redis.user (%s): the ACL the agent "
+				  "needs is in doc/configuration.md, The Redis user the agent needs",
+				  where, rep->str);
+		else
+			node_down(n, "%s: SCRIPT LOAD: %s", where, rep->str);
 		/* e.g. LOADING while Redis reads its dataset: counted like any error */
 		node_error(n, rep->type == REDIS_REPLY_ERROR ? error_class(rep->str)
 							     : STORE_EC_OTHER);
@@ -558,11 +703,14 @@ static void load_reply_cb(struct rconn *rc, void *reply, void *privdata)
 	n->breaker_until = 0;
 	n->backoff_ms = BACKOFF_MIN_MS;
 	s->stats.connects++;
+	node_up(n);
 	if (n->addr[0]) /* a name or a master under Sentinel: which address it was */
-		LOG(LOG_NOTICE, "redis %s connected (%s%s%.0d), script %s", n->name, n->addr,
-		    n->dial_port ? ":" : "", n->dial_port, s->sha);
+		LOG(LOG_NOTICE, "redis %s connected (%s%s%.0d)%s, script %s", n->name, n->addr,
+		    n->dial_port ? ":" : "", n->dial_port, rconn_tls(rc) ? " over TLS" : "",
+		    s->sha);
 	else
-		LOG(LOG_NOTICE, "redis %s connected, script %s", n->name, s->sha);
+		LOG(LOG_NOTICE, "redis %s connected%s, script %s", n->name,
+		    rconn_tls(rc) ? " over TLS" : "", s->sha);
 	s->node_ops->ready(n);
 }
 
@@ -573,7 +721,17 @@ static void auth_reply_cb(struct rconn *rc, void *reply, void *privdata)
 
 	(void)privdata;
 	if (rep && rep->type == REDIS_REPLY_ERROR && n->rc == rc) {
-		store_log_trouble(n, "AUTH", rep->str);
+		char where[STORE_NODE_NAME + 64];
+
+		node_where(n, where, sizeof(where));
+		if (strncmp(rep->str, "WRONGPASS", 9) == 0 || strstr(rep->str, "invalid password"))
+			node_down(n, "%s: Redis refused the password (%s): check redis.password_file "
+				  "and redis.user", where, rep->str);
+		else if (strstr(rep->str, "without any password configured"))
+			node_down(n, "%s: Redis has no password but the agent sends one (%s): drop "
+				  "redis.password_file, or set one in Redis", where, rep->str);
+		else
+			node_down(n, "%s: AUTH: %s", where, rep->str);
 		node_error(n, error_class(rep->str));
 		rconn_disconnect(rc);
 	}
@@ -588,7 +746,7 @@ static void role_reply_cb(struct rconn *rc, void *reply, void *privdata)
 {
 	struct store_node *n = rconn_data(rc);
 	redisReply *rep = reply;
-
+	char where[STORE_NODE_NAME + 64];
 	const char *role;
 
 	(void)privdata;
@@ -599,7 +757,8 @@ static void role_reply_cb(struct rconn *rc, void *reply, void *privdata)
 		role = "no role";
 	if (strcmp(role, "master") == 0)
 		return;
-	store_log_trouble(n, "ROLE", role);
+	node_down(n, "%s is a %s, not the master (a failover in progress?)",
+		  node_where(n, where, sizeof(where)), role);
 	node_error(n, STORE_EC_READONLY);
 	rconn_disconnect(rc);
 }
@@ -612,8 +771,11 @@ static void connect_cb(struct rconn *rc, int status)
 	if (n->rc != rc)
 		return;
 	if (status != 0) {
+		char where[STORE_NODE_NAME + 64];
+
 		/* the connection is freed after this callback */
-		store_log_trouble(n, "connect", rconn_errstr(rc));
+		node_down(n, "cannot connect to %s: %s%s", node_where(n, where, sizeof(where)),
+			  rconn_errstr(rc), tls_hint(n, rconn_errstr(rc)));
 		node_lost(n);
 		return;
 	}
@@ -645,7 +807,7 @@ static void disconnect_cb(struct rconn *rc, int status)
 	if (n->rc != rc)
 		return;
 	if (status != 0)
-		store_log_trouble(n, "connection lost", rconn_errstr(rc));
+		lost_why(n, rc);
 	if (rconn_protocol_error(rc))
 		node_error(n, STORE_EC_PROTOCOL);
 	/* the connection is freed after this callback; pending commands were
@@ -660,7 +822,27 @@ static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	(void)loop;
 	(void)revents;
 	if (n->state == ND_CONNECTING || n->state == ND_LOADING) {
-		store_log_trouble(n, "connect", "timed out");
+		char where[STORE_NODE_NAME + 64];
+		unsigned ms = n->s->connect_timeout_ms;
+
+		node_where(n, where, sizeof(where));
+		if (n->state == ND_LOADING)
+			node_down(n, "cannot connect to %s: connected, but no answer to %s within "
+				  "redis.connect_timeout_ms (%u ms)", where,
+				  n->s->password ? "AUTH" : "SCRIPT LOAD", ms);
+		else if (n->rc && rconn_handshaking(n->rc))
+			node_down(n, "cannot connect to %s: no TLS handshake within "
+				  "redis.connect_timeout_ms (%u ms): is this the TLS port? "
+				  "(redis.tls is set)", where, ms);
+		else if (n->locating)
+			node_down(n, "cannot locate %s: the Sentinels did not answer within "
+				  "redis.connect_timeout_ms (%u ms)", n->name, ms);
+		else if (n->rq)
+			node_down(n, "cannot connect to %s: its name was not resolved within "
+				  "redis.connect_timeout_ms (%u ms)", n->name, ms);
+		else
+			node_down(n, "cannot connect to %s: timed out after "
+				  "redis.connect_timeout_ms (%u ms)", where, ms);
 		node_close(n);
 		node_lost(n);
 		return;
@@ -685,13 +867,15 @@ static void node_dial(struct store_node *n, const char *host)
 		.server_name = n->named ? n->host : NULL,
 		.keepalive = true,
 	};
-	char err[256];
+	char err[256], where[STORE_NODE_NAME + 64];
 	struct rconn *rc;
 
 	rc = rconn_connect(&o, host, n->dial_port ? n->dial_port : n->port, n->unix_path, err,
 			   sizeof(err));
 	if (!rc) {
-		store_log_trouble(n, "connect", err);
+		if (n->named || n->sentineled)
+			snprintf(n->addr, sizeof(n->addr), "%s", host);
+		node_down(n, "cannot connect to %s: %s", node_where(n, where, sizeof(where)), err);
 		node_lost(n);
 		return;
 	}
@@ -730,7 +914,8 @@ static void resolved_cb(void *arg, const struct resolve_result *res)
 		n->naddrs = res->naddrs;
 		n->addrs_until = mono() + res->ttl_s;
 	} else {
-		store_log_trouble(n, "resolve", res->error);
+		if (refresh)
+			store_log_trouble(n, "resolve", res->error);
 		/* the addresses known keep serving meanwhile: look again soon */
 		n->addrs_until = mono() + RESOLVE_TTL_MIN_S;
 	}
@@ -745,6 +930,10 @@ static void resolved_cb(void *arg, const struct resolve_result *res)
 	}
 	if (n->state != ND_CONNECTING)
 		return;
+	if (!res->ok && n->naddrs) /* the last addresses known are tried */
+		store_log_trouble(n, "resolve", res->error);
+	else if (!res->ok)
+		node_down(n, "cannot resolve %s: %s", n->name, res->error);
 	if (!n->naddrs) {
 		node_close(n);
 		node_lost(n);
@@ -763,7 +952,10 @@ static void node_resolve(struct store_node *n, bool refresh)
 
 		s->resolver = resolver_new(s->loop, &s->resolver_opts, err, sizeof(err));
 		if (!s->resolver) {
-			store_log_trouble(n, "resolve", err);
+			if (refresh)
+				store_log_trouble(n, "resolve", err);
+			else
+				node_down(n, "cannot resolve %s: %s", n->name, err);
 			if (!refresh) {
 				node_close(n);
 				node_lost(n);
@@ -782,7 +974,7 @@ static void located_cb(void *arg, const char *ip, int port, const char *err)
 
 	n->locating = false;
 	if (!ip) {
-		store_log_trouble(n, "sentinel", err);
+		node_down(n, "cannot locate %s: %s", n->name, err);
 		node_close(n);
 		node_lost(n);
 		return;
@@ -831,6 +1023,7 @@ void node_connect(struct store_node *n)
 {
 	struct store *s = n->s;
 
+	n->down_told = false; /* a new attempt: its failure is told */
 	/* the deadline covers the lookup, connect + AUTH + SCRIPT LOAD */
 	ev_timer_stop(s->loop, &n->conn_timer);
 	ev_timer_set(&n->conn_timer, s->connect_timeout_ms / 1000., 0.);

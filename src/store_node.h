@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "compiler.h"
 #include "store_int.h"
 
 /* What a node tells the layers above it. Each is called with <n> alive. */
@@ -39,6 +40,7 @@ struct store_node *node_new(struct store *s, const struct endpoint *ep, bool see
 void node_close(struct store_node *n);
 void node_free(struct store_node *n);
 void node_lost(struct store_node *n);
+void node_down(struct store_node *n, const char *fmt, ...) PRINTF(2, 3);
 void node_connect(struct store_node *n);
 void node_ttl_check(struct store_node *n, double now);
 void node_master_switched(void *arg, const char *ip, int port);

@@ -97,6 +97,7 @@ typedef void (*store_str_fn)(enum store_status st, const char *val, size_t len, 
 #define STORE_LAT_BUCKETS  16    /* reply latencies: <= 50 us doubling, the last beyond */
 #define STORE_LAT_WINDOW_S 10.0  /* latencies kept: this window and the one before */
 #define STORE_NODE_NAME    80    /* a node's name as reported (cut) */
+#define STORE_TROUBLE      400   /* what is wrong with a node, in words (cut) */
 
 /* One Redis node as the status page shows it. */
 struct store_node_stats {
@@ -109,6 +110,10 @@ struct store_node_stats {
 	unsigned slots;                 /* cluster slots routed here (16384 when single) */
 	uint64_t errors[STORE_EC_COUNT]; /* error replies by class, since the start */
 	uint64_t lat[STORE_LAT_BUCKETS]; /* replies of the last 10 to 20 s, by latency */
+	double down_since;              /* Unix seconds it went down (refused, lost, timed
+					 * out, TLS or AUTH failed), 0: up */
+	char trouble[STORE_TROUBLE];    /* what is wrong with it, in words; "" nothing
+					 * (store_health() says the same) */
 };
 
 struct store_stats {

@@ -6,9 +6,12 @@
  */
 #include "tls.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -64,6 +67,27 @@ static int load_key(SSL_CTX *ctx, const char *path, const char *pem, size_t len,
 	return ret;
 }
 
+/*
+ * Whether <path> (<what>: "CA file", "cert_file", ...; a directory when <dir>)
+ * can be read: 0, or -1 with "<what> <path>: No such file or directory" in
+ * <err>, where OpenSSL would only say "system lib".
+ */
+static int readable(const char *what, const char *path, bool dir, char *err, size_t errlen)
+{
+	struct stat st;
+
+	if (stat(path, &st) == -1 || access(path, R_OK | (dir ? X_OK : 0)) == -1) {
+		snprintf(err, errlen, "%s %s: %s", what, path, strerror(errno));
+		return -1;
+	}
+	if (dir != !!S_ISDIR(st.st_mode)) {
+		snprintf(err, errlen, "%s %s: %s", what, path,
+			 dir ? "not a directory" : "a directory, not a file");
+		return -1;
+	}
+	return 0;
+}
+
 struct tls_ctx *tls_ctx_new(const struct tls_opts *o, char *err, size_t errlen)
 {
 	struct tls_ctx *t = xcalloc(1, sizeof(*t));
@@ -93,9 +117,13 @@ struct tls_ctx *tls_ctx_new(const struct tls_opts *o, char *err, size_t errlen)
 	t->verify = o->verify;
 	SSL_CTX_set_verify(t->ssl, o->verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, NULL);
 	if (o->ca_file || o->ca_dir) {
+		if ((o->ca_file && readable("CA file", o->ca_file, false, err, errlen) == -1) ||
+		    (o->ca_dir && readable("CA directory", o->ca_dir, true, err, errlen) == -1))
+			goto fail;
 		if (SSL_CTX_load_verify_locations(t->ssl, o->ca_file, o->ca_dir) != 1) {
-			snprintf(err, errlen, "CA %s: %s", o->ca_file ? o->ca_file : o->ca_dir,
-				 tls_error(why, sizeof(why)));
+			snprintf(err, errlen, "%s %s: no certificate read (PEM expected): %s",
+				 o->ca_file ? "CA file" : "CA directory",
+				 o->ca_file ? o->ca_file : o->ca_dir, tls_error(why, sizeof(why)));
 			goto fail;
 		}
 	} else if (SSL_CTX_set_default_verify_paths(t->ssl) != 1) {
@@ -103,6 +131,8 @@ struct tls_ctx *tls_ctx_new(const struct tls_opts *o, char *err, size_t errlen)
 		goto fail;
 	}
 	if (o->cert_file) {
+		if (readable("cert_file", o->cert_file, false, err, errlen) == -1)
+			goto fail;
 		if (SSL_CTX_use_certificate_chain_file(t->ssl, o->cert_file) != 1) {
 			snprintf(err, errlen, "cert_file %s: %s", o->cert_file,
 				 tls_error(why, sizeof(why)));
@@ -150,4 +180,9 @@ const char *tls_ctx_server_name(const struct tls_ctx *t)
 bool tls_ctx_verify(const struct tls_ctx *t)
 {
 	return t->verify;
+}
+
+bool tls_ctx_has_cert(const struct tls_ctx *t)
+{
+	return SSL_CTX_get0_certificate(t->ssl) != NULL;
 }

@@ -40,6 +40,8 @@ void tls_ctx_free(struct tls_ctx *t);
 struct ssl_ctx_st *tls_ctx_ssl(const struct tls_ctx *t);
 const char *tls_ctx_server_name(const struct tls_ctx *t);
 bool tls_ctx_verify(const struct tls_ctx *t);
+/* a client certificate is configured (mutual TLS) */
+bool tls_ctx_has_cert(const struct tls_ctx *t);
 /* The last OpenSSL error of this thread as text (and the queue cleared). */
 const char *tls_error(char *buf, size_t len);
 

@@ -164,8 +164,8 @@ def test_a_name_that_does_not_resolve(procs, tmp, agent):
         c.hello()
         v = decide(c, 1, "nx")
         assert v.get("degraded") == 1 and "allow" in v, v      # the failure ladder
-    wait_until(lambda: "redis nowhere.test:6379 resolve" in a.proc.log_text(), 5, 0.05,
-               "resolve error logged")
+    wait_until(lambda: "redis nowhere.test:6379 down: cannot resolve nowhere.test:6379: "
+               in a.proc.log_text(), 5, 0.05, "resolve error logged")
     assert a.alive()
 
 

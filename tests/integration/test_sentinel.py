@@ -296,3 +296,26 @@ def test_sentinels_by_host_name(procs, tmp, agent_bin):
     log = a.proc.log_text()
     assert "redis master %s connected (127.0.0.1:%d)" % (MASTER, cl.master_port) in log, log
     assert "nowhere.test" in log, log       # the name that does not resolve, said so
+
+
+def test_a_sentinel_name_with_a_dead_address_is_tried_at_each_address(procs, tmp, agent_bin):
+    """One Sentinel given by a name with two addresses, one where nothing listens
+    (127.0.0.2): the agent dials the name's addresses in turn and finds the master through
+    the other (it used to dial the first address only, every time)."""
+    from conftest import Agent
+    from test_dns import Dns
+    cl = Cluster(procs, tmp)
+    dns = Dns(procs, tmp, {"sentinels.test": ["127.0.0.2", "127.0.0.1"]})
+    cfg = agent_config("127.0.0.1:%d" % free_port(), "127.0.0.1:1", limits=LIMITS, tiers=TIERS)
+    cfg["redis"].pop("address")
+    cfg["redis"].update({
+        "sentinel": {"addresses": ["sentinels.test:%d" % cl.sentinel_ports[0]],
+                     "master": MASTER},
+        "nameservers": [dns.nameserver], "connect_timeout_ms": 300})
+    a = Agent(procs, tmp, cfg, name="agent-two-addresses")
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        v = c.request(1, 1, [sc.rl_message(key="sn-two")])
+    assert v["allow"] == 1 and not v.get("degraded"), v
+    assert "redis master %s connected (127.0.0.1:%d)" % (MASTER, cl.master_port) \
+        in a.proc.log_text()

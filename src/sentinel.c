@@ -77,6 +77,7 @@ struct sentinel {
 	ev_timer rtimer;                /* the names' TTLs */
 	struct resolve_req *mrq;        /* a master's name being resolved (locate) */
 	int mport;
+	char mname[64];                 /* ... that name, for the certificate to carry */
 	char *master;                   /* owned */
 	char *user, *password;          /* owned or NULL */
 	struct tls_ctx *tls;            /* a reference, or NULL: clear text */
@@ -216,7 +217,8 @@ static struct rconn *sentinel_dial(struct sentinel *sn, size_t i, rconn_event_fn
 
 /* ---- locate ------------------------------------------------------------- */
 
-static void locate_done(struct sentinel *sn, const char *ip, int port, const char *err)
+static void locate_done(struct sentinel *sn, const char *ip, int port, const char *name,
+			const char *err)
 {
 	sentinel_addr_fn *cb = sn->lcb;
 	struct rconn *ac = sn->lac;
@@ -227,7 +229,7 @@ static void locate_done(struct sentinel *sn, const char *ip, int port, const cha
 	if (ac)
 		rconn_disconnect(ac); /* safe from its own callbacks */
 	if (cb)
-		cb(sn->larg, ip, port, err);
+		cb(sn->larg, ip, port, name, err);
 }
 
 /* The attempt on the current Sentinel failed (<why>): the next one. */
@@ -261,7 +263,7 @@ static void master_resolved(void *arg, const struct resolve_result *res)
 	if (!sn->lcb)
 		return;
 	if (res->ok) {
-		locate_done(sn, res->addrs[0], sn->mport, NULL);
+		locate_done(sn, res->addrs[0], sn->mport, sn->mname, NULL);
 		return;
 	}
 	snprintf(why, sizeof(why), "the master's name: %s", res->error);
@@ -303,12 +305,13 @@ static void addr_reply_cb(struct rconn *ac, void *reply, void *privdata)
 		}
 		ev_timer_stop(sn->loop, &sn->ltimer); /* the lookup has its own deadline */
 		sn->mport = ma.port;
+		snprintf(sn->mname, sizeof(sn->mname), "%s", host);
 		sn->mrq = resolver_lookup(sn->resolver, host, master_resolved, sn);
 		if (!sn->mrq)
 			locate_fail(sn, "cannot resolve the master's name");
 		return;
 	}
-	locate_done(sn, host, ma.port, NULL);
+	locate_done(sn, host, ma.port, NULL, NULL);
 }
 
 static void locate_connect_cb(struct rconn *cac, int status)
@@ -340,7 +343,7 @@ static void locate_next(struct sentinel *sn)
 		char err[320];
 
 		snprintf(err, sizeof(err), "no Sentinel answered (last: %s)", sn->lerr);
-		locate_done(sn, NULL, 0, err);
+		locate_done(sn, NULL, 0, NULL, err);
 		return;
 	}
 	sn->ltried++;

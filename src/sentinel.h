@@ -23,8 +23,10 @@ struct sentinel_opts {
 	const struct reply_limits *limits; /* what one reply may be (copied), NULL: defaults */
 };
 
-/* The master's address, or <err> (then ip is NULL). */
-typedef void sentinel_addr_fn(void *arg, const char *ip, int port, const char *err);
+/* The master's address, or <err> (then ip is NULL); <name>: the host name the Sentinel
+ * answered (resolve-hostnames yes), which a TLS certificate must carry, or NULL. */
+typedef void sentinel_addr_fn(void *arg, const char *ip, int port, const char *name,
+			      const char *err);
 /* A Sentinel announced +switch-master for our name: the new master's address. */
 typedef void sentinel_switch_fn(void *arg, const char *ip, int port);
 

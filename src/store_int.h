@@ -95,6 +95,7 @@ struct store_node {
 	char addr[INET6_ADDRSTRLEN];    /* the address of the connection, "" none */
 	bool was_ready;                 /* the connection to addr got READY */
 	bool sentineled;                /* host is a master's name: the Sentinels say where */
+	char sentinel_name[64];         /* ... by this host name (resolve-hostnames), "" by IP */
 	bool locating;                  /* ... asking them now */
 	int dial_port;                  /* the port dialled (the Sentinels'), 0: port */
 	enum node_state state;

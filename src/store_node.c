@@ -864,7 +864,7 @@ static void node_dial(struct store_node *n, const char *host)
 		.tls = s->tls,
 		/* a name is the name its certificate carries, unless the configuration
 		 * names one (tls.server_name); an address alone is verified as one */
-		.server_name = n->named ? n->host : NULL,
+		.server_name = n->named ? n->host : n->sentinel_name[0] ? n->sentinel_name : NULL,
 		.keepalive = true,
 	};
 	char err[256], where[STORE_NODE_NAME + 64];
@@ -968,11 +968,13 @@ static void node_resolve(struct store_node *n, bool refresh)
 }
 
 /* The Sentinels' answer for <n>, the master's node: dial it, or try again later. */
-static void located_cb(void *arg, const char *ip, int port, const char *err)
+static void located_cb(void *arg, const char *ip, int port, const char *name, const char *err)
 {
 	struct store_node *n = arg;
 
 	n->locating = false;
+	/* a master the Sentinels name by host name is verified by that name (TLS) */
+	snprintf(n->sentinel_name, sizeof(n->sentinel_name), "%s", name ? name : "");
 	if (!ip) {
 		node_down(n, "cannot locate %s: %s", n->name, err);
 		node_close(n);

@@ -317,10 +317,16 @@ class TLSSentinels:
     """A master, a replica and three Sentinels speaking TLS only (port 0): replication,
     the Sentinels' links and their clients all over TLS."""
 
-    def __init__(self, procs, tmp, pki, master="rltls"):
+    def __init__(self, procs, tmp, pki, master="rltls", by_name=False):
+        """<by_name>: the Sentinels monitor the master as "localhost" and answer with that
+        name (resolve-hostnames, announce-hostnames), and the master's and replica's
+        certificate names only it (no IP address): a client must verify the name."""
         from conftest import free_ports
         self.procs, self.pki, self.name = procs, pki, master
         self.crt, self.key = pki.issue("node")
+        self.by_name = by_name
+        self.node_crt, self.node_key = pki.issue("node-by-name", san="DNS:localhost") \
+            if by_name else (self.crt, self.key)
         self.master_port, self.replica_port = free_ports(2)
         self.sentinel_ports = free_ports(3)
         self.master = self.server("master", self.master_port)
@@ -334,11 +340,14 @@ class TLSSentinels:
                 "port 0\ntls-port %d\nbind 127.0.0.1\ndaemonize no\ndir %s\n"
                 "protected-mode no\ntls-cert-file %s\ntls-key-file %s\ntls-ca-cert-file %s\n"
                 "tls-auth-clients no\ntls-replication yes\n"
-                "sentinel monitor %s 127.0.0.1 %d 2\n"
+                "%s"
+                "sentinel monitor %s %s %d 2\n"
                 "sentinel down-after-milliseconds %s 1000\n"
                 "sentinel failover-timeout %s 10000\n"
-                % (port, d, self.crt, self.key, pki.ca_crt, master, self.master_port,
-                   master, master))
+                % (port, d, self.crt, self.key, pki.ca_crt,
+                   "sentinel resolve-hostnames yes\nsentinel announce-hostnames yes\n"
+                   if by_name else "", master, "localhost" if by_name else "127.0.0.1",
+                   self.master_port, master, master))
             p = procs.spawn("tls-sentinel-%d" % i, [REDIS_BIN, str(conf), "--sentinel"])
             wait_port("127.0.0.1", port, 10, p)
         wait_until(self.settled, 30, 0.2, "Sentinels know each other and the replica")
@@ -346,10 +355,12 @@ class TLSSentinels:
     def server(self, name, port, *extra):
         d = self.procs.tmp / ("tls-" + name)
         d.mkdir(exist_ok=True)
+        # by name: "localhost" may resolve to ::1 too (optional: "-::1")
+        bind = ["127.0.0.1", "-::1"] if self.by_name else ["127.0.0.1"]
         p = self.procs.spawn("tls-" + name, [
-            REDIS_BIN, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+            REDIS_BIN, "--port", "0", "--tls-port", str(port), "--bind"] + bind + [
             "--save", "", "--appendonly", "no", "--dir", str(d), "--protected-mode", "no",
-            "--tls-cert-file", str(self.crt), "--tls-key-file", str(self.key),
+            "--tls-cert-file", str(self.node_crt), "--tls-key-file", str(self.node_key),
             "--tls-ca-cert-file", str(self.pki.ca_crt), "--tls-auth-clients", "no",
             "--tls-replication", "yes"] + list(extra))
         wait_port("127.0.0.1", port, 10, p)
@@ -397,3 +408,21 @@ def test_tls_sentinels_and_failover(agent, procs, tmp, pki):
                0.1, "the agent on the promoted replica")
     a.wait_store(timeout=10)
     assert decide(a, "tls-sn-after", 6, sid0=201) == EXACT
+
+
+def test_a_master_the_sentinels_name_is_verified_by_its_name(agent, procs, tmp, pki):
+    """Sentinels with resolve-hostnames and announce-hostnames answer the master's host name
+    (localhost), and the master's certificate carries only that name: the agent resolves it
+    and verifies the certificate against the name the Sentinels gave, not the address it
+    dialled (it did: "certificate verify failed: IP address mismatch")."""
+    cl = TLSSentinels(procs, tmp, pki, master="rlbyname", by_name=True)
+    from conftest import Agent
+    cfg = agent_config("127.0.0.1:%d" % free_port(), "127.0.0.1:1")
+    cfg["redis"].pop("address")
+    cfg["redis"].update({
+        "sentinel": {"addresses": ["127.0.0.1:%d" % p for p in cl.sentinel_ports],
+                     "master": cl.name},
+        "tls": {"ca_file": str(pki.ca_crt)}, "connect_timeout_ms": 300})
+    a = Agent(procs, tmp, cfg, name="agent-sn-name")
+    assert decide(a, "tls-sn-name", 6) == EXACT
+    assert "mismatch" not in a.proc.log_text()

@@ -41,44 +41,31 @@ def _sanitized():
 
 ASAN = _sanitized()
 LATENCY_MAX_S = 1.0 if ASAN else 0.25
-CHUNK = b"\0" * 65536
+
+
+def endless(head, chunk):
+    """A reply that starts with <head>, then <chunk> again and again until the fake closes."""
+    def send(fr):
+        yield head
+        while not fr.closing:
+            yield chunk
+    return send
 
 
 def nested(fr):
     yield b"*1\r\n" * 1000000 + b":1\r\n"
 
 
-def huge_bulk(fr):
-    yield b"$1099511627776\r\n"
-    chunk = b"x" * 65536
-    while not fr.closing:
-        yield chunk
-
-
-def huge_array(fr):
-    yield b"*2147483647\r\n"
-    chunk = b":1\r\n" * 16384
-    while not fr.closing:
-        yield chunk
+huge_bulk = endless(b"$1099511627776\r\n", b"x" * 65536)
+huge_array = endless(b"*2147483647\r\n", b":1\r\n" * 16384)
+garbage = endless(b"", os.urandom(1 << 20))
+endless_line = endless(b"+", b"a" * 65536)
 
 
 def largest_allowed(fr):
     """An array of as many elements as a reply may hold (the default limit), 1 MB of
     integers: read, built and refused as a script reply, every time."""
     yield b"*262144\r\n" + b":1\r\n" * 262144
-
-
-def garbage(fr):
-    rnd = os.urandom(1 << 20)
-    while not fr.closing:
-        yield rnd
-
-
-def endless_line(fr):
-    yield b"+"
-    chunk = b"a" * 65536
-    while not fr.closing:
-        yield chunk
 
 
 def byte_a_second(fr):

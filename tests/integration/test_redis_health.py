@@ -60,10 +60,12 @@ def wait_down(a, t_event, what):
     return j, seen
 
 
-def ctl_status(a):
+def ctl_status(a, want=0):
+    """`ctl status`'s output; its exit status must be <want> (1: the agent answered that
+    something is wrong)."""
     r = subprocess.run([str(SPOA_BIN), "ctl", "-f", str(a.conf_path), "status"],
                        capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert r.returncode == want, (r.returncode, r.stdout, r.stderr)
     return r.stdout
 
 
@@ -81,7 +83,7 @@ def check_told(a, redis_address, reason):
     assert "degraded: redis %s down" % redis_address in body and reason in body, body
     assert "local fallback limits apply" in body, body
     assert metric(a, "spoa_ratelimit_redis_down") == 1
-    out = ctl_status(a)
+    out = ctl_status(a, want=1)
     assert "== redis [RED]" in out and reason in out, out
     # logged at most once a second (with the count of messages suppressed)
     wait_until(lambda: reason in a.proc.log_text(), 5, 0.05, "the log saying " + reason)

@@ -80,8 +80,8 @@ struct http_conn {
 	size_t out_off;                    /* bytes of them sent */
 	size_t out_head_len;               /* bytes in out_head */
 	size_t drained;                    /* bytes dropped while lingering */
-	struct ip_net peer;              /* who connected (a v4-mapped address as v4) */
-	struct ip_net local;             /* the address it reached */
+	struct ip_net peer;                /* who connected (a v4-mapped address as v4) */
+	struct ip_net local;               /* the address it reached */
 	char out_head[HTTP_OUT_HEAD_MAX];  /* status line and headers */
 };
 
@@ -101,7 +101,7 @@ struct http_server {
 	uint64_t refused_unlogged;         /* refusals since the last warning */
 	double last_warn;                  /* ev_now() of the last warning, 0 = never */
 	/* who may ask (http_server_set_access()) */
-	struct ip_net *allow;            /* owned, nallow; none: anyone */
+	struct ip_net *allow;              /* owned, nallow; none: anyone */
 	size_t nallow;
 	char **hosts;                      /* owned, nhosts names for Host */
 	size_t nhosts;
@@ -109,8 +109,8 @@ struct http_server {
 	bool any_host;                     /* ... unless "*" */
 	char *token;                       /* owned or NULL */
 	char **open_paths;                 /* owned, NULL-terminated, or NULL */
-	uint64_t forbidden_unlogged;
-	double forbidden_warn;
+	uint64_t forbidden_unlogged;       /* refused requests since the last warning */
+	double forbidden_warn;             /* ev_now() of that warning, 0 = never */
 };
 
 /* ---------------------------------------------------------------- replies */

@@ -178,9 +178,13 @@ static const char *sentinel_ip(struct sentinel *sn, size_t i)
 		names_refresh(sn);
 		return NULL;
 	}
-	if (sn->naddrs[i] > 1)
-		snprintf(sn->ips[i], sizeof(sn->ips[i]), "%s",
-			 sn->addrs[i][sn->next[i]++ % sn->naddrs[i]]);
+	if (sn->naddrs[i] > 1) { /* copied, not printed: both live in <sn> (-Wrestrict) */
+		const char *a = sn->addrs[i][sn->next[i]++ % sn->naddrs[i]];
+		size_t l = strnlen(a, sizeof(sn->ips[i]) - 1);
+
+		memcpy(sn->ips[i], a, l);
+		sn->ips[i][l] = 0;
+	}
 	return sn->ips[i];
 }
 

@@ -477,7 +477,7 @@ static bool node_trouble(const struct store_node *n, double now, char *buf, size
 	if (len)
 		buf[0] = 0;
 	if (n->down_at) {
-		snprintf(buf, len, "down%s: %s", n->breaker_open ? " (breaker open)" : "",
+		snprintf(buf, len, "down%s: %.360s", n->breaker_open ? " (breaker open)" : "",
 			 n->down_why);
 		return true;
 	}

@@ -233,6 +233,15 @@ class BadSentinel(FakeRedis):
         return b"+OK\r\n"
 
 
+def decides_exactly(a, key):
+    """<a> is alive and decides <key> with Redis (allowed, not degraded)."""
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        v = c.request(1, 1, [sc.rl_message(key=key)])
+    assert v["allow"] == 1 and not v.get("degraded"), v
+    assert a.alive()
+
+
 def agent_on_sentinels(procs, tmp, sentinels):
     from conftest import Agent, agent_config, free_port
     cfg = agent_config("127.0.0.1:%d" % free_port(), "127.0.0.1:1")
@@ -256,11 +265,7 @@ def test_a_silent_sentinel_watch_is_dropped_for_the_next(procs, tmp, agent_bin, 
                        "Sentinel" % s.address in a.proc.log_text(), 15, 0.1,
                        "the watch on %s dropped" % s.address)
         assert all(s.count("PING") >= 1 for s in sns)
-        with sc.SpopClient(a.addr) as c:
-            c.hello()
-            v = c.request(1, 1, [sc.rl_message(key="sn-silent")])
-        assert v["allow"] == 1 and not v.get("degraded"), v
-        assert a.alive()
+        decides_exactly(a, "sn-silent")
     finally:
         for s in sns:
             s.close()
@@ -283,11 +288,7 @@ def test_a_flooding_sentinel_watch_is_refused(procs, tmp, agent_bin, redis):
                          % sns[0].address) == 1, log
         assert sum(s.count("SUBSCRIBE") for s in sns) >= 4
         assert ASAN or vm_rss_kb(a.proc.pid) - idle < 64 * 1024
-        with sc.SpopClient(a.addr) as c:
-            c.hello()
-            v = c.request(1, 1, [sc.rl_message(key="sn-flood")])
-        assert v["allow"] == 1 and not v.get("degraded"), v
-        assert a.alive()
+        decides_exactly(a, "sn-flood")
     finally:
         for s in sns:
             s.close()

@@ -384,12 +384,8 @@ class TLSSentinels:
             return False
 
 
-def test_tls_sentinels_and_failover(agent, procs, tmp, pki):
-    """Sentinels, master and replica on TLS only: the master found by asking the Sentinels
-    over TLS, decisions exact; the master killed, the replica promoted: the agent hears
-    +switch-master on its TLS subscription and decides exactly on the new master."""
-    import signal
-    cl = TLSSentinels(procs, tmp, pki)
+def agent_on_tls_sentinels(procs, tmp, pki, cl, name):
+    """An agent finding <cl>'s master through its Sentinels, everything over TLS."""
     from conftest import Agent
     cfg = agent_config("127.0.0.1:%d" % free_port(), "127.0.0.1:1")
     cfg["redis"].pop("address")
@@ -397,7 +393,16 @@ def test_tls_sentinels_and_failover(agent, procs, tmp, pki):
         "sentinel": {"addresses": ["127.0.0.1:%d" % p for p in cl.sentinel_ports],
                      "master": cl.name},
         "tls": {"ca_file": str(pki.ca_crt)}, "connect_timeout_ms": 300})
-    a = Agent(procs, tmp, cfg, name="agent-sn")
+    return Agent(procs, tmp, cfg, name=name)
+
+
+def test_tls_sentinels_and_failover(agent, procs, tmp, pki):
+    """Sentinels, master and replica on TLS only: the master found by asking the Sentinels
+    over TLS, decisions exact; the master killed, the replica promoted: the agent hears
+    +switch-master on its TLS subscription and decides exactly on the new master."""
+    import signal
+    cl = TLSSentinels(procs, tmp, pki)
+    a = agent_on_tls_sentinels(procs, tmp, pki, cl, "agent-sn")
     assert decide(a, "tls-sn", 6) == EXACT
     log = a.proc.log_text()
     assert "redis master %s connected (127.0.0.1:%d)" % (cl.name, cl.master_port) in log, log
@@ -416,13 +421,6 @@ def test_a_master_the_sentinels_name_is_verified_by_its_name(agent, procs, tmp, 
     and verifies the certificate against the name the Sentinels gave, not the address it
     dialled (it did: "certificate verify failed: IP address mismatch")."""
     cl = TLSSentinels(procs, tmp, pki, master="rlbyname", by_name=True)
-    from conftest import Agent
-    cfg = agent_config("127.0.0.1:%d" % free_port(), "127.0.0.1:1")
-    cfg["redis"].pop("address")
-    cfg["redis"].update({
-        "sentinel": {"addresses": ["127.0.0.1:%d" % p for p in cl.sentinel_ports],
-                     "master": cl.name},
-        "tls": {"ca_file": str(pki.ca_crt)}, "connect_timeout_ms": 300})
-    a = Agent(procs, tmp, cfg, name="agent-sn-name")
+    a = agent_on_tls_sentinels(procs, tmp, pki, cl, "agent-sn-name")
     assert decide(a, "tls-sn-name", 6) == EXACT
     assert "mismatch" not in a.proc.log_text()

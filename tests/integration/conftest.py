@@ -139,6 +139,66 @@ def wait_port(host, port, timeout=10.0, proc=None):
         time.sleep(0.05)
 
 
+class PortTaken(RuntimeError):
+    """The port chosen for a server was taken by another process before the server bound it."""
+
+
+def wait_own_redis(port, proc, timeout=10.0, password=None):
+    """Wait until the redis-server (or Sentinel) <proc> answers on <port>, and make sure the
+    process answering is <proc> itself (INFO's process_id): a free port is only free a moment,
+    and a process of another test run on this machine may bind it first. Then <proc> exits
+    ("Address already in use") while a bare connect to the port would still succeed.
+    Raises PortTaken in that case, RuntimeError on other failures."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        if not proc.alive():
+            tail = proc.log_tail()
+            cls = PortTaken if "already in use" in tail else RuntimeError
+            raise cls("%s exited with %s before listening on 127.0.0.1:%d\n%s" % (
+                proc.name, proc.returncode(), port, tail))
+        try:
+            if password:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                    f = s.makefile("rb")
+                    for cmd in (("AUTH", password), ("INFO", "server")):
+                        s.sendall(b"*%d\r\n" % len(cmd) + b"".join(
+                            b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in cmd))
+                        last = _resp_read(f)
+            else:
+                last = redis_cmd(port, "INFO", "server", timeout=1.0)
+            if isinstance(last, bytes):
+                last = last.decode(errors="replace")
+            m = re.search(r"process_id:(\d+)", last or "")
+            if m and int(m.group(1)) == proc.pid:
+                return
+            if m:
+                raise PortTaken("127.0.0.1:%d is answered by process %s, not by %s (pid %d)" % (
+                    port, m.group(1), proc.name, proc.pid))
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            raise RuntimeError("%s does not answer INFO on 127.0.0.1:%d after %.1fs (last: %r)"
+                               % (proc.name, port, timeout, last))
+        time.sleep(0.05)
+
+
+def spawn_redis(procs, name, argv_for, attempts=3, password=None):
+    """Start a redis-server-like process on a free port: argv_for(port) gives its command
+    line. When the port is taken under it (PortTaken), the process is stopped and started
+    again on another port. Returns (proc, port)."""
+    for attempt in range(attempts):
+        port = free_port()
+        p = procs.spawn(name, argv_for(port))
+        try:
+            wait_own_redis(port, p, password=password)
+            return p, port
+        except PortTaken:
+            p.stop()
+            if attempt == attempts - 1:
+                raise
+
+
 def vm_rss_kb(pid):
     """The resident memory of process <pid> in kB (/proc/<pid>/status)."""
     with open("/proc/%d/status" % pid) as f:
@@ -148,8 +208,9 @@ def vm_rss_kb(pid):
     raise AssertionError("no VmRSS")
 
 
-def wait_until(pred, timeout, interval=0.1, what="condition"):
-    """Poll <pred> until it returns a true value (returned) or the deadline passes."""
+def wait_until(pred, timeout, interval=0.1, what="condition", diagnose=None):
+    """Poll <pred> until it returns a true value (returned) or the deadline passes;
+    <diagnose>(), when given, adds what it returns to the message of a timeout."""
     deadline = time.monotonic() + timeout
     last = None
     while True:
@@ -157,8 +218,8 @@ def wait_until(pred, timeout, interval=0.1, what="condition"):
         if last:
             return last
         if time.monotonic() >= deadline:
-            raise AssertionError("timed out after %.1fs waiting for %s (last: %r)" % (
-                timeout, what, last))
+            raise AssertionError("timed out after %.1fs waiting for %s (last: %r)%s" % (
+                timeout, what, last, "; " + diagnose() if diagnose else ""))
         time.sleep(interval)
 
 

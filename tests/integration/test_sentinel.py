@@ -20,7 +20,7 @@ import pytest
 
 import spop_client as sc
 from conftest import (REDIS_BIN, SPOA_BIN, _resp_read, agent_config, check_config, free_port,
-                      free_ports, redis_cmd, wait_port, wait_until)
+                      redis_cmd, spawn_redis, wait_until)
 
 MASTER = "rlmaster"
 LIMITS = {"big": {"rate": 1000000, "period": "1d", "algorithm": "fixed_window"}, "anon_rpm": {"rate": 3, "period": "1m"}}
@@ -34,37 +34,51 @@ class Cluster:
     def __init__(self, procs, tmp, sentinel_pass=None):
         self.procs = procs
         self.sentinel_pass = sentinel_pass
-        self.master_port, self.replica_port = free_ports(2)
-        self.sentinel_ports = free_ports(3)
-        self.master = self.server("master", self.master_port)
-        self.replica = self.server("replica", self.replica_port,
-                                   "--replicaof", "127.0.0.1", str(self.master_port))
+        self.master, self.master_port = self.server("master")
+        self.replica, self.replica_port = self.server(
+            "replica", "--replicaof", "127.0.0.1", str(self.master_port))
         self.sentinels = []
-        for i, port in enumerate(self.sentinel_ports):
+        self.sentinel_ports = []
+        for i in range(3):
             d = tmp / ("sentinel-%d" % i)
             d.mkdir()
             conf = d / "sentinel.conf"
-            conf.write_text(
-                "port %d\nbind 127.0.0.1\ndaemonize no\ndir %s\nprotected-mode no\n"
-                "sentinel monitor %s 127.0.0.1 %d 2\n"
-                "sentinel down-after-milliseconds %s 1000\n"
-                "sentinel failover-timeout %s 10000\n"
-                "sentinel parallel-syncs %s 1\n"
-                % (port, d, MASTER, self.master_port, MASTER, MASTER, MASTER)
-                + ("requirepass %s\n" % sentinel_pass if sentinel_pass else ""))
-            p = procs.spawn("sentinel-%d" % i, [REDIS_BIN, str(conf), "--sentinel"])
-            wait_port("127.0.0.1", port, 10, p)
-            self.sentinels.append(p)
-        wait_until(self.settled, 30, 0.2, "Sentinels know each other and the replica")
 
-    def server(self, name, port, *extra):
+            def argv(port, d=d, conf=conf):
+                conf.write_text(
+                    "port %d\nbind 127.0.0.1\ndaemonize no\ndir %s\nprotected-mode no\n"
+                    "sentinel monitor %s 127.0.0.1 %d 2\n"
+                    "sentinel down-after-milliseconds %s 1000\n"
+                    "sentinel failover-timeout %s 10000\n"
+                    "sentinel parallel-syncs %s 1\n"
+                    % (port, d, MASTER, self.master_port, MASTER, MASTER, MASTER)
+                    + ("requirepass %s\n" % sentinel_pass if sentinel_pass else ""))
+                return [REDIS_BIN, str(conf), "--sentinel"]
+            p, port = spawn_redis(procs, "sentinel-%d" % i, argv, password=sentinel_pass)
+            self.sentinels.append(p)
+            self.sentinel_ports.append(port)
+        wait_until(self.settled, 30, 0.2, "Sentinels know each other and the replica",
+                   diagnose=self.diagnose)
+
+    def server(self, name, *extra):
         d = self.procs.tmp / name
         d.mkdir(exist_ok=True)
-        p = self.procs.spawn(name, [REDIS_BIN, "--port", str(port), "--bind", "127.0.0.1",
-                                    "--save", "", "--appendonly", "no", "--dir", str(d),
-                                    "--protected-mode", "no"] + list(extra))
-        wait_port("127.0.0.1", port, 10, p)
-        return p
+        return spawn_redis(self.procs, name, lambda port: [
+            REDIS_BIN, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", str(d), "--protected-mode", "no"] + list(extra))
+
+    def diagnose(self):
+        """What each Sentinel knows, for the message of a cluster that did not settle."""
+        out = []
+        for p, port in zip(self.sentinels, self.sentinel_ports):
+            try:
+                m = self.sentinel_master(port)
+                out.append("%s :%d alive=%s other-sentinels=%s slaves=%s flags=%s" % (
+                    p.name, port, p.alive(), m.get("num-other-sentinels"),
+                    m.get("num-slaves"), m.get("flags")))
+            except (OSError, ValueError, TypeError) as e:
+                out.append("%s :%d alive=%s: %s" % (p.name, port, p.alive(), e))
+        return "; ".join(out)
 
     def sentinel_cmd(self, port, *args):
         if not self.sentinel_pass:

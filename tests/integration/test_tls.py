@@ -327,8 +327,10 @@ class TLSSentinels:
         self.by_name = by_name
         self.node_crt, self.node_key = pki.issue("node-by-name", san="DNS:localhost") \
             if by_name else (self.crt, self.key)
-        self.master_port, self.replica_port = free_ports(2)
-        self.sentinel_ports = free_ports(3)
+        # one call: ports from two calls may coincide
+        ports = free_ports(5)
+        self.master_port, self.replica_port = ports[:2]
+        self.sentinel_ports = ports[2:]
         self.master = self.server("master", self.master_port)
         self.replica = self.server("replica", self.replica_port, "--replicaof", "127.0.0.1",
                                    str(self.master_port))

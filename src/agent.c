@@ -67,7 +67,8 @@ static void publish(struct agent *a)
 	struct met_slot *ms = a->ms;
 	const struct spoa_stats *ss;
 	uint64_t heap_used, heap_free;
-	size_t i;
+	double oldest;
+	size_t i, nn;
 
 	if (!ms)
 		return;
@@ -125,8 +126,13 @@ static void publish(struct agent *a)
 		ms->c[MC_REDIS_BATCHED] = st->batched;
 		for (i = 0; i < STORE_EC_COUNT; i++)
 			ms->c[MC_REDIS_ERR_OOM + i] = st->errors[i];
-		__atomic_store_n(&ms->nnodes, store_node_stats(a->store, ms->nodes, MET_NODES),
-				 __ATOMIC_RELEASE);
+		nn = store_node_stats(a->store, ms->nodes, MET_NODES);
+		oldest = 0;
+		for (i = 0; i < nn; i++)
+			if (ms->nodes[i].oldest_s > oldest)
+				oldest = ms->nodes[i].oldest_s;
+		ms->c[MC_REDIS_OLDEST_MS] = (uint64_t)(oldest * 1000.);
+		__atomic_store_n(&ms->nnodes, nn, __ATOMIC_RELEASE);
 	}
 	if (a->quota) {
 		const struct quota_stats *q = quota_stats(a->quota);

@@ -1051,6 +1051,33 @@ static void print_panel(FILE *f, const struct json *p, const struct json *alerts
 	}
 }
 
+/* What is wrong, as the page's list at the top says it: "  ! WHAT (#PANEL, since HH:MM:SS UTC)". */
+static void print_causes(FILE *f, const struct json *cs)
+{
+	size_t i;
+
+	if (!cs || cs->type != JSON_ARR)
+		return;
+	for (i = 0; i < cs->n; i++) {
+		const struct json *what = json_get(&cs->kids[i], "what");
+		const struct json *panel = json_get(&cs->kids[i], "panel");
+		const struct json *since = json_get(&cs->kids[i], "since");
+		char hms[16] = "";
+
+		if (!what || what->type != JSON_STR)
+			continue;
+		if (since && since->type == JSON_NUM && since->num > 0) {
+			time_t t = (time_t)since->num;
+			struct tm tm;
+
+			strftime(hms, sizeof(hms), "%H:%M:%S", gmtime_r(&t, &tm));
+		}
+		fprintf(f, "  ! %s (#%s%s%s%s)\n", what->str,
+			panel && panel->type == JSON_STR ? panel->str : "?", hms[0] ? ", since " : "",
+			hms, hms[0] ? " UTC" : "");
+	}
+}
+
 /* `ctl status`'s exit statuses (doc/operations.md): */
 #define CTL_STATUS_FINE      0  /* the agent answered: state "ok" */
 #define CTL_STATUS_TROUBLE   1  /* the agent answered: something is wrong (degraded, not ready) */
@@ -1089,6 +1116,7 @@ static int status_once(const char *addr, bool clear)
 		fputs("\033[H\033[2J", stdout);
 	printf("spoa-ratelimit %s at %s: %s\n", ver && ver->type == JSON_STR ? ver->str : "?", addr,
 	       state && state->type == JSON_STR ? state->str : "?");
+	print_causes(stdout, json_get(j, "causes"));
 	for (i = 0; i < j->n; i++)
 		if (j->kids[i].type == JSON_OBJ && strcmp(j->kids[i].key, "alerts") != 0)
 			print_panel(stdout, &j->kids[i], alerts);
@@ -1158,11 +1186,13 @@ static int ctl_status(const struct agent_config *cfg, int argc, char **argv)
 
 			if (!down_since)
 				down_since = time(NULL);
-			strftime(since, sizeof(since), "%H:%M:%S", localtime_r(&down_since, &tm));
+			/* the words and the clock of the status page's own line (#gone) */
+			strftime(since, sizeof(since), "%H:%M:%S", gmtime_r(&down_since, &tm));
 			if (last_ok)
-				strftime(last, sizeof(last), "%H:%M:%S", localtime_r(&last_ok, &tm));
-			printf("agent at %s not answering since %s%s%s\n", addr, since,
-			       last_ok ? "; its last answer came at " : "", last_ok ? last : "");
+				strftime(last, sizeof(last), "%H:%M:%S", gmtime_r(&last_ok, &tm));
+			printf("agent at %s not answering since %s UTC%s%s%s\n", addr, since,
+			       last_ok ? "; its last answer came at " : "", last_ok ? last : "",
+			       last_ok ? " UTC" : "");
 			fflush(stdout);
 		}
 	}

@@ -771,6 +771,11 @@ static const struct family families[] = {
 		"Replies that arrived after their deadline (discarded).", MC_REDIS_LATE),
 	FAM_SUM("spoa_ratelimit_redis_pending", PROM_GAUGE,
 		"Commands in flight to Redis.", MC_REDIS_PENDING),
+	FAM_MAX("spoa_ratelimit_redis_oldest_unanswered_ms",
+		"Age in milliseconds of the oldest command a Redis node has not answered, "
+		"across reconnections it left unanswered (0: nothing owed); a frozen Redis "
+		"makes it grow while the latency histograms, made of replies, see nothing.",
+		MC_REDIS_OLDEST_MS),
 	FAM_SUM("spoa_ratelimit_redis_breaker_open", PROM_GAUGE,
 		"Workers whose Redis circuit breaker is open.", MC_BREAKER_OPEN),
 	FAM_SUM("spoa_ratelimit_redis_down", PROM_GAUGE,
@@ -968,6 +973,8 @@ static void merge_nodes(const struct metrics *m, struct met_view *v)
 				memcpy(d->trouble, src->trouble, sizeof(d->trouble));
 			}
 			d->breaker_open |= src->breaker_open;
+			if (src->oldest_s > d->oldest_s)
+				d->oldest_s = src->oldest_s;
 			d->limit += src->limit;
 			d->out += src->out;
 			d->queued += src->queued;

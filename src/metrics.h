@@ -119,6 +119,7 @@ enum met_counter {
 	MC_RELOAD_OK,           /* gauge: 1 if that reload was applied */
 	MC_HEAP_IN_USE,         /* gauge: heap bytes allocated (the C library's count) */
 	MC_HEAP_FREE,           /* gauge: heap bytes freed, still held by the allocator */
+	MC_REDIS_OLDEST_MS,     /* gauge: age of the oldest command a node has not answered */
 	MC_COUNT                /* sentinel */
 };
 

@@ -49,6 +49,7 @@ enum rconn_state {
 struct rconn_cb {
 	rconn_reply_fn *fn;
 	void *priv;
+	double at;                      /* mono() it was queued (sent the same turn) */
 };
 
 struct rconn {
@@ -93,6 +94,11 @@ const char *rconn_errstr(const struct rconn *c)
 bool rconn_tls(const struct rconn *c)
 {
 	return c->ssl != NULL;
+}
+
+double rconn_oldest(const struct rconn *c)
+{
+	return c->count ? c->cbs[c->head].at : 0.;
 }
 
 bool rconn_protocol_error(const struct rconn *c)
@@ -257,7 +263,7 @@ static int cb_push(struct rconn *c, rconn_reply_fn *fn, void *priv)
 		c->ncbs = n;
 		c->head = 0;
 	}
-	c->cbs[(c->head + c->count) % c->ncbs] = (struct rconn_cb){fn, priv};
+	c->cbs[(c->head + c->count) % c->ncbs] = (struct rconn_cb){fn, priv, mono()};
 	c->count++;
 	return 0;
 }
@@ -446,7 +452,7 @@ static void dispatch(struct rconn *c)
 			c->head = (c->head + 1) % c->ncbs;
 			c->count--;
 		} else if (c->sub_fn) {
-			cb = (struct rconn_cb){c->sub_fn, c->sub_priv};
+			cb = (struct rconn_cb){c->sub_fn, c->sub_priv, 0};
 		} else {
 			reply_free(reply);
 			c->proto_err = true;

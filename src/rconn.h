@@ -96,6 +96,10 @@ const char *rconn_errstr(const struct rconn *c);
  * one past its limits), not because of the network. */
 bool rconn_protocol_error(const struct rconn *c);
 bool rconn_tls(const struct rconn *c);
+/* mono() when the oldest command still owed a reply was queued (commands
+ * leave in the turn they are queued), 0 when none is owed: replies come in
+ * order, so this is the age of what the server has not answered yet. */
+double rconn_oldest(const struct rconn *c);
 /* TCP connected, the TLS handshake not finished yet */
 bool rconn_handshaking(const struct rconn *c);
 

@@ -22,6 +22,7 @@
 #include "status.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,12 +159,26 @@ struct panel {
 };
 
 /* in the order of the page: what an incident looks at first comes first */
-enum { P_DECISIONS = 0, P_DENIALS, P_REDIS, P_DEGRADED, P_QUOTAS, P_CANDIDATE, P_OVERRIDES,
+enum { P_DECISIONS = 0, P_REDIS, P_DEGRADED, P_DENIALS, P_QUOTAS, P_CANDIDATE, P_OVERRIDES,
        P_AGENT, P_COUNT };
+
+#define CAUSES_MAX      12
+#define CAUSE_LEN       512
+
+/* One thing that is wrong, in words with the number that tripped it: a red panel's reason. */
+struct cause {
+	int rank;                       /* the list's order: the most telling first */
+	const char *panel;              /* static: the red panel's id, the page's #anchor */
+	char what[CAUSE_LEN];
+	int64_t since;                  /* Unix s it began as far as the agent knows, 0 unknown */
+};
 
 /* The whole page, built by model_build(), freed by model_free(). */
 struct model {
 	struct panel p[P_COUNT];
+	struct cause causes[CAUSES_MAX];
+	size_t ncauses;
+	bool redis_trouble;             /* the Redis panel is red: the ladder answers now */
 	const char *state;              /* static: "ok", "degraded", "not ready" */
 	const char *health;             /* what is wrong with Redis, or NULL: health_buf,
 					 * or the caller's status_info.health */
@@ -195,6 +210,24 @@ static struct cell c_num(double d)
 static struct cell c_bool(bool b)
 {
 	return (struct cell){.t = CT_BOOL, .u = b};
+}
+
+/* Adds a cause of <panel> (its words by format) since <since> (0: unknown), ranked <rank>. */
+static void PRINTF(5, 6) cause(struct model *m, int rank, const char *panel, int64_t since,
+			       const char *fmt, ...)
+{
+	struct cause *c;
+	va_list ap;
+
+	if (m->ncauses == CAUSES_MAX)
+		return;
+	c = &m->causes[m->ncauses++];
+	c->rank = rank;
+	c->panel = panel;
+	c->since = since;
+	va_start(ap, fmt);
+	vsnprintf(c->what, sizeof(c->what), fmt, ap);
+	va_end(ap);
 }
 
 static void field(struct panel *p, const char *key, const char *label, struct cell v)
@@ -346,6 +379,13 @@ static void panel_agent(struct model *m, const struct met_view *v, const struct 
 	field(p, "ready", "Ready", c_bool(si->ready));
 	field(p, "spop_connections", "HAProxy connections", c_u64(v->sum[MC_CONNS]));
 	p->alert = !si->ready || (reload_at > 0 && !v->reload_ok);
+	if (!si->ready)
+		cause(m, 0, "agent", 0, "Agent not ready (/ready answers 503): %s",
+		      m->health ? m->health : "no Redis connection ready yet");
+	if (reload_at > 0 && !v->reload_ok)
+		cause(m, 7, "agent", reload_at,
+		      "The last reload was refused: configuration generation %llu still in force",
+		      (unsigned long long)v->max[MC_GENERATION]);
 }
 
 static const char *const rate_labels[MET_RESULTS] = {
@@ -413,6 +453,8 @@ static void panel_decisions(struct model *m, const struct met_view *v, double *l
 		c[6] = c_u64(rw->local);
 	}
 	p->alert = v->sum[MC_CONNS] == 0;
+	if (p->alert)
+		cause(m, 3, "decisions", 0, "No HAProxy connection to the agent (0 SPOP connections)");
 }
 
 static const struct col offender_cols[] = {{"rule", "Rule"},     {"rank", "#"},
@@ -485,10 +527,66 @@ static void offenders_tables(struct panel *p, const struct met_view *v,
 	}
 }
 
+/*
+ * The denials are judged against their own recent level, not a fixed share (a
+ * public API denies a fifth of its requests on an ordinary day): their share of
+ * the decisions over the last DENY_RECENT_S against their share over the rest
+ * of the history (up to ten minutes, at least DENY_BASE_MIN_S of it). Red when
+ * the recent share reaches base + max(base, DENY_MARGIN) -- twice the usual
+ * share, and at least ten points above it -- with DENY_MIN denials at least.
+ * With less history than that nothing is judged (doc/operations.md).
+ */
+#define DENY_RECENT_S   60
+#define DENY_BASE_MIN_S 60
+#define DENY_MARGIN     0.10
+#define DENY_MIN        20
+
+struct deny_judge {
+	double recent, base, bound;     /* shares; base and bound NaN when not judged */
+	uint64_t denied;                /* denials within DENY_RECENT_S */
+	unsigned base_s;                /* seconds of history the base is made of */
+	bool red;
+};
+
+/* The denials' share of the decisions between points <a> and <b>; 0 without any. */
+static double deny_share(const struct met_point *a, const struct met_point *b, uint64_t *denied)
+{
+	uint64_t all = 0;
+	int k;
+
+	for (k = 0; k < MET_RESULTS; k++)
+		all += b->v[k] > a->v[k] ? b->v[k] - a->v[k] : 0;
+	*denied = b->v[MR_DENIED] > a->v[MR_DENIED] ? b->v[MR_DENIED] - a->v[MR_DENIED] : 0;
+	return all ? (double)*denied / (double)all : 0.;
+}
+
+static void deny_judge(const struct met_view *v, struct deny_judge *j)
+{
+	size_t steps = DENY_RECENT_S / MET_HIST_STEP_S, mid;
+	uint64_t ignored;
+
+	j->recent = 0.;
+	j->base = j->bound = NAN;
+	j->denied = 0;
+	j->base_s = 0;
+	j->red = false;
+	if (v->nhist < 2)
+		return;
+	mid = v->nhist - 1 > steps ? v->nhist - 1 - steps : 0;
+	j->recent = deny_share(&v->hist[mid], &v->hist[v->nhist - 1], &j->denied);
+	j->base_s = (unsigned)(v->hist[mid].t - v->hist[0].t);
+	if (j->base_s < DENY_BASE_MIN_S)
+		return;
+	j->base = deny_share(&v->hist[0], &v->hist[mid], &ignored);
+	j->bound = j->base + (j->base > DENY_MARGIN ? j->base : DENY_MARGIN);
+	j->red = j->denied >= DENY_MIN && j->recent >= j->bound;
+}
+
 static void panel_denials(struct model *m, const struct met_view *v,
 			  const struct status_info *si, const double *last)
 {
 	struct panel *p = &m->p[P_DENIALS];
+	struct deny_judge dj;
 	double all = 0;
 	int k;
 
@@ -500,18 +598,59 @@ static void panel_denials(struct model *m, const struct met_view *v,
 		all += last[k];
 	field(p, "denied_share", "Denied, last step (share)",
 	      c_num(all > 0 ? last[MR_DENIED] / all : 0.));
+	deny_judge(v, &dj);
+	field(p, "recent_share", "Denied, last minute (share)", c_num(dj.recent));
+	field(p, "baseline_share", "Denied, the minutes before (share)", c_num(dj.base));
+	field(p, "red_from", "Red from (share, last minute)", c_num(dj.bound));
 	field(p, "blocked", "Denied by a block override", c_u64(v->sum[MC_OVR_BLOCKED]));
 	offenders_tables(p, v, si, false);
-	/* more than a tenth of the decisions denied: an attack, or a limit too tight */
-	p->alert = all > 0 && last[MR_DENIED] / all > 0.1;
+	/* far above their own recent level: an attack, or a limit too tight */
+	p->alert = dj.red;
+	if (p->alert)
+		cause(m, 4, "denials", 0,
+		      "Denials: %.0f%% of the decisions over the last minute (%llu denied), "
+		      "against %.0f%% over the %u minutes before (red from %.0f%%)",
+		      100 * dj.recent, (unsigned long long)dj.denied, 100 * dj.base,
+		      dj.base_s / 60, 100 * dj.bound);
 }
 
 static const struct col node_cols[] = {
-	{"name", "Node"},       {"state", "State"},        {"breaker_open", "Breaker open"},
+	{"name", "Node"},       {"state", "State"},        {"oldest_ms", "Oldest unanswered ms"},
+	{"breaker_open", "Breaker open"},
 	{"limit", "Limit"},     {"in_flight", "In flight"}, {"queued", "Queued"},
 	{"p50_ms", "p50 ms"},   {"p90_ms", "p90 ms"},       {"p99_ms", "p99 ms"},
 	{"replies", "Replies"}, {"errors", "Errors"},        {"down_since", "Down since"},
 	{"trouble", "Trouble"}};
+
+/* "HH:MM:SS UTC" of Unix seconds <t>. */
+static void fmt_hms(int64_t t, char *buf, size_t len)
+{
+	time_t tt = (time_t)t;
+	struct tm tm;
+
+	if (!gmtime_r(&tt, &tm) || !strftime(buf, len, "%H:%M:%S UTC", &tm))
+		snprintf(buf, len, "%lld", (long long)t);
+}
+
+/* The cause a node gives when it is not well: its state, the oldest command it owes,
+ * its breaker, what is wrong in words. */
+static void node_cause(struct model *m, const struct store_node_stats *n, int64_t now)
+{
+	bool silent = strcmp(n->state, "not answering") == 0;
+	char oldest[64] = "";
+	int64_t since = n->down_since > 0 ? (int64_t)n->down_since : 0;
+
+	if (!n->trouble[0] && !silent && !n->breaker_open)
+		return;
+	if (n->oldest_s > 0) {
+		snprintf(oldest, sizeof(oldest), ", its oldest command unanswered for %.1f s",
+			 n->oldest_s);
+		if (!since || now - (int64_t)n->oldest_s < since)
+			since = now - (int64_t)n->oldest_s;
+	}
+	cause(m, 1, "redis", since, "Redis %s %s%s%s%s%s", n->name, n->state, oldest,
+	      n->breaker_open ? ", breaker open" : "", n->trouble[0] ? ": " : "", n->trouble);
+}
 static const struct col errclass_cols[] = {{"class", "Class"}, {"count", "Errors"}};
 
 static void panel_redis(struct model *m, const struct met_view *v, const struct status_info *si)
@@ -521,13 +660,18 @@ static void panel_redis(struct model *m, const struct met_view *v, const struct 
 		MC_REDIS_ERR_OTHER, MC_REDIS_ERR_PROTOCOL};
 	struct panel *p = &m->p[P_REDIS];
 	struct table *t;
+	bool silent = false;
 	size_t i;
 	int k;
 
 	p->id = "redis";
 	p->title = "Redis";
-	p->hint = "per node: latency of the last 10-20 s, concurrency limit, queue, breaker";
+	p->hint = "per node: the oldest command unanswered, latency of the replies of the last "
+		  "10-20 s, concurrency limit, queue, breaker";
+	p->wide = true;
 	field(p, "health", "Trouble", c_str(m->health));
+	field(p, "oldest_ms", "Oldest command unanswered (ms)",
+	      c_u64(v->max[MC_REDIS_OLDEST_MS]));
 	field(p, "down", "Workers with a node down", c_u64(v->sum[MC_REDIS_DOWN]));
 	field(p, "breaker_open", "Workers with a breaker open", c_u64(v->sum[MC_BREAKER_OPEN]));
 	field(p, "breaker_opened", "Breaker openings", c_u64(v->sum[MC_BREAKER_OPENED]));
@@ -545,19 +689,22 @@ static void panel_redis(struct model *m, const struct met_view *v, const struct 
 
 		c[0] = c_ref(n->name);
 		c[1] = c_ref(n->state);
-		c[2] = c_bool(n->breaker_open);
-		c[3] = c_u64(n->limit);
-		c[4] = c_u64(n->out);
-		c[5] = c_u64(n->queued);
-		c[6] = c_num(node_quantile_ms(n->lat, 0.5, &replies));
-		c[7] = c_num(node_quantile_ms(n->lat, 0.9, &replies));
-		c[8] = c_num(node_quantile_ms(n->lat, 0.99, &replies));
-		c[9] = c_u64(replies);
+		c[2] = c_u64((uint64_t)(n->oldest_s * 1000.));
+		c[3] = c_bool(n->breaker_open);
+		c[4] = c_u64(n->limit);
+		c[5] = c_u64(n->out);
+		c[6] = c_u64(n->queued);
+		c[7] = c_num(node_quantile_ms(n->lat, 0.5, &replies));
+		c[8] = c_num(node_quantile_ms(n->lat, 0.9, &replies));
+		c[9] = c_num(node_quantile_ms(n->lat, 0.99, &replies));
+		c[10] = c_u64(replies);
 		for (k = 0; k < STORE_EC_COUNT; k++)
 			errs += n->errors[k];
-		c[10] = c_u64(errs);
-		c[11] = n->down_since > 0 ? c_num(n->down_since) : c_num(NAN);
-		c[12] = c_ref(n->trouble[0] ? n->trouble : NULL);
+		c[11] = c_u64(errs);
+		c[12] = n->down_since > 0 ? c_num(n->down_since) : c_num(NAN);
+		c[13] = c_ref(n->trouble[0] ? n->trouble : NULL);
+		silent |= strcmp(n->state, "not answering") == 0;
+		node_cause(m, n, si->now);
 	}
 	t = table(p, "errors", "Error replies by class", errclass_cols, ARRAY_SIZE(errclass_cols));
 	for (k = 0; k < STORE_EC_COUNT; k++) {
@@ -566,7 +713,30 @@ static void panel_redis(struct model *m, const struct met_view *v, const struct 
 		c[0] = c_ref(store_errclass_str(k));
 		c[1] = c_u64(v->sum[ec[k]]);
 	}
-	p->alert = m->health != NULL || v->sum[MC_BREAKER_OPEN] > 0 || v->sum[MC_REDIS_DOWN] > 0;
+	p->alert = m->health != NULL || v->sum[MC_BREAKER_OPEN] > 0 || v->sum[MC_REDIS_DOWN] > 0 ||
+		   silent;
+	m->redis_trouble = p->alert;
+	/* every red panel says why: what no node said */
+	for (i = 0; i < m->ncauses; i++)
+		if (strcmp(m->causes[i].panel, "redis") == 0)
+			break;
+	if (p->alert && i == m->ncauses)
+		cause(m, 1, "redis", 0, "Redis: %s (workers with a node down: %llu, with a breaker "
+		      "open: %llu)", m->health ? m->health : "trouble",
+		      (unsigned long long)v->sum[MC_REDIS_DOWN],
+		      (unsigned long long)v->sum[MC_BREAKER_OPEN]);
+}
+
+/* Degraded and local answers counted since history point <p> (the step under way). */
+static uint64_t step_degraded(const struct met_view *v, const struct met_point *p)
+{
+	uint64_t now = 0;
+	size_t i;
+
+	for (i = 0; i < v->nrows; i++)
+		now += v->rows[i].degraded + v->rows[i].local;
+	return now > p->v[MR_DEGRADED] + p->v[MR_LOCAL] ? now - p->v[MR_DEGRADED] - p->v[MR_LOCAL]
+							 : 0;
 }
 
 static const struct col reason_cols[] = {{"reason", "Reason"}, {"count", "Decisions"}};
@@ -584,7 +754,8 @@ static void panel_degraded(struct model *m, const struct met_view *v,
 		      {"closed (denied)", MC_FB_CLOSED}};
 	struct panel *p = &m->p[P_DEGRADED];
 	struct table *t;
-	uint64_t total = 0;
+	uint64_t total = 0, now_deg;
+	int64_t since;
 	size_t i;
 
 	p->id = "degraded";
@@ -614,7 +785,25 @@ static void panel_degraded(struct model *m, const struct met_view *v,
 		c[0] = c_ref(ladder[i].name);
 		c[1] = c_u64(v->sum[ladder[i].c]);
 	}
-	p->alert = last[MR_DEGRADED] + last[MR_LOCAL] > 0;
+	/* the state now, not the last step's: red while Redis is in trouble, or while
+	 * the step under way (at most MET_HIST_STEP_S old) counts degraded answers */
+	now_deg = v->nhist ? step_degraded(v, &v->hist[v->nhist - 1]) : 0;
+	p->alert = m->redis_trouble || now_deg > 0;
+	if (p->alert) {
+		/* since: the start of the run of steps with degraded answers up to now */
+		since = 0;
+		if (v->nhist && now_deg) {
+			for (i = v->nhist - 1; i > 0; i--)
+				if (v->hist[i].v[MR_DEGRADED] + v->hist[i].v[MR_LOCAL] <=
+				    v->hist[i - 1].v[MR_DEGRADED] + v->hist[i - 1].v[MR_LOCAL])
+					break;
+			since = v->hist[i].t;
+		}
+		cause(m, 2, "degraded", since, "Degraded answers: %llu in the step under way, "
+		      "%.1f/s the last step; meanwhile the failure ladder answers: %s",
+		      (unsigned long long)now_deg,
+		      last[MR_DEGRADED] + last[MR_LOCAL], si->fallback ? si->fallback : "-");
+	}
 }
 
 static void panel_quotas(struct model *m, const struct met_view *v,
@@ -637,6 +826,9 @@ static void panel_quotas(struct model *m, const struct met_view *v,
 	field(p, "gateways", "Live gateways", c_u64(v->max[MC_GATEWAYS]));
 	p->alert = si->quotas && si->store && strcmp(si->store, "redis") == 0 &&
 		   v->max[MC_GATEWAYS] == 0;
+	if (p->alert)
+		cause(m, 5, "quotas", 0, "Local quotas: no live gateway counted yet (0 heartbeats "
+		      "in Redis)");
 }
 
 static const struct col cand_cols[] = {{"tier", "Tier"},
@@ -693,6 +885,9 @@ static void panel_candidate(struct model *m, const struct met_view *v,
 	field(p, "unevaluated", "Unevaluated", c_u64(v->sum[MC_CAND_UNEVALUATED]));
 	offenders_tables(p, v, si, true);
 	p->alert = si->candidate && fresh > 0;
+	if (p->alert)
+		cause(m, 6, "candidate", 0, "The candidate policy would deny %llu requests allowed "
+		      "today", (unsigned long long)fresh);
 }
 
 static void panel_overrides(struct model *m, const struct met_view *v,
@@ -734,6 +929,20 @@ static const char *model_health(struct model *m, const struct met_view *v,
 	return off ? m->health_buf : si->health;
 }
 
+/* The causes by rank, those of one rank in the order they were found (a stable sort). */
+static void causes_sort(struct model *m)
+{
+	struct cause tmp;
+	size_t i, j;
+
+	for (i = 1; i < m->ncauses; i++) {
+		tmp = m->causes[i];
+		for (j = i; j > 0 && m->causes[j - 1].rank > tmp.rank; j--)
+			m->causes[j - 1 + 1] = m->causes[j - 1];
+		m->causes[j] = tmp;
+	}
+}
+
 static void model_build(struct model *m, const struct met_view *v, const struct status_info *si)
 {
 	double last[MET_RESULTS];
@@ -750,6 +959,7 @@ static void model_build(struct model *m, const struct met_view *v, const struct 
 	panel_quotas(m, v, si, total);
 	panel_candidate(m, v, si);
 	panel_overrides(m, v, si);
+	causes_sort(m);
 }
 
 /* ---------------------------------------------------------------- JSON */
@@ -788,7 +998,19 @@ void status_render_json(const struct met_view *v, const struct status_info *si,
 	model_build(&m, v, si);
 	http_reply_printf(r, "{\"schema\":%d,\"state\":", STATUS_SCHEMA);
 	status_json_str(r, m.state);
-	http_reply_printf(r, ",\"alerts\":{");
+	put(r, ",\"causes\":[");
+	for (i = 0; i < m.ncauses; i++) {
+		http_reply_printf(r, "%s{\"panel\":\"%s\",\"what\":", i ? "," : "",
+				  m.causes[i].panel);
+		status_json_str(r, m.causes[i].what);
+		put(r, ",\"since\":");
+		if (m.causes[i].since > 0)
+			put_u64(r, (uint64_t)m.causes[i].since);
+		else
+			put(r, "null");
+		put(r, "}");
+	}
+	http_reply_printf(r, "],\"alerts\":{");
 	for (i = 0; i < P_COUNT; i++)
 		http_reply_printf(r, "%s\"%s\":%s", i ? "," : "", m.p[i].id,
 				  m.p[i].alert ? "true" : "false");
@@ -837,29 +1059,47 @@ static const char page_css[] =
 	"h3{font-size:13px;margin:8px 0 2px;color:#555}"
 	".state{font-weight:bold;padding:1px 8px;border-radius:4px;background:#2a7;color:#fff}"
 	".state.bad{background:#c33}small{color:#666}"
+	".causes{background:#fff;border:1px solid #ccc;border-left:6px solid #2a7;"
+	"border-radius:4px;padding:6px 8px;margin:8px 0}"
+	".causes.bad{border-left-color:#c33;background:#fff4f4}"
+	".causes ul{margin:0;padding-left:20px}.causes li{margin:2px 0;overflow-wrap:anywhere}"
+	".causes a{color:#a11}"
+	"#gone{background:#c33;color:#fff;font-weight:bold;padding:6px 8px;border-radius:4px;"
+	"margin:8px 0}"
+	".stale{opacity:.45;filter:grayscale(1)}"
 	"main{display:grid;grid-template-columns:repeat(auto-fit,minmax(340px,1fr));gap:8px}"
 	"section{background:#fff;border:1px solid #ccc;border-left:6px solid #2a7;"
 	"border-radius:4px;padding:6px 8px;min-width:0}"
 	"section.red{border-left-color:#c33;background:#fff4f4}"
 	"section.wide{grid-column:1/-1}"
-	"dl{display:grid;grid-template-columns:auto auto;gap:0 12px;margin:0}"
-	"dt{color:#555}dd{margin:0;text-align:right;font-variant-numeric:tabular-nums}"
+	"dl{display:grid;grid-template-columns:auto minmax(0,1fr);gap:0 12px;margin:0}"
+	"dt{color:#555}dd{margin:0;text-align:right;font-variant-numeric:tabular-nums;"
+	"overflow-wrap:anywhere}"
 	".tw{overflow-x:auto}table{border-collapse:collapse;width:100%;font-size:13px}"
-	"th,td{padding:1px 6px;border-bottom:1px solid #eee;text-align:left;white-space:nowrap}"
-	"td.n{text-align:right;font-variant-numeric:tabular-nums}"
+	"th,td{padding:1px 6px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}"
+	"td{overflow-wrap:anywhere}"
+	"td.n{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}"
 	"svg{width:100%;height:auto;display:block}.legend span{margin-right:10px}"
 	".k0{color:#2a7}.k1{color:#c33}.k2{color:#888}.k3{color:#e80}.k4{color:#36c}";
 
+/*
+ * The script polls every POLL_MS and gives each fetch TIMEOUT_MS (an
+ * AbortController): an agent stopped or gone is said at the top within
+ * about four seconds, the pill turns red, and every panel is greyed (the
+ * class "stale") until it answers again.
+ */
 static const char page_js[] =
 	"(function(){\"use strict\";\n"
 	"var COL=[\"#2a7\",\"#c33\",\"#888\",\"#e80\",\"#36c\"],"
 	"KEYS=[\"allowed\",\"denied\",\"shadow_denied\",\"degraded\",\"local\"],"
-	"NS=\"http://www.w3.org/2000/svg\";\n"
+	"NS=\"http://www.w3.org/2000/svg\",POLL_MS=2000,TIMEOUT_MS=2000,gone=0,lastOk=0;\n"
 	"function get(o,k){var p=k.split(\".\");for(var i=0;i<p.length;i++){"
 	"if(o===null||o===undefined)return null;o=o[p[i]];}return o;}\n"
 	"function fmt(v){if(v===null||v===undefined)return \"-\";"
 	"if(typeof v===\"boolean\")return v?\"yes\":\"no\";"
 	"if(typeof v===\"number\")return String(Math.round(v*1000)/1000);return String(v);}\n"
+	"function hms(ms){return new Date(ms).toISOString().slice(11,19)+\" UTC\";}\n"
+	"function $(id){return document.getElementById(id);}\n"
 	"function el(n,a){var e=document.createElementNS(NS,n);"
 	"for(var k in a)e.setAttribute(k,a[k]);return e;}\n"
 	"function chart(svg,s){while(svg.firstChild)svg.removeChild(svg.firstChild);"
@@ -876,11 +1116,20 @@ static const char page_js[] =
 	"return (((p.t-t0)/(t1-t0))*(W-2)+1).toFixed(1)+\",\"+(H-1-(p[k]/max)*(H-16)).toFixed(1);"
 	"}).join(\" \");svg.appendChild(el(\"polyline\",{points:pts,fill:\"none\","
 	"stroke:COL[i],\"stroke-width\":1.5}));});}\n"
+	"function causes(cs){var ul=document.createElement(\"ul\");ul.id=\"causelist\";"
+	"cs.forEach(function(c){var li=document.createElement(\"li\"),"
+	"a=document.createElement(\"a\");a.href=\"#\"+c.panel;a.textContent=c.what;"
+	"li.appendChild(a);if(c.since){var s=document.createElement(\"small\");"
+	"s.textContent=\"since \"+hms(c.since*1000);li.appendChild(document.createTextNode(\" \"));"
+	"li.appendChild(s);}ul.appendChild(li);});"
+	"var o=$(\"causelist\");o.parentNode.replaceChild(ul,o);"
+	"$(\"verdict\").textContent=cs.length?\"What is wrong\":"
+	"\"Nothing wrong: every panel is green\";$(\"causes\").classList.toggle(\"bad\",cs.length>0);}\n"
 	"function apply(d){document.querySelectorAll(\"[data-k]\").forEach(function(e){"
 	"e.textContent=fmt(get(d,e.getAttribute(\"data-k\")));});"
 	"document.querySelectorAll(\"section[data-a]\").forEach(function(e){"
 	"e.classList.toggle(\"red\",!!get(d.alerts,e.getAttribute(\"data-a\")));});"
-	"var st=document.getElementById(\"state\");st.classList.toggle(\"bad\",d.state!==\"ok\");"
+	"$(\"state\").classList.toggle(\"bad\",d.state!==\"ok\");causes(d.causes||[]);"
 	"document.querySelectorAll(\"table[data-t]\").forEach(function(t){"
 	"var rows=get(d,t.getAttribute(\"data-t\"))||[],cols=[];"
 	"t.querySelectorAll(\"th[data-c]\").forEach(function(h){cols.push(h.getAttribute(\"data-c\"));});"
@@ -891,13 +1140,23 @@ static const char page_js[] =
 	"if(!rows.length){var tr=document.createElement(\"tr\"),td=document.createElement(\"td\");"
 	"td.colSpan=cols.length;td.textContent=\"none\";tr.appendChild(td);b.appendChild(tr);}"
 	"t.replaceChild(b,t.tBodies[0]);});"
-	"chart(document.getElementById(\"chart\"),d.decisions.series);}\n"
-	"function live(s){document.getElementById(\"live\").textContent=s;}\n"
-	"function poll(){fetch(\"status.json\",{cache:\"no-store\"}).then(function(r){"
+	"chart($(\"chart\"),d.decisions.series);}\n"
+	"function live(s){$(\"live\").textContent=s;}\n"
+	"function stale(on){document.querySelectorAll(\"section[data-a],#causes\").forEach("
+	"function(e){e.classList.toggle(\"stale\",on);});$(\"gone\").hidden=!on;}\n"
+	"function fail(why){if(!gone)gone=Date.now();stale(true);var st=$(\"state\");"
+	"st.textContent=\"not answering\";st.classList.add(\"bad\");"
+	"$(\"gone\").textContent=\"Agent not answering since \"+hms(gone)+\" (\"+why+\"): \"+"
+	"(lastOk?\"what follows is its last answer, at \"+hms(lastOk):"
+	"\"what follows is the page's first snapshot\");"
+	"live(\"not answering since \"+hms(gone)+\", retrying\");}\n"
+	"function poll(){var ac=new AbortController(),tm=setTimeout(function(){ac.abort();},"
+	"TIMEOUT_MS);fetch(\"status.json\",{cache:\"no-store\",signal:ac.signal}).then(function(r){"
 	"if(!r.ok)throw new Error(\"HTTP \"+r.status);return r.json();}).then(function(d){"
-	"apply(d);live(\"live, \"+new Date(d.agent.now*1000).toISOString().slice(11,19)+\" UTC\");"
-	"}).catch(function(e){live(\"no answer (\"+e.message+\"), retrying\");"
-	"}).then(function(){setTimeout(poll,5000);});}\n"
+	"gone=0;lastOk=Date.now();stale(false);apply(d);live(\"live, \"+hms(d.agent.now*1000));"
+	"}).catch(function(e){fail(e.name===\"AbortError\"?\"no answer within \"+"
+	"TIMEOUT_MS/1000+\" s\":e.message);"
+	"}).then(function(){clearTimeout(tm);setTimeout(poll,POLL_MS);});}\n"
 	"poll();})();\n";
 
 static void base64(const uint8_t *in, size_t n, char *out)
@@ -1072,6 +1331,34 @@ static void html_panel(struct http_reply *r, const struct panel *p)
 }
 
 /*
+ * The first thing on the page: is it fine, and if not what is wrong, each cause
+ * in words with the number that tripped it, since when, and a link to its
+ * panel. The script rebuilds it from /status.json's "causes" the same way, and
+ * says above it when the agent itself stops answering (#gone).
+ */
+static void html_causes(struct http_reply *r, const struct model *m)
+{
+	char since[32];
+	size_t i;
+
+	http_reply_printf(r, "<p id=\"gone\" hidden></p><div id=\"causes\" class=\"causes%s\">"
+			     "<h2 id=\"verdict\">%s</h2><ul id=\"causelist\">",
+			  m->ncauses ? " bad" : "",
+			  m->ncauses ? "What is wrong" : "Nothing wrong: every panel is green");
+	for (i = 0; i < m->ncauses; i++) {
+		http_reply_printf(r, "<li><a href=\"#%s\">", m->causes[i].panel);
+		status_html_str(r, m->causes[i].what);
+		put(r, "</a>");
+		if (m->causes[i].since > 0) {
+			fmt_hms(m->causes[i].since, since, sizeof(since));
+			http_reply_printf(r, " <small>since %s</small>", since);
+		}
+		put(r, "</li>");
+	}
+	http_reply_printf(r, "</ul></div><main>");
+}
+
+/*
  * Renders the status page: the whole snapshot in HTML (readable without
  * JavaScript), the inline style and script the CSP header allows, and sets
  * the reply's Content-Type and security headers.
@@ -1098,8 +1385,9 @@ void status_render_html(const struct met_view *v, const struct status_info *si,
 	http_reply_printf(r, "</span><small>generation <span data-k=\"agent.generation\">%llu"
 			     "</span> &middot; <span id=\"live\">snapshot</span> &middot; "
 			     "<a href=\"status.json\">JSON</a> &middot; "
-			     "<a href=\"metrics\">metrics</a></small></header><main>",
+			     "<a href=\"metrics\">metrics</a></small></header>",
 			  (unsigned long long)v->max[MC_GENERATION]);
+	html_causes(r, &m);
 	for (i = 0; i < P_COUNT; i++)
 		html_panel(r, &m.p[i]);
 	http_reply_printf(r, "</main><script>%s</script></body></html>\n", page_js);

@@ -286,6 +286,7 @@ static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 			breaker_trip(n, "stalled, no reply in time");
 			node_down(n, "stalled: commands out, no reply for %.1f s; reconnecting",
 				  now - n->last_progress);
+			node_silent(n);
 			node_close(n);
 			node_lost(n);
 		}
@@ -603,7 +604,7 @@ double store_lat_bound(unsigned i)
 
 static const char *node_state_str(enum node_state st)
 {
-	static const char *const names[ND_COUNT] = {"disconnected", "connecting", "loading",
+	static const char *const names[ND_COUNT] = {"disconnected", "connecting", "handshake",
 						    "ready"};
 
 	return st < ND_COUNT && names[st] ? names[st] : "?";
@@ -616,10 +617,12 @@ static const char *node_state_str(enum node_state st)
  */
 size_t store_node_stats(const struct store *s, struct store_node_stats *out, size_t max)
 {
-	double now = mono();
+	double now = mono(), at, silent = s->command_timeout_ms / 1000.;
 	struct list *l;
 	size_t n = 0, i;
 
+	if (silent < SILENT_S)
+		silent = SILENT_S;
 	for (l = s->nodes.next; l != &s->nodes && n < max; l = l->next) {
 		struct store_node *nd = LIST_ELEM(l, struct store_node, link);
 		struct store_node_stats *o = &out[n];
@@ -629,7 +632,10 @@ size_t store_node_stats(const struct store *s, struct store_node_stats *out, siz
 		node_lat_turn(nd, now);
 		memset(o, 0, sizeof(*o));
 		snprintf(o->name, sizeof(o->name), "%s", nd->name ? nd->name : "?");
-		snprintf(o->state, sizeof(o->state), "%s", node_state_str(nd->state));
+		at = node_unanswered_at(nd);
+		o->oldest_s = at > 0 && now > at ? now - at : 0.;
+		snprintf(o->state, sizeof(o->state), "%s",
+			 o->oldest_s >= silent ? "not answering" : node_state_str(nd->state));
 		o->breaker_open = nd->breaker_open;
 		o->limit = (unsigned)nd->limit;
 		o->out = nd->out;

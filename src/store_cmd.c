@@ -359,7 +359,7 @@ int cmd_dispatch_nocb(struct store_node *n, struct store_cmd *c)
 {
 	if (n->state == ND_READY)
 		return cmd_send(n, c, c->retried);
-	if (n->state != ND_CONNECTING && n->state != ND_LOADING)
+	if (n->state != ND_CONNECTING && n->state != ND_HANDSHAKE)
 		return -1;
 	c->at = n;
 	c->parked = true;

@@ -45,6 +45,8 @@
 #define LIMIT_DECREASE    0.8   /* multiplicative decrease on congestion */
 #define RTT_WINDOW_S      10.0  /* the minimum latency is re-learnt this often */
 #define TROUBLE_S         10.0  /* an error reply makes a node unhealthy this long */
+#define SILENT_S          1.0   /* a node owing a reply this long (or the command
+				 * timeout when longer) reads "not answering" */
 #define STORE_BATCH_MAX   64    /* decisions in one script call, at most */
 
 enum store_mode {
@@ -57,7 +59,7 @@ enum store_mode {
 enum node_state {
 	ND_DISCONNECTED = 0,
 	ND_CONNECTING   = 1,
-	ND_LOADING      = 2,
+	ND_HANDSHAKE    = 2,
 	ND_READY        = 3,
 	ND_COUNT                /* sentinel */
 };
@@ -105,6 +107,9 @@ struct store_node {
 	struct list parked;             /* store_cmd.park: redirected here, waiting for READY */
 	unsigned out;                   /* commands sent on ac, callbacks still owed */
 	double last_progress;           /* mono() of the last reply or first send */
+	double silent_at;               /* mono() the oldest command a connection closed
+					 * for silence (a stall, a handshake timed out) was
+					 * sent; kept until the node is ready again, 0 none */
 	bool stall_seen;                /* the last tick saw no progress for stall_s */
 	unsigned nslots;                /* slots routed here */
 	bool seed;                      /* the configured address: never retired */

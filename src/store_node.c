@@ -553,6 +553,28 @@ void node_close(struct store_node *n)
 	rconn_free(rc);
 }
 
+/*
+ * mono() when <n> was sent the oldest command it has not answered: on its
+ * connection now, or on one closed because it fell silent (node_silent()) and
+ * nothing answered since; 0 when it owes nothing. A frozen Redis keeps its
+ * age growing across the reconnections whose handshakes it leaves unanswered.
+ */
+double node_unanswered_at(const struct store_node *n)
+{
+	double at = n->rc ? rconn_oldest(n->rc) : 0.;
+
+	if (n->silent_at > 0 && (at <= 0 || n->silent_at < at))
+		at = n->silent_at;
+	return at;
+}
+
+/* <n>'s connection is about to be closed because it does not answer: what it
+ * owes is remembered until the node is ready again. */
+void node_silent(struct store_node *n)
+{
+	n->silent_at = node_unanswered_at(n);
+}
+
 /* Frees <n>: idle, off the map, connection closed here. */
 void node_free(struct store_node *n)
 {
@@ -699,6 +721,7 @@ static void load_reply_cb(struct rconn *rc, void *reply, void *privdata)
 	n->state = ND_READY;
 	n->was_ready = true;
 	n->last_progress = mono();
+	n->silent_at = 0; /* it answers again */
 	/* a new connection earns a probe at once rather than after the cool-down */
 	n->breaker_until = 0;
 	n->backoff_ms = BACKOFF_MIN_MS;
@@ -780,7 +803,7 @@ static void connect_cb(struct rconn *rc, int status)
 		return;
 	}
 	/* the connect deadline keeps running: it covers AUTH and SCRIPT LOAD too */
-	n->state = ND_LOADING;
+	n->state = ND_HANDSHAKE;
 	if (s->password) {
 		const char *argv[3] = {"AUTH", s->user ? s->user : s->password, s->password};
 		int argc = s->user ? 3 : 2;
@@ -821,12 +844,12 @@ static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 
 	(void)loop;
 	(void)revents;
-	if (n->state == ND_CONNECTING || n->state == ND_LOADING) {
+	if (n->state == ND_CONNECTING || n->state == ND_HANDSHAKE) {
 		char where[STORE_NODE_NAME + 64];
 		unsigned ms = n->s->connect_timeout_ms;
 
 		node_where(n, where, sizeof(where));
-		if (n->state == ND_LOADING)
+		if (n->state == ND_HANDSHAKE)
 			node_down(n, "cannot connect to %s: connected, but no answer to %s within "
 				  "redis.connect_timeout_ms (%u ms)", where,
 				  n->s->password ? "AUTH" : "SCRIPT LOAD", ms);
@@ -843,6 +866,7 @@ static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 		else
 			node_down(n, "cannot connect to %s: timed out after "
 				  "redis.connect_timeout_ms (%u ms)", where, ms);
+		node_silent(n);
 		node_close(n);
 		node_lost(n);
 		return;

@@ -38,6 +38,8 @@ int seed_endpoint(const char *addr, struct endpoint *ep, char *err, size_t errle
 struct store_node *node_get(struct store *s, const struct endpoint *ep);
 struct store_node *node_new(struct store *s, const struct endpoint *ep, bool seed);
 void node_close(struct store_node *n);
+double node_unanswered_at(const struct store_node *n);
+void node_silent(struct store_node *n);
 void node_free(struct store_node *n);
 void node_lost(struct store_node *n);
 void node_down(struct store_node *n, const char *fmt, ...) PRINTF(2, 3);

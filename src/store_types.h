@@ -102,7 +102,8 @@ typedef void (*store_str_fn)(enum store_status st, const char *val, size_t len, 
 /* One Redis node as the status page shows it. */
 struct store_node_stats {
 	char name[STORE_NODE_NAME];     /* "host:port", "[ip6]:port" or "unix:/path" */
-	char state[16];                 /* "ready", "connecting", "loading", "disconnected" */
+	char state[16];                 /* "ready", "connecting", "handshake", "disconnected",
+					 * or "not answering" (oldest_s past SILENT_S) */
 	bool breaker_open;              /* open, or half-open while probing */
 	unsigned limit;                 /* adaptive concurrency limit now */
 	unsigned out;                   /* commands in flight */
@@ -110,6 +111,8 @@ struct store_node_stats {
 	unsigned slots;                 /* cluster slots routed here (16384 when single) */
 	uint64_t errors[STORE_EC_COUNT]; /* error replies by class, since the start */
 	uint64_t lat[STORE_LAT_BUCKETS]; /* replies of the last 10 to 20 s, by latency */
+	double oldest_s;                /* age of the oldest command it has not answered
+					 * (node_unanswered_at()), 0: it owes nothing */
 	double down_since;              /* Unix seconds it went down (refused, lost, timed
 					 * out, TLS or AUTH failed), 0: up */
 	char trouble[STORE_TROUBLE];    /* what is wrong with it, in words; "" nothing

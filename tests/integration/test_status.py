@@ -36,18 +36,19 @@ SCHEMA = {
                   {"series": ["t", "allowed", "denied", "shadow_denied", "degraded", "local"],
                    "rules": ["tier", "rule", "allowed", "denied", "shadow_denied", "degraded",
                              "local"]}),
-    "denials": ({"denied_share": NUM, "blocked": INT},
-                {"rules": ["rule", "denied", "distinct_clients"],
-                 "offenders": ["rule", "rank", "client", "denied", "error", "override"]}),
-    "redis": ({"health": STR + NULL, "down": INT, "breaker_open": INT, "breaker_opened": INT,
-               "concurrency_limit": INT, "pending": INT, "queued": INT, "shed": INT,
-               "late": INT, "commands": INT},
-              {"nodes": ["name", "state", "breaker_open", "limit", "in_flight", "queued",
-                         "p50_ms", "p90_ms", "p99_ms", "replies", "errors", "down_since",
-                         "trouble"],
+    "redis": ({"health": STR + NULL, "oldest_ms": INT, "down": INT, "breaker_open": INT,
+               "breaker_opened": INT, "concurrency_limit": INT, "pending": INT, "queued": INT,
+               "shed": INT, "late": INT, "commands": INT},
+              {"nodes": ["name", "state", "oldest_ms", "breaker_open", "limit", "in_flight",
+                         "queued", "p50_ms", "p90_ms", "p99_ms", "replies", "errors",
+                         "down_since", "trouble"],
                "errors": ["class", "count"]}),
     "degraded": ({"total": INT, "rate": NUM, "fallback": STR},
                  {"reasons": ["reason", "count"], "ladder": ["answer", "count"]}),
+    "denials": ({"denied_share": NUM, "recent_share": NUM, "baseline_share": NUM + NULL,
+                 "red_from": NUM + NULL, "blocked": INT},
+                {"rules": ["rule", "denied", "distinct_clients"],
+                 "offenders": ["rule", "rank", "client", "denied", "error", "override"]}),
     "quotas": ({"enabled": BOOL, "keys": INT, "lease_grants": INT,
                 "lease_calls_per_decision": NUM, "outstanding": INT, "unreported": INT,
                 "report_lost": INT, "untracked": INT, "gateways": INT}, {}),
@@ -64,6 +65,8 @@ SCHEMA = {
                "last_reload": STR + NULL, "last_reload_ok": BOOL + NULL, "store": STR,
                "ready": BOOL, "spop_connections": INT}, {}),
 }
+# the node states (doc/operations.md, The status page)
+NODE_STATES = ("ready", "not answering", "handshake", "connecting", "disconnected")
 CELL_TYPES = (int, float, str, bool, type(None))
 
 
@@ -80,9 +83,15 @@ def status_json(a):
 
 def check_schema(j):
     """<j> is exactly /status.json schema 1: the keys, their order of panels, the types."""
-    assert list(j) == ["schema", "state", "alerts"] + list(SCHEMA)
+    assert list(j) == ["schema", "state", "causes", "alerts"] + list(SCHEMA)
     assert j["schema"] == 1 and j["state"] in ("ok", "degraded", "not ready")
     assert set(j["alerts"]) == set(SCHEMA) and all(type(v) is bool for v in j["alerts"].values())
+    # every red panel says why at the top, and every cause names a red panel
+    for c in j["causes"]:
+        assert list(c) == ["panel", "what", "since"] and type(c["what"]) is str and c["what"]
+        assert c["since"] is None or type(c["since"]) is int, c
+    assert {c["panel"] for c in j["causes"]} == {k for k, v in j["alerts"].items() if v}, j
+    assert all(n["state"] in NODE_STATES for n in j["redis"]["nodes"])
     for name, (fields, tables) in SCHEMA.items():
         panel = j[name]
         assert list(panel) == list(fields) + list(tables), name
@@ -436,7 +445,7 @@ def test_status_page_in_a_browser_traffic_then_redis_stopped(agent, redis, tmp):
     assert [row for row in p.tables["denials.rules"] if row[0] == "key_rpm"]
     assert "red" not in p.sections["redis"] and "red" not in p.sections["degraded"]
     [node] = p.tables["redis.nodes"]
-    assert node[0] == redis.address and node[1] == "ready" and node[2] == "no"
+    assert node[0] == redis.address and node[1] == "ready" and node[3] == "no"
 
     redis.proc.signal(signal.SIGSTOP)
     try:
@@ -461,7 +470,7 @@ def test_status_page_in_a_browser_traffic_then_redis_stopped(agent, redis, tmp):
         ladder = {row[0]: int(row[1]) for row in p.tables["degraded.ladder"]}
         assert ladder["open (allowed, no verdict)"] > 0, ladder
         [node] = p.tables["redis.nodes"]
-        assert node[2] == "yes"
+        assert node[3] == "yes" and node[1] in ("not answering", "disconnected")
     finally:
         redis.proc.signal(signal.SIGCONT)
 

@@ -645,8 +645,10 @@ static void node_cause(struct model *m, const struct store_node_stats *n, int64_
 	if (n->oldest_s > 0) {
 		snprintf(oldest, sizeof(oldest), ", its oldest command unanswered for %.1f s",
 			 n->oldest_s);
-		if (!since || now - (int64_t)n->oldest_s < since)
-			since = now - (int64_t)n->oldest_s;
+		int64_t sent = (int64_t)floor((double)now - n->oldest_s);
+
+		if (!since || sent < since)
+			since = sent;
 	}
 	cause(m, 1, "redis", since, "Redis %s %s%s%s%s%s", n->name, n->state, oldest,
 	      n->breaker_open ? ", breaker open" : "", n->trouble[0] ? ": " : "", n->trouble);
@@ -755,6 +757,7 @@ static void panel_degraded(struct model *m, const struct met_view *v,
 	struct panel *p = &m->p[P_DEGRADED];
 	struct table *t;
 	uint64_t total = 0, now_deg;
+	char count[64];
 	int64_t since;
 	size_t i;
 
@@ -799,9 +802,13 @@ static void panel_degraded(struct model *m, const struct met_view *v,
 					break;
 			since = v->hist[i].t;
 		}
-		cause(m, 2, "degraded", since, "Degraded answers: %llu in the step under way, "
-		      "%.1f/s the last step; meanwhile the failure ladder answers: %s",
-		      (unsigned long long)now_deg,
+		if (now_deg)
+			snprintf(count, sizeof(count), "%llu in the step under way",
+				 (unsigned long long)now_deg);
+		else
+			snprintf(count, sizeof(count), "none yet in the step under way");
+		cause(m, 2, "degraded", since, "Degraded answers: %s, %.1f/s the last step; "
+		      "meanwhile the failure ladder answers: %s", count,
 		      last[MR_DEGRADED] + last[MR_LOCAL], si->fallback ? si->fallback : "-");
 	}
 }
@@ -950,8 +957,6 @@ static void model_build(struct model *m, const struct met_view *v, const struct 
 
 	memset(m, 0, sizeof(*m));
 	m->health = model_health(m, v, si);
-	m->state = !si->ready ? "not ready" : m->health ? "degraded" : "ok";
-	panel_agent(m, v, si);
 	panel_decisions(m, v, last, &total);
 	panel_denials(m, v, si, last);
 	panel_redis(m, v, si);
@@ -959,6 +964,10 @@ static void model_build(struct model *m, const struct met_view *v, const struct 
 	panel_quotas(m, v, si, total);
 	panel_candidate(m, v, si);
 	panel_overrides(m, v, si);
+	/* degraded: the failure ladder answers, or may any moment (a node silent) */
+	m->state = !si->ready ? "not ready"
+	: m->health || m->p[P_REDIS].alert || m->p[P_DEGRADED].alert ? "degraded" : "ok";
+	panel_agent(m, v, si);
 	causes_sort(m);
 }
 
@@ -1077,9 +1086,10 @@ static const char page_css[] =
 	"overflow-wrap:anywhere}"
 	".tw{overflow-x:auto}table{border-collapse:collapse;width:100%;font-size:13px}"
 	"th,td{padding:1px 6px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}"
-	"td{overflow-wrap:anywhere}"
+	"td{overflow-wrap:break-word}"
 	"td.n{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}"
-	"svg{width:100%;height:auto;display:block}.legend span{margin-right:10px}"
+	"section.wide dl{grid-template-columns:repeat(auto-fill,minmax(190px,1fr) minmax(60px,auto))}"
+	"svg{width:100%;max-width:640px;height:auto;display:block}.legend span{margin-right:10px}"
 	".k0{color:#2a7}.k1{color:#c33}.k2{color:#888}.k3{color:#e80}.k4{color:#36c}";
 
 /*

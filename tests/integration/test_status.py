@@ -498,3 +498,163 @@ def test_the_page_is_rendered_at_most_every_quarter_second(agent, redis):
     assert during == before, (before, during)
     time.sleep(CACHE_S + 0.05)
     assert denied() == before + 1
+
+
+# ---------------------------------------------------------------------------------------
+# The first screen, measured in the browser over the DevTools protocol (cdp.py)
+
+# STATUS_SCREENSHOTS=DIR: the screenshots of doc/operations.md are written there (make
+# screenshots); otherwise beside the test's logs
+SHOTS = os.environ.get("STATUS_SCREENSHOTS")
+
+
+def shot(b, tmp, name):
+    from pathlib import Path
+    path = (Path(SHOTS) if SHOTS else tmp) / ("status-%s.png" % name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = b.screenshot(path)
+    print("screenshot: %s (%d bytes)" % (path, n))
+
+
+def cause_rect(b, words):
+    """The box of the first cause at the top of the page whose text holds <words>."""
+    return b.eval("(function(){var l=[].slice.call(document.querySelectorAll('#causelist li'))"
+                  ".filter(function(e){return e.textContent.indexOf(%s)>=0;})[0];if(!l)return null;"
+                  "var r=l.getBoundingClientRect();return {x:r.left+scrollX,y:r.top+scrollY,"
+                  "w:r.width,h:r.height,text:l.textContent};})()" % json.dumps(words))
+
+
+def no_overflow(b):
+    return b.eval("[document.documentElement.scrollWidth, innerWidth]")
+
+
+def prom_value(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+@pytest.mark.skipif(CHROMIUM is None,
+                    reason="chromium is not installed (Debian package chromium: make deps)")
+def test_status_first_screen_names_a_frozen_redis(agent, redis, tmp):
+    """Traffic, then Redis frozen (SIGSTOP): at 1280x800 the cause naming Redis is at the top
+    of the page, within the first 800 px, with its state "not answering" and the age of its
+    oldest command unanswered (also in /status.json and /metrics, growing past a second
+    while the replies' p99 sees nothing); what answers meanwhile is said; nothing is wider
+    than the screen; at 390 px (a phone) the cause is on the first screen too. Redis back:
+    the causes and the degraded panel go."""
+    import cdp
+    a = status_agent(agent, redis, redis_cfg={"command_timeout_ms": 300,
+                                              "breaker_cooldown_ms": 600000})
+    url = "http://%s:%d/status" % a.metrics_addr
+    traffic = Traffic(a.addr, ["first-heavy"] * 3 + ["first-light-%d" % i for i in range(50)])
+    traffic.start()
+    with cdp.Browser(tmp, "first") as b:
+        try:
+            wait_until(lambda: (lambda s: s and s[-1]["denied"] > 0)(
+                       status_json(a)["decisions"]["series"]), 6 * STEP_S, 0.2,
+                       "denials in the history")
+            b.viewport(1280, 800)
+            b.goto(url)
+            b.wait("document.getElementById('live').textContent.indexOf('live, ')==0")
+            assert b.eval("document.getElementById('verdict').textContent") == \
+                "Nothing wrong: every panel is green"
+            width, inner = no_overflow(b)
+            assert width <= 1280 and inner == 1280, (width, inner)
+            shot(b, tmp, "normal")
+            redis.proc.signal(signal.SIGSTOP)
+            try:
+                j = wait_until(lambda: (lambda s: s if any(
+                    n["state"] == "not answering" and n["oldest_ms"] >= 1000
+                    for n in s["redis"]["nodes"]) else None)(status_json(a)),
+                    6 * STEP_S, 0.2, "the node not answering for a second")
+                check_schema(j)
+                assert j["alerts"]["redis"] and j["alerts"]["degraded"]
+                assert j["redis"]["oldest_ms"] >= 1000
+                assert j["causes"][0]["panel"] == "redis", j["causes"]
+                assert "Redis %s not answering" % redis.address in j["causes"][0]["what"]
+                [deg] = [c for c in j["causes"] if c["panel"] == "degraded"]
+                assert "meanwhile the failure ladder answers: " in deg["what"], deg
+                # /metrics says the same (a later sample: at least as old)
+                oldest = prom_value(a.http("/metrics")[1],
+                                    "spoa_ratelimit_redis_oldest_unanswered_ms")
+                assert oldest is not None and oldest >= 1000, oldest
+                b.wait("document.getElementById('causelist').textContent.indexOf(%s)>=0"
+                       % json.dumps("Redis %s not answering" % redis.address))
+                r = cause_rect(b, "Redis %s" % redis.address)
+                assert r and r["y"] >= 0 and r["y"] + r["h"] <= 800, r
+                assert "oldest command unanswered for" in r["text"], r
+                assert b.rect("#causes a")["y"] < 800
+                assert b.eval("document.querySelector('#causes a').getAttribute('href')") == \
+                    "#redis"
+                assert b.eval("document.getElementById('state').className") == "state bad"
+                width, _ = no_overflow(b)
+                assert width <= 1280, width
+                shot(b, tmp, "redis-frozen")
+                # a phone: the cause is on its first screen, nothing wider than it
+                b.viewport(390, 844, mobile=True)
+                b.goto(url)
+                b.wait("document.getElementById('live').textContent.indexOf('live, ')==0")
+                r = cause_rect(b, "Redis %s" % redis.address)
+                assert r and 0 <= r["y"] and r["y"] + 20 <= 844 and r["x"] >= 0, r
+                assert r["x"] + r["w"] <= 390, r
+                width, inner = no_overflow(b)
+                assert width <= inner, (width, inner)
+                shot(b, tmp, "phone")
+            finally:
+                redis.proc.signal(signal.SIGCONT)
+            # back: the node answers, its causes go, the degraded panel follows
+            b.viewport(1280, 800)
+            wait_until(lambda: not status_json(a)["causes"], 12 * STEP_S, 0.2,
+                       "no cause once Redis answers again")
+            b.wait("document.getElementById('verdict').textContent.indexOf('Nothing')==0",
+                   timeout=15)
+            assert b.eval("document.getElementById('degraded').classList.contains('red')") \
+                is False
+            assert not b.csp_violations(), b.log
+        finally:
+            traffic.stop()
+
+
+@pytest.mark.skipif(CHROMIUM is None,
+                    reason="chromium is not installed (Debian package chromium: make deps)")
+def test_status_page_says_the_agent_is_not_answering(agent, redis, tmp):
+    """The agent stopped (SIGSTOP): the page's fetch gives up after 2 s and the page says
+    "Agent not answering since HH:MM:SS UTC" within 5 s, the pill turns red ("not
+    answering"), the panels are greyed (class stale); resumed, the page is live again; the
+    agent gone (stopped for good), the same, at once."""
+    import cdp
+    a = status_agent(agent, redis)
+    url = "http://%s:%d/status" % a.metrics_addr
+    pipeline(a.addr, [sc.rl_message(key="gone-%d" % i) for i in range(10)])
+    with cdp.Browser(tmp, "gone") as b:
+        b.viewport(1280, 800)
+        b.goto(url)
+        b.wait("document.getElementById('live').textContent.indexOf('live, ')==0")
+        assert b.eval("document.getElementById('gone').hidden") is True
+        a.proc.signal(signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            b.wait("!document.getElementById('gone').hidden", timeout=10, every=0.05)
+            took = time.monotonic() - t0
+            assert took <= 5, took
+            text = b.eval("document.getElementById('gone').textContent")
+            assert text.startswith("Agent not answering since ") and " UTC (" in text, text
+            assert "no answer within 2 s" in text and "its last answer, at " in text, text
+            assert b.eval("document.getElementById('state').textContent") == "not answering"
+            assert "bad" in b.eval("document.getElementById('state').className")
+            assert b.eval("document.querySelectorAll('section[data-a]:not(.stale)').length") \
+                == 0
+            assert "stale" in b.eval("document.getElementById('causes').className")
+            assert b.rect("#gone")["y"] < 800
+            shot(b, tmp, "agent-gone")
+        finally:
+            a.proc.signal(signal.SIGCONT)
+        b.wait("document.getElementById('gone').hidden", timeout=15)
+        assert b.eval("document.querySelectorAll('section.stale').length") == 0
+        assert b.eval("document.getElementById('state').textContent") == "ok"
+        a.stop()
+        b.wait("!document.getElementById('gone').hidden", timeout=10, every=0.05)
+        assert b.eval("document.getElementById('state').textContent") == "not answering"
+        assert not b.csp_violations(), b.log

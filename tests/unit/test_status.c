@@ -6,6 +6,7 @@
  * its own script and style; request lines read as the server answers them.
  */
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -121,6 +122,130 @@ static void test_hostile_names_never_reach_markup(void **state)
 	assert_non_null(strstr(r.body, "\"schema\":1,"));
 	http_reply_release(&r);
 
+	metrics_view_free(v);
+}
+
+/*
+ * A view of <nhist> history points 5 s apart, 100 decisions a step, of which
+ * <base> denied per step, then <recent> denied per step over the last minute
+ * (12 steps); its one row holds the totals (the step under way is empty).
+ */
+static struct met_view *denial_view(size_t nhist, unsigned base, unsigned recent)
+{
+	struct met_view *v = xcalloc(1, sizeof(*v));
+	uint64_t allowed = 0, denied = 0;
+	size_t i;
+
+	v->live = 1;
+	v->started = 1000;
+	v->sum[MC_CONNS] = 1;
+	for (i = 0; i < nhist; i++) {
+		unsigned d = i + 12 >= nhist ? recent : base;
+
+		if (i) {
+			denied += d;
+			allowed += 100 - d;
+		}
+		v->hist[i].t = 1000 + 5 * (int64_t)i;
+		v->hist[i].v[MR_ALLOWED] = allowed;
+		v->hist[i].v[MR_DENIED] = denied;
+	}
+	v->nhist = nhist;
+	v->rows = xcalloc(1, sizeof(*v->rows));
+	v->nrows = 1;
+	snprintf(v->rows[0].tier, MET_NAME, "%s", "free");
+	snprintf(v->rows[0].rule, MET_NAME, "%s", "r");
+	v->rows[0].allowed = allowed;
+	v->rows[0].denied = denied;
+	prom_hist_init_latency(&v->decision_lat);
+	prom_hist_init_latency(&v->redis_lat);
+	return v;
+}
+
+/* Whether /status.json of <v> has the denials panel red, and a cause naming it. */
+static bool denials_red(const struct met_view *v)
+{
+	static const struct status_info ok = {.version = "1", .now = 1600, .store = "redis",
+					      .ready = true, .fallback = "open"};
+	struct http_reply r;
+	bool red, cause;
+
+	http_reply_init(&r);
+	status_render_json(v, &ok, &r);
+	assert_false(r.broken);
+	red = strstr(r.body, "\"denials\":true") != NULL;
+	cause = strstr(r.body, "{\"panel\":\"denials\",\"what\":\"Denials: ") != NULL;
+	assert_true(red == cause);
+	http_reply_release(&r);
+	return red;
+}
+
+/* Denials are judged against their own level: the share of the last minute against the
+ * minutes before, red from base + max(base, 10 points), with 20 denials at least. */
+static void test_denials_judged_against_their_own_level(void **state)
+{
+	static const struct {
+		size_t nhist;
+		unsigned base, recent;
+		bool red;
+	} cases[] = {
+		{120, 30, 30, false},   /* a public API's ordinary day: 30% all along */
+		{120, 30, 55, false},   /* ... under 60%: not red */
+		{120, 30, 60, true},    /* ... twice its usual share */
+		{120, 0, 9, false},     /* from nothing: under 10 points */
+		{120, 0, 10, true},     /* ... 10 points */
+		{120, 0, 1, false},     /* 12 denials in the minute: too few to judge */
+		{20, 0, 90, false},     /* less than a minute before the last: not judged */
+		{25, 0, 90, true},      /* a minute of it: judged */
+	};
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct met_view *v = denial_view(cases[i].nhist, cases[i].base, cases[i].recent);
+
+		if (denials_red(v) != cases[i].red)
+			fail_msg("case %zu: base %u%%, recent %u%%: want red %d", i, cases[i].base,
+				 cases[i].recent, cases[i].red);
+		metrics_view_free(v);
+	}
+}
+
+/* The degraded panel follows the state now: red with degraded answers in the step under
+ * way (none in the history yet), and with a node not answering; not red otherwise. */
+static void test_degraded_panel_follows_the_state_now(void **state)
+{
+	static const struct status_info ok = {.version = "1", .now = 1600, .store = "redis",
+					      .ready = true, .fallback = "open"};
+	struct met_view *v = denial_view(30, 0, 0);
+	struct http_reply r;
+
+	(void)state;
+	http_reply_init(&r);
+	status_render_json(v, &ok, &r);
+	assert_non_null(strstr(r.body, "\"degraded\":false"));
+	assert_non_null(strstr(r.body, "\"state\":\"ok\",\"causes\":[]"));
+	http_reply_release(&r);
+	v->rows[0].degraded = 3;        /* after the last point: the step under way */
+	status_render_json(v, &ok, &r);
+	assert_non_null(strstr(r.body, "\"degraded\":true"));
+	assert_non_null(strstr(r.body, "\"state\":\"degraded\""));
+	assert_non_null(strstr(r.body, "Degraded answers: 3 in the step under way"));
+	assert_non_null(strstr(r.body, "meanwhile the failure ladder answers: open"));
+	http_reply_release(&r);
+	v->rows[0].degraded = 0;
+	v->nodes = xcalloc(1, sizeof(*v->nodes));
+	v->nnodes = 1;
+	snprintf(v->nodes[0].name, sizeof(v->nodes[0].name), "%s", "127.0.0.1:6379");
+	snprintf(v->nodes[0].state, sizeof(v->nodes[0].state), "%s", "not answering");
+	v->nodes[0].oldest_s = 4.5;
+	status_render_json(v, &ok, &r);
+	assert_non_null(strstr(r.body, "\"redis\":true,\"degraded\":true"));
+	assert_non_null(strstr(r.body, "{\"panel\":\"redis\",\"what\":\"Redis 127.0.0.1:6379 not "
+				       "answering, its oldest command unanswered for 4.5 s\","
+				       "\"since\":1595}"));
+	assert_non_null(strstr(r.body, "\"oldest_ms\":4500"));
+	http_reply_release(&r);
 	metrics_view_free(v);
 }
 
@@ -279,6 +404,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_json_and_html_escaping),
 		cmocka_unit_test(test_hostile_names_never_reach_markup),
+		cmocka_unit_test(test_denials_judged_against_their_own_level),
+		cmocka_unit_test(test_degraded_panel_follows_the_state_now),
 		cmocka_unit_test(test_csp_allows_exactly_the_page_own_script_and_style),
 		cmocka_unit_test(test_reply_headers_refuse_injection),
 		cmocka_unit_test(test_request_line),

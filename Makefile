@@ -12,6 +12,7 @@
 #   make attack          attacks on two gateways, one row each with PASS/FAIL (~2 min);
 #                        ATTACKS=sigstop,stall runs those rows only
 #   make soak            steady load, reloads, restarts: RSS/fds/Redis memory flat? (SOAK_MIN=10)
+#   make screenshots     the status page in chromium: doc/img/status-*.png (~30 s)
 #   make fuzz-smoke      libFuzzer (clang): frame decoder, config loader, reply reader,
 #                        HTTP request parser, what is read out of replies (~3 min)
 #   make matrix          the tests on Debian 13, HAProxy 3.2/3.4, Valkey (root, ~15 min)
@@ -88,13 +89,13 @@ REPLAY    = $(BUILD)/fuzz_replay
 # a recipe that fails leaves no half-written target behind
 .DELETE_ON_ERROR:
 
-.PHONY: all deps test-deps unit replay itest test demo bench bench-script accuracy attack candidate-cost soak fuzz fuzz-smoke \
+.PHONY: all deps test-deps unit replay itest screenshots test demo bench bench-script accuracy attack candidate-cost soak fuzz fuzz-smoke \
         check-config matrix install uninstall clean help deb deb-deps test-deb version check-version
 
 all: $(BIN) $(LIBSPOA) $(BUILD)/spop-load
 
 help:
-	@sed -n '1,22p' Makefile
+	@sed -n '1,23p' Makefile
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -230,6 +231,13 @@ SPOA_BIN ?= $(abspath $(BIN))
 itest: $(BIN) $(MODEL) $(BUILD)/gen/ratelimit.lua
 	SPOA_BIN=$(SPOA_BIN) LIMIT_MODEL=$(abspath $(MODEL)) \
 	  RATELIMIT_LUA=$(abspath $(BUILD)/gen/ratelimit.lua) $(PYTHON) -m pytest -q tests/integration
+
+# the status page's screenshots in doc/operations.md (doc/img/status-*.png): the browser
+# tests of test_status.py write them, in chromium, with a real agent and Redis (~30 s)
+screenshots: $(BIN) $(MODEL) $(BUILD)/gen/ratelimit.lua
+	STATUS_SCREENSHOTS=$(CURDIR)/doc/img SPOA_BIN=$(SPOA_BIN) LIMIT_MODEL=$(abspath $(MODEL)) \
+	  RATELIMIT_LUA=$(abspath $(BUILD)/gen/ratelimit.lua) $(PYTHON) -m pytest -q \
+	  -p no:cacheprovider tests/integration/test_status.py -k "first_screen or not_answering"
 
 test: test-deps
 	$(Q)$(MAKE) --no-print-directory all

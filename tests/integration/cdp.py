@@ -14,14 +14,17 @@ close() kills whole, whatever state it is in:
         b.screenshot(path)
 """
 import base64
+import collections
 import fcntl
 import json
 import os
 import select
 import shutil
 import signal
+import struct
 import subprocess
 import time
+import zlib
 
 CHROMIUM = shutil.which("chromium")
 
@@ -188,11 +191,81 @@ class Browser:
                          "var r=e.getBoundingClientRect();return {x:r.left+scrollX,"
                          "y:r.top+scrollY,w:r.width,h:r.height};})()" % json.dumps(selector))
 
-    def screenshot(self, path):
-        """The viewport as a PNG file at <path>; returns its size in bytes."""
+    def screenshot(self, path, colors=None):
+        """The viewport as a PNG file at <path>, in a palette of <colors> (at most 256) when
+        given (a page of text: a third of the bytes); returns its size in bytes."""
         data = base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
+        if colors:
+            data = small_png(data, colors)
         path.write_bytes(data)
         return len(data)
 
     def csp_violations(self):
         return [t for t in self.log if "Content Security Policy" in t]
+
+
+# ---- smaller screenshots (the documentation's): a PNG of 8-bit RGB(A) read back, its
+# colours reduced to a palette of the most frequent ones (each other colour to its nearest),
+# written again with one byte a pixel
+
+def _png_chunk(typ, body):
+    return struct.pack(">I", len(body)) + typ + body + struct.pack(">I", zlib.crc32(typ + body))
+
+
+def _png_rows(data):
+    """(width, height, bytes a pixel, rows of pixels) of an 8-bit RGB or RGBA PNG."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, hdr = 8, [], None
+    while pos < len(data):
+        n, typ = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        pos += 12 + n
+        if typ == b"IHDR":
+            hdr = struct.unpack(">IIBBBBB", body)
+        elif typ == b"IDAT":
+            idat.append(body)
+    w, h, depth, ctype, _, _, interlace = hdr
+    assert depth == 8 and ctype in (2, 6) and not interlace, hdr
+    bpp = 4 if ctype == 6 else 3
+    raw, stride = zlib.decompress(b"".join(idat)), w * bpp
+    prev, rows = bytearray(stride), []
+    for y in range(h):
+        f = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        if f == 1:
+            for i in range(bpp, stride):
+                line[i] = (line[i] + line[i - bpp]) & 255
+        elif f == 2:
+            line = bytearray((a + b) & 255 for a, b in zip(line, prev))
+        elif f == 3:
+            for i in range(stride):
+                line[i] = (line[i] + ((line[i - bpp] if i >= bpp else 0) + prev[i]) // 2) & 255
+        elif f == 4:
+            for i in range(stride):
+                a = line[i - bpp] if i >= bpp else 0
+                b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(bytes(line))
+        prev = line
+    return w, h, bpp, rows
+
+
+def small_png(data, colors=128):
+    w, h, bpp, rows = _png_rows(data)
+    count = collections.Counter(r[i:i + 3] for r in rows for i in range(0, len(r), bpp))
+    pal = [c for c, _ in count.most_common(min(colors, 256))]
+    index = {c: i for i, c in enumerate(pal)}
+    for c in count:
+        if c not in index:
+            index[c] = min(range(len(pal)), key=lambda i: 3 * (c[0] - pal[i][0]) ** 2 +
+                           4 * (c[1] - pal[i][1]) ** 2 + 2 * (c[2] - pal[i][2]) ** 2)
+    out = bytearray()
+    for r in rows:
+        out.append(0)
+        out.extend(index[r[i:i + 3]] for i in range(0, len(r), bpp))
+    return (b"\x89PNG\r\n\x1a\n" +
+            _png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 3, 0, 0, 0)) +
+            _png_chunk(b"PLTE", b"".join(pal)) +
+            _png_chunk(b"IDAT", zlib.compress(bytes(out), 9)) + _png_chunk(b"IEND", b""))

@@ -512,7 +512,7 @@ def shot(b, tmp, name):
     from pathlib import Path
     path = (Path(SHOTS) if SHOTS else tmp) / ("status-%s.png" % name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    n = b.screenshot(path)
+    n = b.screenshot(path, colors=128 if SHOTS else None)   # the documentation's: small
     print("screenshot: %s (%d bytes)" % (path, n))
 
 
@@ -552,8 +552,9 @@ def test_status_first_screen_names_a_frozen_redis(agent, redis, tmp):
     traffic.start()
     with cdp.Browser(tmp, "first") as b:
         try:
-            wait_until(lambda: (lambda s: s and s[-1]["denied"] > 0)(
-                       status_json(a)["decisions"]["series"]), 6 * STEP_S, 0.2,
+            # (the documentation's pictures: a few steps of history for the chart)
+            wait_until(lambda: (lambda s: len(s) >= (4 if SHOTS else 1) and s[-1]["denied"] > 0)(
+                       status_json(a)["decisions"]["series"]), 8 * STEP_S, 0.2,
                        "denials in the history")
             b.viewport(1280, 800)
             b.goto(url)

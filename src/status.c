@@ -964,9 +964,9 @@ static void model_build(struct model *m, const struct met_view *v, const struct 
 	panel_quotas(m, v, si, total);
 	panel_candidate(m, v, si);
 	panel_overrides(m, v, si);
-	/* degraded: the failure ladder answers, or may any moment (a node silent) */
-	m->state = !si->ready ? "not ready"
-	: m->health || m->p[P_REDIS].alert || m->p[P_DEGRADED].alert ? "degraded" : "ok";
+	/* degraded: Redis is in trouble (a node silent too): the failure ladder answers, or
+	 * may any moment; degraded answers alone (a blip, shedding) are the causes' to say */
+	m->state = !si->ready ? "not ready" : m->health || m->p[P_REDIS].alert ? "degraded" : "ok";
 	panel_agent(m, v, si);
 	causes_sort(m);
 }

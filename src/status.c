@@ -13,7 +13,12 @@
  * /status.json every few seconds and writes each value into the element that
  * names its key, rebuilds each table from its array (textContent only, never
  * markup) and redraws the chart; without the script the first paint is the
- * whole page. Each panel's "alert" is decided here, once, for both.
+ * whole page. Each panel's "alert" is decided here, once, for both, with
+ * its cause: the words, the number that tripped it and since when, listed
+ * at the top of the page (and in /status.json's "causes") so that the first
+ * screen says what is wrong before any panel does. The script gives each
+ * fetch two seconds: an agent that stops answering is said so, above the
+ * causes, and what it last said is greyed.
  *
  * Bounds: tables are bounded by the metrics (MET_ROWS, MET_TOP_RULES x
  * MET_TOP_K, MET_NODES per worker, MET_HIST points); the override of each

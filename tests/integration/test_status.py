@@ -581,6 +581,11 @@ def test_status_first_screen_names_a_frozen_redis(agent, redis, tmp):
                 oldest = prom_value(a.http("/metrics")[1],
                                     "spoa_ratelimit_redis_oldest_unanswered_ms")
                 assert oldest is not None and oldest >= 1000, oldest
+                # ctl status says the causes too, and exits 1
+                rc, out, err = ctl(a, "status")
+                assert rc == 1 and "  ! Redis %s not answering" % redis.address in out, (
+                    rc, out, err)
+                assert "(#redis, since " in out and " UTC)\n" in out, out
                 b.wait("document.getElementById('causelist').textContent.indexOf(%s)>=0"
                        % json.dumps("Redis %s not answering" % redis.address))
                 r = cause_rect(b, "Redis %s" % redis.address)

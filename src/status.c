@@ -384,9 +384,18 @@ static void panel_agent(struct model *m, const struct met_view *v, const struct 
 	field(p, "ready", "Ready", c_bool(si->ready));
 	field(p, "spop_connections", "HAProxy connections", c_u64(v->sum[MC_CONNS]));
 	p->alert = !si->ready || (reload_at > 0 && !v->reload_ok);
-	if (!si->ready)
-		cause(m, 0, "agent", 0, "Agent not ready (/ready answers 503): %s",
+	if (!si->ready) {
+		int64_t since = 0;
+		size_t i;
+
+		/* since the first node still down went down */
+		for (i = 0; i < v->nnodes; i++)
+			if (v->nodes[i].down_since > 0 &&
+			    (!since || (int64_t)v->nodes[i].down_since < since))
+				since = (int64_t)v->nodes[i].down_since;
+		cause(m, 0, "agent", since, "Agent not ready (/ready answers 503): %s",
 		      m->health ? m->health : "no Redis connection ready yet");
+	}
 	if (reload_at > 0 && !v->reload_ok)
 		cause(m, 7, "agent", reload_at,
 		      "The last reload was refused: configuration generation %llu still in force",
@@ -655,8 +664,10 @@ static void node_cause(struct model *m, const struct store_node_stats *n, int64_
 		if (!since || sent < since)
 			since = sent;
 	}
+	/* the trouble says "breaker open" itself when it is why the node is down */
 	cause(m, 1, "redis", since, "Redis %s %s%s%s%s%s", n->name, n->state, oldest,
-	      n->breaker_open ? ", breaker open" : "", n->trouble[0] ? ": " : "", n->trouble);
+	      n->breaker_open && !strstr(n->trouble, "breaker open") ? ", breaker open" : "",
+	      n->trouble[0] ? ": " : "", n->trouble);
 }
 static const struct col errclass_cols[] = {{"class", "Class"}, {"count", "Errors"}};
 

@@ -109,7 +109,8 @@ struct store_node {
 	double last_progress;           /* mono() of the last reply or first send */
 	double silent_at;               /* mono() the oldest command a connection closed
 					 * for silence (a stall, a handshake timed out) was
-					 * sent; kept until the node is ready again, 0 none */
+					 * sent; kept until the node answers a handshake
+					 * (SCRIPT LOAD, even with an error), 0 none */
 	bool stall_seen;                /* the last tick saw no progress for stall_s */
 	unsigned nslots;                /* slots routed here */
 	bool seed;                      /* the configured address: never retired */

@@ -569,7 +569,7 @@ double node_unanswered_at(const struct store_node *n)
 }
 
 /* <n>'s connection is about to be closed because it does not answer: what it
- * owes is remembered until the node is ready again. */
+ * owes is remembered until the node answers again (node_unanswered_at()). */
 void node_silent(struct store_node *n)
 {
 	n->silent_at = node_unanswered_at(n);
@@ -694,6 +694,7 @@ static void load_reply_cb(struct rconn *rc, void *reply, void *privdata)
 	(void)privdata;
 	if (!rep || n->rc != rc)
 		return;
+	n->silent_at = 0; /* it answers, if only with an error */
 	if (rep->type != REDIS_REPLY_STRING || rep->len != 40) {
 		char where[STORE_NODE_NAME + 64];
 
@@ -721,7 +722,6 @@ static void load_reply_cb(struct rconn *rc, void *reply, void *privdata)
 	n->state = ND_READY;
 	n->was_ready = true;
 	n->last_progress = mono();
-	n->silent_at = 0; /* it answers again */
 	/* a new connection earns a probe at once rather than after the cool-down */
 	n->breaker_until = 0;
 	n->backoff_ms = BACKOFF_MIN_MS;

@@ -64,7 +64,7 @@ ifneq ($(V),1)
 Q = @
 endif
 
-SPOA_SRC  = spoa/spop.c spoa/server.c
+SPOA_SRC  = spoa/spop.c spoa/conn.c spoa/request.c spoa/listener.c
 AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/store_node.c src/store_cmd.c \
             src/store_cluster.c src/store_batch.c src/store_reply.c src/store_parse.c src/reply_parse.c src/rconn.c src/tls.c src/resolve.c src/sentinel.c src/limiter.c src/digest.c src/log.c src/util.c \
             src/memstore.c src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c \

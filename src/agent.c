@@ -8,7 +8,7 @@
  * DESIGN
  * What a decision does is in the files below this one (agent_int.h lists
  * them in the order of the decision's path): the SPOP server calls notify.c's
- * on_notify() for every NOTIFY. What needs the whole agent stays here. A
+ * notify_receive() for every NOTIFY. What needs the whole agent stays here. A
  * reload swaps the ruleset while each decision keeps the one it started with;
  * settings that need a restart (listeners, store) keep their old values. A
  * drain stops accepting connections while decisions in flight complete.
@@ -477,7 +477,7 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 	      struct agent **out)
 {
 	struct agent *a = xcalloc(1, sizeof(*a));
-	struct spoa_handler h = {.on_notify = on_notify, .log = lib_log, .arg = a};
+	struct spoa_handler h = {.on_notify = notify_receive, .log = lib_log, .arg = a};
 	struct spoa_opts o = {.max_frame_size = rs->cfg->max_frame_size,
 			      .max_inflight = rs->cfg->max_inflight,
 			      .max_conns = rs->cfg->max_conns,

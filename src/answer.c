@@ -87,6 +87,8 @@ static void render_policy(const struct decision *d, char *buf, size_t len)
 	size_t i, used = 0;
 
 	buf[0] = 0;
+	if (d->rs->cfg->headers == HDR_LEGACY)
+		return;
 	if (d->overridden) {
 		/* the rates in force (ack_size() made room for them), within policy_max */
 		size_t cap = len < d->rs->policy_max + 1 ? len : d->rs->policy_max + 1;
@@ -94,13 +96,9 @@ static void render_policy(const struct decision *d, char *buf, size_t len)
 		for (i = 0; i < d->n && used < cap; i++) {
 			if (d->ap[i].l->shadow)
 				continue;
-			used += (size_t)snprintf(buf + used, cap - used, "%s\"%s\";q=%llu;w=%llu",
-						 used ? ", " : "", d->ap[i].l->name,
-						 (unsigned long long)d->ap[i].rate,
-						 (unsigned long long)d->ap[i].l->period_s);
-			if (used < cap && d->ap[i].capacity != d->ap[i].rate)
-				used += (size_t)snprintf(buf + used, cap - used, ";rl-burst=%llu",
-							 (unsigned long long)d->ap[i].capacity);
+			used += (size_t)rule_policy_item(d->rs->cfg->headers, buf + used, cap - used,
+							 !used, d->ap[i].l->name, d->ap[i].rate,
+							 d->ap[i].l->period_s, d->ap[i].capacity);
 		}
 		if (used < cap)
 			return;
@@ -114,6 +112,38 @@ static void render_policy(const struct decision *d, char *buf, size_t len)
 			used = str_cat(buf, len, used, ", ");
 		used = str_cat(buf, len, used, parts[i]);
 	}
+}
+
+/*
+ * RateLimit for the deciding limit <name> (a bucket of <cap>, <remaining>
+ * left, <t> seconds) in dialect <h>, cut as snprintf() would:
+ *   structured (draft 11): "<name>";r=<remaining>;t=<t>
+ *   draft 7:               limit=<cap>, remaining=<remaining>, reset=<t>
+ */
+static void render_ratelimit(enum header_dialect h, const char *name, int64_t cap,
+			     int64_t remaining, int64_t t, char *buf, size_t len)
+{
+	char num[24];
+	size_t used;
+
+	if (h == HDR_DRAFT7) {
+		fmt_i64(num, cap);
+		used = str_cat(buf, len, 0, "limit=");
+		used = str_cat(buf, len, used, num);
+		used = str_cat(buf, len, used, ", remaining=");
+		fmt_i64(num, remaining);
+		used = str_cat(buf, len, used, num);
+		used = str_cat(buf, len, used, ", reset=");
+	} else {
+		used = str_cat(buf, len, 0, "\"");
+		used = str_cat(buf, len, used, name);
+		used = str_cat(buf, len, used, "\";r=");
+		fmt_i64(num, remaining);
+		used = str_cat(buf, len, used, num);
+		used = str_cat(buf, len, used, ";t=");
+	}
+	fmt_i64(num, t);
+	str_cat(buf, len, used, num);
 }
 
 /* The verdict of applied limit <i>, or NULL if there is none (failed open). */
@@ -285,20 +315,11 @@ void respond(struct decision *d)
 		set_int(req, "retry_after", t);
 	}
 	set_str(req, "rule", l->name);
-	{
-		/* "<name>";r=<remaining>;t=<seconds>, cut as snprintf() would */
-		char num[24];
-		size_t used = str_cat(buf, sizeof(buf), 0, "\"");
-
-		used = str_cat(buf, sizeof(buf), used, l->name);
-		used = str_cat(buf, sizeof(buf), used, "\";r=");
-		fmt_i64(num, pv->remaining);
-		used = str_cat(buf, sizeof(buf), used, num);
-		used = str_cat(buf, sizeof(buf), used, ";t=");
-		fmt_i64(num, t);
-		str_cat(buf, sizeof(buf), used, num);
+	if (d->rs->cfg->headers != HDR_LEGACY) {
+		render_ratelimit(d->rs->cfg->headers, l->name, (int64_t)d->ap[li_best].capacity,
+				 pv->remaining, t, buf, sizeof(buf));
+		set_str(req, "ratelimit", buf);
 	}
-	set_str(req, "ratelimit", buf);
 	if (d->rs->cfg->legacy_headers) {
 		/* the legacy trio describes the bucket: what it holds, what is left, when full */
 		set_int(req, "limit", (int64_t)d->ap[li_best].capacity);

@@ -609,6 +609,42 @@ static bool metrics_listen_loopback(const char *listen)
  * listener is on loopback, else whoever reaches it: `-c` warns then, without a
  * token), metrics.host_names, metrics.token_file (read like password_file).
  */
+/* The names of response.headers, by enum header_dialect. */
+static const char *const header_dialects[HDR_COUNT] = {"structured+legacy", "structured",
+							 "draft7", "legacy"};
+
+/*
+ * response.headers (group <s>, or NULL), or from response.legacy_headers
+ * where it is not set (false: the structured fields alone). Both set is an
+ * error: they could disagree.
+ */
+static void load_header_dialect(struct loader *ld, const config_setting_t *s)
+{
+	struct agent_config *c = ld->cfg;
+	const config_setting_t *m = s ? config_setting_get_member(s, "headers") : NULL;
+	const char *v;
+	int i;
+
+	c->headers = c->legacy_headers ? HDR_STRUCTURED_LEGACY : HDR_STRUCTURED;
+	if (!m)
+		return;
+	if (config_setting_get_member(s, "legacy_headers")) {
+		add_err(ld, line_of(m), "response: 'headers' replaces 'legacy_headers': set one "
+			"(legacy_headers = false is headers = \"structured\")");
+		return;
+	}
+	v = config_setting_type(m) == CONFIG_TYPE_STRING ? config_setting_get_string(m) : "";
+	for (i = 0; i < HDR_COUNT; i++) {
+		if (strcmp(v, header_dialects[i]) == 0) {
+			c->headers = (enum header_dialect)i;
+			c->legacy_headers = i == HDR_STRUCTURED_LEGACY || i == HDR_LEGACY;
+			return;
+		}
+	}
+	add_err(ld, line_of(m), "response.headers: use \"structured+legacy\" (the default), "
+		"\"structured\", \"draft7\" or \"legacy\" (see doc/haproxy.md, \"Headers\")");
+}
+
 static void load_metrics_access(struct loader *ld, const config_setting_t *s)
 {
 	struct agent_config *c = ld->cfg;
@@ -688,6 +724,7 @@ static void load_groups(struct loader *ld, const config_setting_t *root)
 	};
 	const struct cfg_key response[] = {
 		KEY_BOOL("legacy_headers", true, &c->legacy_headers),
+		KEY_OTHER("headers"),
 	};
 	const config_setting_t *s;
 
@@ -707,7 +744,8 @@ static void load_groups(struct loader *ld, const config_setting_t *root)
 			"~100 bytes an entry)", c->overrides.max_entries,
 			c->overrides.max_entries * 4);
 	load_group(ld, root, "reload", " { watch = true; }", reload, ARRAY_SIZE(reload));
-	load_group(ld, root, "response", "", response, ARRAY_SIZE(response));
+	s = load_group(ld, root, "response", "", response, ARRAY_SIZE(response));
+	load_header_dialect(ld, s);
 }
 
 /* The whole file, section by section, in the order its errors are reported. */

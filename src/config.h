@@ -99,6 +99,21 @@ enum no_address_policy {
 	NO_ADDRESS_COUNT                /* sentinel */
 };
 
+/*
+ * The RateLimit fields a decision returns (response.headers): the structured
+ * fields of draft-ietf-httpapi-ratelimit-headers-11 ("p";r=..;t=.. and
+ * "p";q=..;w=..), draft 7's combined dictionary (limit=.., remaining=..,
+ * reset=..; q;w=..), the legacy trio of draft 6 (RateLimit-Limit, -Remaining,
+ * -Reset), or the structured fields with the trio.
+ */
+enum header_dialect {
+	HDR_STRUCTURED_LEGACY = 0,
+	HDR_STRUCTURED,
+	HDR_DRAFT7,
+	HDR_LEGACY,
+	HDR_COUNT       /* sentinel */
+};
+
 struct agent_config {
 	char *file;                     /* owned: path it was read from */
 	char **listen;                  /* owned: listener addresses */
@@ -152,7 +167,8 @@ struct agent_config {
 	unsigned ipv4_prefix;           /* anonymous IPv4 grouping, bits (32) */
 	unsigned ipv6_prefix;           /* anonymous IPv6 grouping, bits (64) */
 	enum no_address_policy no_address; /* anonymous requests without an address */
-	bool legacy_headers;            /* also return limit/remaining/reset */
+	enum header_dialect headers;    /* response.headers: which RateLimit fields */
+	bool legacy_headers;            /* also return limit/remaining/reset (HDR_*LEGACY) */
 	struct cfg_endpoint *endpoints; /* owned array, in match order */
 	size_t nendpoints;
 	enum unknown_key_policy unknown_keys;

@@ -1011,9 +1011,9 @@ static void load(struct overrides *ov, const char *buf, size_t len)
 			char fs[OVR_FIELD_MAX + 8], raw[OVR_FIELD_MAX + 1];
 
 			ov->stats.skipped++;
-			ovr_field_format(&e, fs, sizeof(fs));
-			LOG(LOG_WARN, "overrides: entry '%s' skipped: a second spelling of %s",
-			    spop_escape(raw, sizeof(raw), f, fl), fs);
+			ovr_target_show(&e.t, &ov->fp, fs, sizeof(fs));
+			LOG(LOG_WARN, "overrides: entry '%s' skipped: a second spelling of %s on %s",
+			    spop_escape(raw, sizeof(raw), f, fl), kind_names[e.kind], fs);
 			continue;
 		}
 		if (nt.n == cap) {

@@ -981,13 +981,14 @@ void config_free(struct agent_config *cfg)
  * none (no password, or one read from redis.password_file).
  */
 /*
- * A warning when no metrics.fingerprint_secret_file is set: the fingerprints
- * are keyed with a random secret of this agent's, so they differ between
- * gateways (and from one start to the next).
+ * A warning when the metrics listener shows fingerprints (/top, the status
+ * page, /overrides) and no metrics.fingerprint_secret_file is set: they are
+ * keyed with a random secret of this agent's, so they differ between gateways
+ * (and from one start to the next).
  */
 bool config_fingerprint_advice(const struct agent_config *cfg, char *buf, size_t len)
 {
-	if (!cfg->fp_random)
+	if (!cfg->fp_random || !cfg->metrics_listen)
 		return false;
 	snprintf(buf, len,
 		 "%s: warning: no metrics.fingerprint_secret_file: key fingerprints (/top, the "

@@ -222,3 +222,25 @@ def test_a_bad_secret_file_is_a_clear_error(tmp):
     cfg = agent_config("127.0.0.1:1", metrics={"fingerprint_secret_file": ""})
     r = check_config(tmp, cfg)
     assert r.returncode != 0 and "is empty: name the file" in r.stderr, r.stderr
+
+
+def test_entries_of_earlier_versions_still_match(agent, redis, tmp):
+    """Upgrade: a block on the unkeyed 8-digit prefix an earlier /top showed (k:HEX, written
+    by an earlier ctl) still denies its key and is shown as stored; a limit override by
+    fingerprint changes the key's limits on this version."""
+    a = secret_agent(agent, redis, tmp)
+    until = int(time.time()) + 600
+    redis.cmd("HSET", HASH, "block:k:%s" % unkeyed_prefix("old-top-key", 8),
+              "until=%d by=old reason=from the old /top" % until)
+    redis.cmd("HINCRBY", HASH, "version", 1)
+    wait_blocked(a, "old-top-key", "the earlier version's block")
+    status, body = a.http("/overrides")
+    assert [e["target"] for e in json.loads(body)["entries"]] == \
+        ["k:%s" % unkeyed_prefix("old-top-key", 8)], body
+    # a limit by fingerprint: 1 a day becomes 50
+    ctl_ok(a, "limit", fingerprint("raised-key"), "--for", "5m", "--rate", "tight=50")
+    wait_until(lambda: a.http("/overrides")[1].count('"kind":"limit"') == 1, 5, 0.05,
+               "the limit loaded")
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        assert all(ask(c, 1 + 2 * i, key="raised-key")["allow"] == 1 for i in range(5))

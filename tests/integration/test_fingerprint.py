@@ -244,3 +244,33 @@ def test_entries_of_earlier_versions_still_match(agent, redis, tmp):
     with sc.SpopClient(a.addr) as c:
         c.hello()
         assert all(ask(c, 1 + 2 * i, key="raised-key")["allow"] == 1 for i in range(5))
+
+
+def test_workers_share_the_random_secret_and_fp_lifts_a_raw_key_block(agent, redis, tmp):
+    """Without a secret file, the workers of one agent key with one random secret (drawn by
+    the master before they start): one key, one fingerprint on /top whichever worker
+    counted it. And `ctl unblock fp:...` (with the fleet's secret) lifts a block made by raw
+    key, which ctl shows by that fingerprint."""
+    a = agent(redis=redis, metrics={"fingerprint_secret_file": None}, args=("-w", 2),
+              **TIGHT)
+    assert len(a.worker_pids()) == 2
+    for _ in range(8):                  # new connections: both workers get some
+        deny(a, "two-workers")
+    clients = wait_until(lambda: (lambda t: t if t and sum(e["count"] for e in t) >= 8
+                                  else None)(top_entries(a)), 5, 0.2, "the denials published")
+    assert len({e["client"] for e in clients}) == 1, clients
+    b = secret_agent(agent, redis, tmp)
+    ctl_ok(b, "block", "key:lift-me", "--for", "5m")
+    wait_blocked(b, "lift-me")
+    rc, out, err = ctl(b, "list")
+    assert fingerprint("lift-me") in out and digest_hex("lift-me")[:8] not in out, out
+    out = ctl_ok(b, "unblock", fingerprint("lift-me"))
+    assert "removed 1 entry" in out, out
+    assert redis.cmd("HEXISTS", HASH, "block:k:%s" % digest_hex("lift-me")) == 0
+
+
+def top_entries(a, rule="tight"):
+    status, body = a.http("/top")
+    rows = {r["rule"]: r for r in json.loads(body)["rules"]}
+    return [e for e in rows.get(rule, {}).get("top", [])
+            if e["client"] != fingerprint("__harness_probe__")]

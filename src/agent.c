@@ -488,7 +488,8 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 	struct ovr_opts ovr_opts = {.key_prefix = rs->cfg->redis.key_prefix,
 				    .poll_ms = rs->cfg->overrides.poll_ms,
 				    .max_entries = rs->cfg->overrides.max_entries,
-				    .block_status = rs->cfg->overrides.block_status};
+				    .block_status = rs->cfg->overrides.block_status,
+				    .fp = &rs->cfg->fp};
 	char err[256];
 	size_t i;
 
@@ -664,10 +665,15 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 		struct ovr_opts oo = {.key_prefix = n->redis.key_prefix,
 				      .poll_ms = n->overrides.poll_ms,
 				      .max_entries = n->overrides.max_entries,
-				      .block_status = n->overrides.block_status};
+				      .block_status = n->overrides.block_status,
+				      .fp = &n->fp};
 
 		ovr_configure(a->ovr, &oo);
 	}
+	if (o->fp.id != n->fp.id)
+		LOG(LOG_NOTICE, "reload: the fingerprint secret changed: key fingerprints (fp:) "
+				"shown from now on are the new secret's; blocks and limits by fp: "
+				"taken under the old one no longer match (those by key: do)");
 	/* cached denials were decided by the old limits */
 	blocked_setup(a, rs);
 	ruleset_unref(a->rs);

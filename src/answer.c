@@ -22,6 +22,7 @@
 
 #include "agent_int.h"
 #include "decision.h"
+#include "digest.h"
 #include "hll.h"
 #include "metrics.h"
 #include "overrides.h"
@@ -407,7 +408,7 @@ bool deny_blocked(struct decision *d, bool keyed, const struct rule_tier *tier)
 		return false;
 	now_ms = now_us_real() / 1000;
 	if (keyed)
-		e = ovr_match_key(a->ovr, OVR_BLOCK, d->digest, now_ms / 1000);
+		e = ovr_match_key(a->ovr, OVR_BLOCK, d->digest, d->fp, now_ms / 1000);
 	by_key = e != NULL;
 	len = ip_bytes(&d->ip, &b);
 	if (!e && len)
@@ -425,7 +426,7 @@ bool deny_blocked(struct decision *d, bool keyed, const struct rule_tier *tier)
 		/* counted against what was blocked: a key, or the address (whatever keys it
 		 * sends: random keys from one blocked address are one client) */
 		if (by_key)
-			snprintf(d->client, sizeof(d->client), "%.10s", d->principal);
+			fp_format(d->fp, d->client);
 		else
 			client_ip(d->rs, &d->ip, d->client, sizeof(d->client));
 		metrics_decision(a->ms, tier ? tier->name : "-", "blocked", MR_DENIED);

@@ -12,9 +12,12 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include <libconfig.h>
 
@@ -685,6 +688,95 @@ static void load_metrics_access(struct loader *ld, const config_setting_t *s)
 }
 
 /*
+ * The secret the fingerprints shown to people are keyed with (see digest.h):
+ * metrics.fingerprint_secret_file, read like password_file, at least
+ * FP_SECRET_MIN bytes. Without it, a random secret drawn once per process
+ * tree (the master's, inherited by its workers, kept across reloads): the
+ * fingerprints are then this agent's own, and `-c` says so. Never unkeyed.
+ */
+#define FP_SECRET_MIN 16
+
+/*
+ * Fills <buf> with <len> bytes from the kernel's random source (getrandom(),
+ * else /dev/urandom). A secret is never made of clocks: without either,
+ * the process stops.
+ */
+static void random_bytes(uint8_t *buf, size_t len)
+{
+	size_t got = 0;
+	int fd;
+
+	while (got < len) {
+		ssize_t n = getrandom(buf + got, len - got, 0);
+
+		if (n == -1 && errno == EINTR)
+			continue;
+		if (n == -1)
+			break;
+		got += (size_t)n;
+	}
+	if (got == len)
+		return;
+	fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+	while (fd != -1 && got < len) {
+		ssize_t n = read(fd, buf + got, len - got);
+
+		if (n == -1 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	if (fd != -1)
+		close(fd);
+	if (got != len) {
+		fprintf(stderr, "no random source (getrandom, /dev/urandom) for the fingerprint "
+				"secret: set metrics.fingerprint_secret_file\n");
+		abort();
+	}
+}
+static void load_fingerprint_secret(struct loader *ld, const config_setting_t *s)
+{
+	static uint8_t random_secret[32];
+	static bool drawn;
+	struct agent_config *c = ld->cfg;
+	const config_setting_t *f = s ? config_setting_get_member(s, "fingerprint_secret_file")
+				      : NULL;
+	char err[256], *name, *secret = NULL;
+
+	name = f ? get_str(ld, s, "fingerprint_secret_file", NULL) : NULL;
+	if (!name) {
+		if (!drawn) {
+			random_bytes(random_secret, sizeof(random_secret));
+			drawn = true;
+		}
+		fp_key_init(&c->fp, random_secret, sizeof(random_secret));
+		c->fp_random = true;
+		return;
+	}
+	if (!*name) {
+		add_err(ld, line_of(f), "metrics.fingerprint_secret_file is empty: name the file");
+		free(name);
+		return;
+	}
+	c->fp_secret_file = secret_path(name, ld->file);
+	free(name);
+	if (secret_read(c->fp_secret_file, &secret, err, sizeof(err)) < 0) {
+		add_err(ld, line_of(f), "metrics.fingerprint_secret_file '%s': %s",
+			c->fp_secret_file, err);
+		return;
+	}
+	if (strlen(secret) < FP_SECRET_MIN)
+		add_err(ld, line_of(f), "metrics.fingerprint_secret_file '%s': the secret is "
+			"shorter than %d characters: make a longer one (openssl rand -hex 32)",
+			c->fp_secret_file, FP_SECRET_MIN);
+	else
+		fp_key_init(&c->fp, secret, strlen(secret));
+	explicit_bzero(secret, strlen(secret));
+	free(secret);
+}
+
+/*
  * The groups made of plain settings: fallback, local_quota, metrics,
  * overrides, reload, response.
  */
@@ -712,6 +804,7 @@ static void load_groups(struct loader *ld, const config_setting_t *root)
 		KEY_OTHER("allow"),
 		KEY_OTHER("host_names"),
 		KEY_OTHER("token_file"),
+		KEY_OTHER("fingerprint_secret_file"),
 	};
 	const struct cfg_key overrides[] = {
 		KEY_BOOL("enabled", true, &c->overrides.enabled),
@@ -735,6 +828,7 @@ static void load_groups(struct loader *ld, const config_setting_t *root)
 	if (s && c->metrics_listen && strncmp(c->metrics_listen, "unix:", 5) == 0)
 		add_err(ld, line_of(s), "metrics: 'listen' must be ip:port");
 	load_metrics_access(ld, s);
+	load_fingerprint_secret(ld, s);
 	s = load_group(ld, root, "overrides", "", overrides, ARRAY_SIZE(overrides));
 	/* the overrides hash in one reply: two elements an entry, room for as many stale */
 	if (c->overrides.max_entries > c->redis.max_reply_elements / 4)
@@ -894,6 +988,8 @@ void config_free(struct agent_config *cfg)
 		memset(cfg->metrics_token, 0, strlen(cfg->metrics_token));
 	free(cfg->metrics_token);
 	free(cfg->metrics_token_file);
+	free(cfg->fp_secret_file);
+	explicit_bzero(&cfg->fp, sizeof(cfg->fp));
 	free(cfg->default_tier);
 	free(cfg->message);
 	free(cfg->post_message);
@@ -922,6 +1018,26 @@ void config_free(struct agent_config *cfg)
  * configuration file <cfg> itself: formatted into <buf>; false when there is
  * none (no password, or one read from redis.password_file).
  */
+/*
+ * A warning when the metrics listener shows fingerprints (/top, the status
+ * page, /overrides) and no metrics.fingerprint_secret_file is set: they are
+ * keyed with a random secret of this agent's, so they differ between gateways
+ * (and from one start to the next).
+ */
+bool config_fingerprint_advice(const struct agent_config *cfg, char *buf, size_t len)
+{
+	if (!cfg->fp_random || !cfg->metrics_listen)
+		return false;
+	snprintf(buf, len,
+		 "%s: warning: no metrics.fingerprint_secret_file: key fingerprints (/top, the "
+		 "status page, /overrides, logs) are keyed with a random secret of this agent's "
+		 "own, drawn at start: they differ between gateways and across restarts, so a "
+		 "block by fp:<hex> taken from one agent's /top matches on that agent only until "
+		 "it restarts; give every gateway the same secret file (openssl rand -hex 32)",
+		 cfg->file);
+	return true;
+}
+
 /* A warning when the metrics listener answers beyond loopback to anyone, without a token. */
 bool config_metrics_advice(const struct agent_config *cfg, char *buf, size_t len)
 {

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "compiler.h"
+#include "digest.h"
 
 enum store_kind {
 	STORE_KIND_REDIS = 0,   /* decide against Redis */
@@ -190,6 +191,9 @@ struct agent_config {
 	size_t metrics_nhosts;
 	char *metrics_token;            /* owned or NULL: the bearer token, read from ... */
 	char *metrics_token_file;       /* owned or NULL: ... this file */
+	char *fp_secret_file;           /* owned or NULL: metrics.fingerprint_secret_file */
+	bool fp_random;                 /* no such file: the process's random secret */
+	struct fp_key fp;               /* the key of the fingerprints shown to people */
 	unsigned metrics_max_conns;     /* metrics connections; the idlest makes room */
 	unsigned metrics_idle_timeout_ms; /* metrics connection deadline */
 	bool blocked_cache;             /* deny locally until a denial's Retry-After */
@@ -252,6 +256,7 @@ void config_reply_limits(const struct agent_config *cfg, struct reply_limits *ou
 void config_free(struct agent_config *cfg);
 void cfg_errors_release(struct cfg_errors *errs);
 bool config_password_advice(const struct agent_config *cfg, char *buf, size_t len);
+bool config_fingerprint_advice(const struct agent_config *cfg, char *buf, size_t len);
 bool config_metrics_advice(const struct agent_config *cfg, char *buf, size_t len);
 bool config_tls_advice(const struct agent_config *cfg, char *buf, size_t len);
 void config_redis_transport(const struct agent_config *cfg, char *buf, size_t len);

@@ -102,8 +102,9 @@ static void ctl_usage(FILE *f)
 		"  status [--watch [SECONDS]] [-n COUNT] [--address IP:PORT]\n"
 		"                                        the agent's status page (/status.json)\n"
 		"                                        as tables, once or every SECONDS (2)\n"
-		"TARGET   key:RAWKEY (hashed here; key:- reads it from stdin), k:HEX (8 to 32 hex\n"
-		"         digits of the key's digest, as /top shows), ip:ADDR[/BITS] or ADDR[/BITS]\n"
+		"TARGET   key:RAWKEY (hashed here; key:- reads it from stdin), fp:HEX (a key's\n"
+		"         fingerprint, 16 hex digits, as /top shows), k:HEX (8 to 32 hex digits of\n"
+		"         the key's digest: earlier versions' fingerprints), ip:ADDR[/BITS] or ADDR[/BITS]\n"
 		"DURATION --for 10m | --until UNIXSECONDS\n"
 		"LIMITS   --factor X (every limit of TARGET times X) and/or --rate LIMIT=N ...\n"
 		"OPTIONS  --reason TEXT, --by NAME (default $SUDO_USER or $USER), --status 403\n"
@@ -467,8 +468,18 @@ static int64_t ctl_time(struct ctl *c)
 }
 
 /*
- * Parses the TARGET argument into <t>: key:RAW (digest computed here), k:HEX,
- * ip:ADDR[/BITS], or a bare address. Returns 0, or -1 (printed).
+ * The fingerprints' key for what ctl shows: the fleet's (the configuration's
+ * metrics.fingerprint_secret_file), NULL without one (ctl's own random key
+ * would show fingerprints no agent shows).
+ */
+static const struct fp_key *ctl_fp(const struct ctl *c)
+{
+	return c->cfg->fp_random ? NULL : &c->cfg->fp;
+}
+
+/*
+ * Parses the TARGET argument into <t>: key:RAW (digest computed here), fp:HEX,
+ * k:HEX, ip:ADDR[/BITS], or a bare address. Returns 0, or -1 (printed).
  */
 static int ctl_target(const char *arg, struct ovr_target *t)
 {
@@ -500,7 +511,8 @@ static int ctl_target(const char *arg, struct ovr_target *t)
 		memcpy(t->b, md, 16);
 		return 0;
 	}
-	if (strncmp(arg, "k:", 2) == 0 || strncmp(arg, "ip:", 3) == 0)
+	if (strncmp(arg, "k:", 2) == 0 || strncmp(arg, "ip:", 3) == 0 ||
+	    strncmp(arg, "fp:", 3) == 0)
 		snprintf(buf, sizeof(buf), "%s", arg);
 	else
 		snprintf(buf, sizeof(buf), "ip:%s", arg);
@@ -684,7 +696,9 @@ static int ctl_add(struct ctl *c, int kind, int argc, char **argv)
 			return 1;
 		}
 		ovr_describe(&e, what, sizeof(what));
-		printf("%s: %s until %lld (%lld s), version %lld\n", field, what, (long long)until,
+		ovr_target_show(&e.t, ctl_fp(c), field, sizeof(field));
+		printf("%s:%s: %s until %lld (%lld s), version %lld\n",
+		       e.kind == OVR_BLOCK ? "block" : "limit", field, what, (long long)until,
 		       (long long)(until - now), (long long)rep->integer);
 		freeReplyObject(rep);
 	}
@@ -741,7 +755,7 @@ static int ctl_list(struct ctl *c)
 		u = (time_t)e.until;
 		if (!gmtime_r(&u, &tm) || !strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm))
 			snprintf(when, sizeof(when), "%lld", (long long)e.until);
-		ovr_target_format(&e.t, t, sizeof(t));
+		ovr_target_show(&e.t, ctl_fp(c), t, sizeof(t));
 		ovr_describe(&e, what, sizeof(what));
 		printf("%-6s %-44s %-20s %8s  %-12s %-24s %s\n", e.kind == OVR_BLOCK ? "block" : "limit",
 		       t, when,
@@ -795,14 +809,14 @@ static int ctl_remove(struct ctl *c, int kind, int argc, char **argv)
 		memset(&e, 0, sizeof(e));
 		if (f->type != REDIS_REPLY_STRING || ovr_field_parse(f->str, f->len, &e, err, sizeof(err)) < 0)
 			continue;
-		if ((kind < 0 || e.kind == kind) && e.t.type == t.type && e.t.bits == t.bits &&
-		    memcmp(e.t.b, t.b, 16) == 0)
+		/* fp:HEX also names the blocks by raw key it is the fingerprint of */
+		if ((kind < 0 || e.kind == kind) && ovr_target_same_key(&e.t, &t, ctl_fp(c)))
 			av[n++] = f->str;
 	}
 	if (n == 4) {
 		char ts[OVR_FIELD_MAX];
 
-		ovr_target_format(&t, ts, sizeof(ts));
+		ovr_target_show(&t, ctl_fp(c), ts, sizeof(ts));
 		printf("nothing to remove for %s\n", ts);
 		freeReplyObject(all);
 		free(av);

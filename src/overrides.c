@@ -352,6 +352,70 @@ static bool is_name_char(char c)
 }
 
 /*
+ * Setting <name>=<tok> of an entry's value into <e> (ovr_value_parse()).
+ * Returns 0, or -1 with a message in <err>.
+ */
+static int value_setting(struct ovr_entry *e, const char *name, const char *tok, char *err,
+			 size_t errlen)
+{
+	int64_t v;
+	size_t i;
+
+	if (strcmp(name, "until") == 0) {
+		if (!parse_i64(tok, 1, INT64_C(1) << 40, &e->until))
+			goto bad;
+	} else if (strcmp(name, "created") == 0) {
+		if (!parse_i64(tok, 0, INT64_C(1) << 40, &e->created))
+			goto bad;
+	} else if (strcmp(name, "by") == 0) {
+		if (strlen(tok) > OVR_BY_MAX || !*tok)
+			goto bad;
+		snprintf(e->by, sizeof(e->by), "%s", tok);
+	} else if (strcmp(name, "status") == 0 && e->kind == OVR_BLOCK) {
+		if (!parse_i64(tok, 400, 599, &v))
+			goto bad;
+		e->status = (unsigned)v;
+	} else if (strcmp(name, "factor") == 0 && e->kind == OVR_LIMIT) {
+		char *end;
+		double f;
+
+		errno = 0;
+		f = strtod(tok, &end);
+		if (*tok < '0' || *tok > '9' || *end || errno || !isfinite(f) ||
+		    f < 1 / OVR_FACTOR_MAX || f > OVR_FACTOR_MAX)
+			goto bad;
+		e->factor = f;
+	} else if (strncmp(name, "rate.", 5) == 0 && e->kind == OVR_LIMIT) {
+		const char *ln = name + 5;
+
+		if (!*ln || strlen(ln) > OVR_NAME_MAX)
+			goto bad;
+		for (i = 0; ln[i]; i++)
+			if (!is_name_char(ln[i]))
+				goto bad;
+		for (i = 0; i < e->nrates; i++)
+			if (strcmp(e->rates[i].name, ln) == 0)
+				goto bad;
+		if (e->nrates == OVR_RATES_MAX) {
+			snprintf(err, errlen, "more than %d rate settings", OVR_RATES_MAX);
+			return -1;
+		}
+		if (!parse_i64(tok, 1, (int64_t)OVR_RATE_MAX, &v))
+			goto bad;
+		snprintf(e->rates[e->nrates].name, sizeof(e->rates[0].name), "%s", ln);
+		e->rates[e->nrates++].rate = (uint64_t)v;
+	} else {
+		snprintf(err, errlen, "unknown setting '%.40s' for a %s", name,
+			 kind_names[e->kind < OVR_KIND_COUNT ? e->kind : 0]);
+		return -1;
+	}
+	return 0;
+bad:
+	snprintf(err, errlen, "bad value for '%.40s': '%.40s'", name, tok);
+	return -1;
+}
+
+/*
  * Parses value <s> of an entry whose kind and target are set: space-separated
  * "name=value" settings, "reason=" last and taking the rest of the value.
  *   until=<unix s> (required)  created=<unix s>  by=<who>  reason=<text>
@@ -363,7 +427,6 @@ static bool is_name_char(char c)
 int ovr_value_parse(const char *s, size_t len, struct ovr_entry *e, char *err, size_t errlen)
 {
 	char buf[OVR_VALUE_MAX + 1], *p, *tok;
-	int64_t v;
 	size_t i;
 
 	e->until = e->created = 0;
@@ -418,58 +481,8 @@ int ovr_value_parse(const char *s, size_t len, struct ovr_entry *e, char *err, s
 		*eq = 0;
 		name = tok;
 		tok = eq + 1;
-		if (strcmp(name, "until") == 0) {
-			if (!parse_i64(tok, 1, INT64_C(1) << 40, &e->until))
-				goto bad;
-		} else if (strcmp(name, "created") == 0) {
-			if (!parse_i64(tok, 0, INT64_C(1) << 40, &e->created))
-				goto bad;
-		} else if (strcmp(name, "by") == 0) {
-			if (strlen(tok) > OVR_BY_MAX || !*tok)
-				goto bad;
-			snprintf(e->by, sizeof(e->by), "%s", tok);
-		} else if (strcmp(name, "status") == 0 && e->kind == OVR_BLOCK) {
-			if (!parse_i64(tok, 400, 599, &v))
-				goto bad;
-			e->status = (unsigned)v;
-		} else if (strcmp(name, "factor") == 0 && e->kind == OVR_LIMIT) {
-			char *end;
-			double f;
-
-			errno = 0;
-			f = strtod(tok, &end);
-			if (*tok < '0' || *tok > '9' || *end || errno || !isfinite(f) ||
-			    f < 1 / OVR_FACTOR_MAX || f > OVR_FACTOR_MAX)
-				goto bad;
-			e->factor = f;
-		} else if (strncmp(name, "rate.", 5) == 0 && e->kind == OVR_LIMIT) {
-			const char *ln = name + 5;
-
-			if (!*ln || strlen(ln) > OVR_NAME_MAX)
-				goto bad;
-			for (i = 0; ln[i]; i++)
-				if (!is_name_char(ln[i]))
-					goto bad;
-			for (i = 0; i < e->nrates; i++)
-				if (strcmp(e->rates[i].name, ln) == 0)
-					goto bad;
-			if (e->nrates == OVR_RATES_MAX) {
-				snprintf(err, errlen, "more than %d rate settings", OVR_RATES_MAX);
-				return -1;
-			}
-			if (!parse_i64(tok, 1, (int64_t)OVR_RATE_MAX, &v))
-				goto bad;
-			snprintf(e->rates[e->nrates].name, sizeof(e->rates[0].name), "%s", ln);
-			e->rates[e->nrates++].rate = (uint64_t)v;
-		} else {
-			snprintf(err, errlen, "unknown setting '%.40s' for a %s", name,
-				 kind_names[e->kind < OVR_KIND_COUNT ? e->kind : 0]);
+		if (value_setting(e, name, tok, err, errlen) < 0)
 			return -1;
-		}
-		continue;
-bad:
-		snprintf(err, errlen, "bad value for '%.40s': '%.40s'", name, tok);
-		return -1;
 	}
 	if (!e->until) {
 		snprintf(err, errlen, "no until=<unix seconds>");

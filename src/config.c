@@ -24,6 +24,7 @@
 #include "config_int.h"
 #include "log.h"
 #include "secret.h"
+#include "store.h"
 #include "store_reply.h"
 #include "tls.h"
 #include "util.h"
@@ -348,6 +349,30 @@ struct cfg_key {
 #define KEY_OTHER(n)                  {(n), KT_OTHER, 0, 0, 0, NULL, NULL, NULL}
 
 /* Sets the defaults of <keys>, in order, then reads those group <g> (NULL: none) has. */
+/* Key <k> of the group being read, at its default (absent): written to ld->defaults. */
+static void note_default(struct loader *ld, const struct cfg_key *k)
+{
+	const char *g = ld->group ? ld->group : "";
+
+	switch (k->kind) {
+	case KT_UINT:
+		fprintf(ld->defaults, "%s%s%s = %lld\n", g, *g ? "." : "", k->name, k->dflt);
+		break;
+	case KT_UINT_AUTO:
+		fprintf(ld->defaults, "%s%s%s = \"auto\"\n", g, *g ? "." : "", k->name);
+		break;
+	case KT_DURATION:
+		fprintf(ld->defaults, "%s%s%s = %lldms\n", g, *g ? "." : "", k->name, k->dflt);
+		break;
+	case KT_BOOL:
+		fprintf(ld->defaults, "%s%s%s = %s\n", g, *g ? "." : "", k->name,
+			k->dflt ? "true" : "false");
+		break;
+	default: /* no default (a string), or read by a function of its own */
+		break;
+	}
+}
+
 static void load_keys(struct loader *ld, const config_setting_t *g, const struct cfg_key *keys,
 		      size_t n)
 {
@@ -356,6 +381,8 @@ static void load_keys(struct loader *ld, const config_setting_t *g, const struct
 	for (i = 0; i < n; i++) {
 		const struct cfg_key *k = &keys[i];
 
+		if (ld->defaults && !(g && config_setting_get_member(g, k->name)))
+			note_default(ld, k);
 		switch (k->kind) {
 		case KT_UINT:
 			*k->u = (unsigned)k->dflt;
@@ -415,7 +442,9 @@ static const config_setting_t *load_group(struct loader *ld, const config_settin
 		known[i] = NULL;
 		check_known(ld, s, name, known);
 	}
+	ld->group = name;
 	load_keys(ld, s, keys, n);
+	ld->group = NULL;
 	return s;
 }
 
@@ -537,7 +566,9 @@ static void load_redis(struct loader *ld, const config_setting_t *root)
 	cfg->redis.key_prefix = get_str(ld, s, "key_prefix", "rl");
 	if (!name_ok(cfg->redis.key_prefix) || strlen(cfg->redis.key_prefix) > 32)
 		add_err(ld, line_of(s), "redis key_prefix: use at most 32 of [A-Za-z0-9_.-]");
+	ld->group = "redis";
 	load_keys(ld, s, keys, ARRAY_SIZE(keys));
+	ld->group = NULL;
 }
 
 /*
@@ -891,7 +922,7 @@ unsigned config_command_timeout_ms(const struct agent_config *cfg)
 
 	if (cfg->redis.command_timeout_ms)
 		return cfg->redis.command_timeout_ms;
-	return budget ? budget : 5;
+	return budget ? budget : STORE_COMMAND_TIMEOUT_MS;
 }
 
 /* What one reply from Redis may be (redis.max_reply_*), for every connection's reader. */
@@ -930,6 +961,38 @@ int config_load(const char *file, struct agent_config **out, struct cfg_errors *
 	}
 	*out = ld.cfg;
 	return 0;
+}
+
+/*
+ * Writes to <out> every setting read from a table of keys, at its default, as
+ * "group.key = value" (durations in ms): what a configuration that does not
+ * set them gets. doc/configuration.md is checked against it. Returns 0, or
+ * -1 (printed) if the minimal configuration it reads was refused.
+ */
+int config_defaults(FILE *out)
+{
+	static const char minimal[] =
+		"limits = { l = { rate = 1; period = \"1s\"; }; };\n"
+		"tiers = { t = { limits = [\"l\"]; }; };\ndefault_tier = \"t\";\n"
+		"anonymous = { limits = [\"l\"]; };\n";
+	struct cfg_errors errs = {0};
+	struct loader ld = {.file = "(defaults)", .errs = &errs, .defaults = out};
+	config_t lc;
+	size_t i;
+
+	ld.cfg = xcalloc(1, sizeof(*ld.cfg));
+	ld.cfg->file = xstrdup(ld.file);
+	config_init(&lc);
+	if (config_read_string(&lc, minimal) == CONFIG_TRUE)
+		load_root(&ld, &lc);
+	else
+		add_err(&ld, config_error_line(&lc), "%s", config_error_text(&lc));
+	config_destroy(&lc);
+	config_free(ld.cfg);
+	for (i = 0; i < errs.n; i++)
+		fprintf(stderr, "%s\n", errs.msgs[i]);
+	cfg_errors_release(&errs);
+	return i ? -1 : 0;
 }
 
 static void tier_release(struct cfg_tier *t)

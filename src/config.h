@@ -9,6 +9,7 @@
 #define AGENT_CONFIG_H
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -249,6 +250,7 @@ struct cfg_errors {
 #define CFG_ANSWER_SHARE 0.8
 
 int config_load(const char *file, struct agent_config **out, struct cfg_errors *errs) MUSTCHECK;
+int config_defaults(FILE *out);
 unsigned config_answer_budget_ms(const struct agent_config *cfg);
 unsigned config_command_timeout_ms(const struct agent_config *cfg);
 struct reply_limits;

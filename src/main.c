@@ -55,6 +55,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: spoa-ratelimit [-f FILE] [-c] [-d] [-w N] [-V] [-h]\n"
 		"       spoa-ratelimit ctl [-f FILE] COMMAND ...   live overrides (ctl -h)\n"
+		"       spoa-ratelimit defaults                    every setting at its default\n"
 		"  -f FILE  configuration file (default /etc/spoa-ratelimit/spoa-ratelimit.conf)\n"
 		"  -w N     worker processes (overrides `workers`; 1 = no master process)\n"
 		"  -c       check the configuration and exit (errors as file:line: message)\n"
@@ -521,6 +522,8 @@ int main(int argc, char **argv)
 
 	if (argc > 1 && strcmp(argv[1], "ctl") == 0)
 		return ctl_main(argc - 1, argv + 1);
+	if (argc == 2 && strcmp(argv[1], "defaults") == 0)
+		return config_defaults(stdout) < 0 ? 1 : 0;
 	while ((opt = getopt(argc, argv, "f:cdw:Vh")) != -1) {
 		switch (opt) {
 		case 'f':

@@ -65,7 +65,7 @@ ifneq ($(V),1)
 Q = @
 endif
 
-SPOA_SRC  = spoa/spop.c spoa/server.c
+SPOA_SRC  = spoa/spop.c spoa/conn.c spoa/request.c spoa/listener.c
 AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/store_node.c src/store_cmd.c \
             src/store_cluster.c src/store_batch.c src/store_reply.c src/store_parse.c src/reply_parse.c src/rconn.c src/tls.c src/resolve.c src/sentinel.c src/limiter.c src/digest.c src/log.c src/util.c \
             src/memstore.c src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c \
@@ -161,7 +161,8 @@ $(BUILD)/test_obs: tests/unit/test_obs.c $(BUILD)/src/http.o $(BUILD)/src/prom.o
 $(BUILD)/test_normalize: tests/unit/test_normalize.c $(BUILD)/src/normalize.o $(BUILD)/src/rules.o \
                          $(BUILD)/src/config.o $(BUILD)/src/limiter.o $(BUILD)/src/util.o \
                          $(BUILD)/src/log.o $(BUILD)/spoa/spop.o $(BUILD)/src/secret.o \
-                         $(BUILD)/src/config_read.o $(BUILD)/src/config_policy.o $(BUILD)/src/tls.o
+                         $(BUILD)/src/config_read.o $(BUILD)/src/config_policy.o $(BUILD)/src/tls.o \
+                         $(BUILD)/src/digest.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(SSL_LIBS) -lcmocka -lm
 
@@ -189,7 +190,7 @@ $(BUILD)/fuzz_config_replay: tests/fuzz/fuzz_config.c tests/fuzz/replay.c $(BUIL
                              $(BUILD)/src/rules.o $(BUILD)/src/util.o $(BUILD)/src/log.o \
                              $(BUILD)/src/limiter.o $(BUILD)/src/normalize.o $(BUILD)/spoa/spop.o \
                              $(BUILD)/src/secret.o $(BUILD)/src/config_read.o \
-                             $(BUILD)/src/config_policy.o $(BUILD)/src/tls.o
+                             $(BUILD)/src/config_policy.o $(BUILD)/src/tls.o $(BUILD)/src/digest.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(SSL_LIBS) -lm
 
@@ -261,7 +262,7 @@ fuzz: $(FUZZ_BUILD)/fuzz_spop_frame $(FUZZ_BUILD)/fuzz_config $(FUZZ_BUILD)/fuzz
 
 FUZZ_CONFIG_SRC = tests/fuzz/fuzz_config.c src/config.c src/rules.c src/util.c src/log.c \
                   src/limiter.c src/normalize.c spoa/spop.c src/secret.c src/config_read.c \
-                  src/config_policy.c src/tls.c
+                  src/config_policy.c src/tls.c src/digest.c
 $(FUZZ_BUILD)/fuzz_config: $(FUZZ_CONFIG_SRC) src/config.h src/rules.h
 	@mkdir -p $(FUZZ_BUILD)
 	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \

@@ -77,7 +77,8 @@
 
 -- The algorithms by id: ALG[2 id - 1] checks, ALG[2 id] commits.
 local ALG = { gcra_check, gcra_commit, fixed_window_check, fixed_window_commit,
-	sliding_log_check, sliding_log_commit, sliding_window_check, sliding_window_commit }
+	sliding_log_check, sliding_log_commit, sliding_window_check, sliding_window_commit,
+	fixed_month_check, fixed_month_commit }
 
 -- Checks the <n> limits of <lim> (5 per limit: id, a, b, shadow, cost; keys
 -- KEYS[kb + 1..kb + n]) at <now> for <units> units. Fills <res>, 9 per limit:
@@ -147,7 +148,7 @@ local function decide(ALG, check, kb, n, ab, na, now, lim, res, cache)
 		local id
 		if s == '1' then id = 1 elseif s == '2' then id = 2 elseif s == '3' then id = 3
 		elseif s == '4' then id = 4 else id = tonumber(s) end
-		if id ~= 1 and id ~= 2 and id ~= 3 and id ~= 4 then
+		if id ~= 1 and id ~= 2 and id ~= 3 and id ~= 4 and id ~= 5 then
 			return redis.error_reply('unknown algorithm ' .. tostring(s))
 		end
 		local sa, sb = argv[o + 2], argv[o + 3]
@@ -275,6 +276,9 @@ local function decide(ALG, check, kb, n, ab, na, now, lim, res, cache)
 			if lim[o + 1] == 2 or lim[o + 1] == 4 then -- a = the window
 				local a = lim[o + 2]
 				local left = (floor(now / a) + 1) * a - now
+				if left < life then life = left end
+			elseif lim[o + 1] == 5 then -- a calendar month
+				local left = month_start(month_index(now) + 1) - now
 				if left < life then life = left end
 			end
 		end

@@ -3,8 +3,46 @@
 -- The key holds "<window index>:<count>".
 --   a = window length (us), b = limit (requests per window)
 -- State for the commit: s1 = the count before this request.
-local function fixed_window_check(key, now, cost, win, limit)
-	local idx = math.floor(now / win)
+-- fixed_month (algorithm 5) is the same counter on calendar months in UTC: the
+-- window's index is year x 12 + month - 1 (a = 1, unused). The calendar is
+-- computed (days from 1970-01-01 and back, in eras of 400 years), as
+-- limit_month_index() and limit_month_start_us() in src/limiter.c.
+local function month_index(now)
+	local floor = math.floor
+	local z = floor(now / 86400000000) + 719468
+	local era = floor(z / 146097)
+	local doe = z - era * 146097
+	local yoe = floor((doe - floor(doe / 1460) + floor(doe / 36524) - floor(doe / 146096)) / 365)
+	local doy = doe - (365 * yoe + floor(yoe / 4) - floor(yoe / 100))
+	local mp = floor((5 * doy + 2) / 153)
+	local m = mp - 9
+	if mp < 10 then m = mp + 3 end
+	local y = yoe + era * 400
+	if m <= 2 then y = y + 1 end
+	return y * 12 + m - 1
+end
+
+local function month_start(idx)
+	local floor = math.floor
+	local y = floor(idx / 12)
+	local m = idx - y * 12 + 1
+	if m <= 2 then y = y - 1 end
+	local era = floor(y / 400)
+	local yoe = y - era * 400
+	local mp = m + 9
+	if m > 2 then mp = m - 3 end
+	local doy = floor((153 * mp + 2) / 5)
+	local doe = yoe * 365 + floor(yoe / 4) - floor(yoe / 100) + doy
+	return (era * 146097 + doe - 719468) * 86400000000
+end
+
+-- <idx> and <left> (us until the window's end) are given by the month's
+-- functions only.
+local function fixed_window_check(key, now, cost, win, limit, idx, left)
+	if not idx then
+		idx = math.floor(now / win)
+		left = (idx + 1) * win - now
+	end
 	local count = 0
 	local v = redis.call('GET', key)
 	if v then
@@ -14,7 +52,6 @@ local function fixed_window_check(key, now, cost, win, limit)
 			if count > 2 ^ 50 then count = 2 ^ 50 end -- COUNT_MAX
 		end
 	end
-	local left = (idx + 1) * win - now
 	local after = count + cost
 	if after < 0 then after = 0 end
 	local rem_c, rem_u = 0, 0
@@ -28,9 +65,11 @@ local function fixed_window_check(key, now, cost, win, limit)
 	return 0, rem_c, rem_u, left, left, reset_u, count
 end
 
-local function fixed_window_commit(key, now, cost, win, limit, count, _, cache)
-	local idx = math.floor(now / win)
-	local left = (idx + 1) * win - now
+local function fixed_window_commit(key, now, cost, win, limit, count, _, cache, idx, left)
+	if not idx then
+		idx = math.floor(now / win)
+		left = (idx + 1) * win - now
+	end
 	local c = count + cost
 	if c < 0 then c = 0 elseif c > 2 ^ 50 then c = 2 ^ 50 end -- COUNT_MAX
 	local ttl = math.ceil(left / 1000) + 1
@@ -40,4 +79,16 @@ local function fixed_window_commit(key, now, cost, win, limit, count, _, cache)
 		if cache then cache[ttl] = px end
 	end
 	redis.call('SET', key, string.format('%d:%d', idx, c), 'PX', px)
+end
+
+-- (the month's functions are the only ones that call others of the file)
+local function fixed_month_check(key, now, cost, _, limit)
+	local idx = month_index(now)
+	return fixed_window_check(key, now, cost, 1, limit, idx, month_start(idx + 1) - now)
+end
+
+local function fixed_month_commit(key, now, cost, _, limit, count, _, cache)
+	local idx = month_index(now)
+	fixed_window_commit(key, now, cost, 1, limit, count, nil, cache, idx,
+		month_start(idx + 1) - now)
 end

@@ -27,7 +27,8 @@
 -- call: there are few, and none refers to a local of the file (an upvalue
 -- costs more at every call than the lookups it saves: functions take what
 -- they need as arguments, and alias library functions they use several times
--- in locals of their own). No table is built per limit and none grows
+-- in locals of their own) but the calendar month's, which only month limits
+-- call. No table is built per limit and none grows
 -- element by element: results go to flat arrays created at their size.
 -- Numbers that Redis returns or that a pattern has matched are converted by
 -- arithmetic (one conversion, where tonumber() makes two), numbers passed to

@@ -8,7 +8,7 @@
  * DESIGN
  * What a decision does is in the files below this one (agent_int.h lists
  * them in the order of the decision's path): the SPOP server calls notify.c's
- * on_notify() for every NOTIFY. What needs the whole agent stays here. A
+ * notify_receive() for every NOTIFY. What needs the whole agent stays here. A
  * reload swaps the ruleset while each decision keeps the one it started with;
  * settings that need a restart (listeners, store) keep their old values. A
  * drain stops accepting connections while decisions in flight complete.
@@ -483,7 +483,7 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 	      struct agent **out)
 {
 	struct agent *a = xcalloc(1, sizeof(*a));
-	struct spoa_handler h = {.on_notify = on_notify, .log = lib_log, .arg = a};
+	struct spoa_handler h = {.on_notify = notify_receive, .log = lib_log, .arg = a};
 	struct spoa_opts o = {.max_frame_size = rs->cfg->max_frame_size,
 			      .max_inflight = rs->cfg->max_inflight,
 			      .max_conns = rs->cfg->max_conns,
@@ -494,7 +494,8 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 	struct ovr_opts ovr_opts = {.key_prefix = rs->cfg->redis.key_prefix,
 				    .poll_ms = rs->cfg->overrides.poll_ms,
 				    .max_entries = rs->cfg->overrides.max_entries,
-				    .block_status = rs->cfg->overrides.block_status};
+				    .block_status = rs->cfg->overrides.block_status,
+				    .fp = &rs->cfg->fp};
 	char err[256];
 	size_t i;
 
@@ -670,10 +671,15 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 		struct ovr_opts oo = {.key_prefix = n->redis.key_prefix,
 				      .poll_ms = n->overrides.poll_ms,
 				      .max_entries = n->overrides.max_entries,
-				      .block_status = n->overrides.block_status};
+				      .block_status = n->overrides.block_status,
+				      .fp = &n->fp};
 
 		ovr_configure(a->ovr, &oo);
 	}
+	if (o->fp.id != n->fp.id)
+		LOG(LOG_NOTICE, "reload: the fingerprint secret changed: key fingerprints (fp:) "
+				"shown from now on are the new secret's; blocks and limits by fp: "
+				"taken under the old one no longer match (those by key: do)");
 	/* cached denials were decided by the old limits */
 	blocked_setup(a, rs);
 	ruleset_unref(a->rs);

@@ -32,6 +32,7 @@
 #include <ev.h>
 
 #include "config.h"
+#include "digest.h"
 #include "http.h"
 #include "list.h"
 #include "metrics.h"
@@ -170,6 +171,7 @@ struct decision {
 	/* kept while the tier is looked up */
 	char principal[80];
 	uint8_t digest[16];
+	uint8_t fp[FP_LEN];             /* the key's fingerprint (digest.h), when keyed */
 	struct spop_data ip;
 	int64_t cost;                   /* from HAProxy, or -1 (COST_MAX when invalid) */
 	bool closed;                    /* a fail-closed limit denied */
@@ -185,7 +187,7 @@ struct decision {
 	struct list park;               /* on a->parked while it waits for the overrides */
 	const struct rule_tier *tier;   /* ref: rs, the tier applied */
 	const char *tier_name;          /* ref: rs, for metrics */
-	char client[64];                /* fingerprint for top offenders */
+	char client[64];                /* fp:<hex> or address prefix, for top offenders */
 	double t0;                      /* when the NOTIFY arrived (mono) */
 	double answer_by;               /* mono(): Redis answers by then or the ladder
 					 * does (ANSWER_SHARE of HAProxy's budget), 0 = none */

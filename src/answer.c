@@ -22,6 +22,7 @@
 
 #include "agent_int.h"
 #include "decision.h"
+#include "digest.h"
 #include "hll.h"
 #include "metrics.h"
 #include "overrides.h"
@@ -87,6 +88,8 @@ static void render_policy(const struct decision *d, char *buf, size_t len)
 	size_t i, used = 0;
 
 	buf[0] = 0;
+	if (d->rs->cfg->headers == HDR_LEGACY)
+		return;
 	if (d->overridden) {
 		/* the rates in force (ack_size() made room for them), within policy_max */
 		size_t cap = len < d->rs->policy_max + 1 ? len : d->rs->policy_max + 1;
@@ -94,13 +97,9 @@ static void render_policy(const struct decision *d, char *buf, size_t len)
 		for (i = 0; i < d->n && used < cap; i++) {
 			if (d->ap[i].l->shadow)
 				continue;
-			used += (size_t)snprintf(buf + used, cap - used, "%s\"%s\";q=%llu;w=%llu",
-						 used ? ", " : "", d->ap[i].l->name,
-						 (unsigned long long)d->ap[i].rate,
-						 (unsigned long long)d->ap[i].l->period_s);
-			if (used < cap && d->ap[i].capacity != d->ap[i].rate)
-				used += (size_t)snprintf(buf + used, cap - used, ";rl-burst=%llu",
-							 (unsigned long long)d->ap[i].capacity);
+			used += (size_t)rule_policy_item(d->rs->cfg->headers, buf + used, cap - used,
+							 !used, d->ap[i].l->name, d->ap[i].rate,
+							 d->ap[i].l->period_s, d->ap[i].capacity);
 		}
 		if (used < cap)
 			return;
@@ -114,6 +113,38 @@ static void render_policy(const struct decision *d, char *buf, size_t len)
 			used = str_cat(buf, len, used, ", ");
 		used = str_cat(buf, len, used, parts[i]);
 	}
+}
+
+/*
+ * RateLimit for the deciding limit <name> (a bucket of <cap>, <remaining>
+ * left, <t> seconds) in dialect <h>, cut as snprintf() would:
+ *   structured (draft 11): "<name>";r=<remaining>;t=<t>
+ *   draft 7:               limit=<cap>, remaining=<remaining>, reset=<t>
+ */
+static void render_ratelimit(enum header_dialect h, const char *name, int64_t cap,
+			     int64_t remaining, int64_t t, char *buf, size_t len)
+{
+	char num[24];
+	size_t used;
+
+	if (h == HDR_DRAFT7) {
+		fmt_i64(num, cap);
+		used = str_cat(buf, len, 0, "limit=");
+		used = str_cat(buf, len, used, num);
+		used = str_cat(buf, len, used, ", remaining=");
+		fmt_i64(num, remaining);
+		used = str_cat(buf, len, used, num);
+		used = str_cat(buf, len, used, ", reset=");
+	} else {
+		used = str_cat(buf, len, 0, "\"");
+		used = str_cat(buf, len, used, name);
+		used = str_cat(buf, len, used, "\";r=");
+		fmt_i64(num, remaining);
+		used = str_cat(buf, len, used, num);
+		used = str_cat(buf, len, used, ";t=");
+	}
+	fmt_i64(num, t);
+	str_cat(buf, len, used, num);
 }
 
 /* The verdict of applied limit <i>, or NULL if there is none (failed open). */
@@ -160,37 +191,41 @@ static bool closer_to_exhaustion(const struct decision *d, size_t i, const struc
 	return n < bn || (n == bn && v->reset_ms > bv->reset_ms);
 }
 
+/* What the verdicts of a decision's parts and limits come to (respond()). */
+struct outcome {
+	const struct limit_verdict *pv; /* the deciding limit's verdict, or NULL */
+	const struct rule_limit *l;     /* the deciding limit: what RateLimit reports */
+	const struct rule_limit *shadow; /* the first shadow limit that would deny */
+	size_t li_best;                 /* the deciding limit's index in d->ap */
+	bool allowed, degraded, any, local, local_denied;
+	int why;                        /* the first failed part's status */
+};
+
 /*
- * Fills the ACK from the parts' verdicts. The limit reported is the one that
- * decided: on a denial the one that makes the client wait longest, otherwise
- * the one closest to being exhausted (closer_to_exhaustion()). A part whose
- * store failed counts as allowing (fail-open) and marks the answer degraded.
+ * The outcome <o> of decision <d>: allowed unless an enforcing part denies;
+ * degraded (for the first failed part's reason) when a part was not decided
+ * by Redis; the deciding limit, the one that makes a denied client wait
+ * longest or, when allowed, the one closest to exhaustion.
  */
-void respond(struct decision *d)
+static void outcome_of(const struct decision *d, struct outcome *o)
 {
-	struct agent *a = d->a;
-	struct spoa_req *req = d->req;
-	const struct limit_verdict *pv = NULL;
-	const struct rule_limit *l = NULL, *shadow = NULL;
-	size_t li_best = 0;
-	bool allowed = true, degraded = false, any = false, local = false, local_denied = false;
-	int why = STORE_OK;             /* the first failed part's status: the decision's reason */
-	char buf[1024];
 	size_t i;
 	int p;
-	int64_t t;
 
+	memset(o, 0, sizeof(*o));
+	o->allowed = true;
+	o->why = STORE_OK;
 	for (p = 0; p < NPARTS; p++) {
 		if (!d->parts[p].used || !part_enforced(&d->parts[p]))
 			continue;
-		if (d->parts[p].st != STORE_OK && !degraded) {
-			degraded = true;
-			why = d->parts[p].st < STORE_COUNT ? (int)d->parts[p].st : STORE_ERROR;
+		if (d->parts[p].st != STORE_OK && !o->degraded) {
+			o->degraded = true;
+			o->why = d->parts[p].st < STORE_COUNT ? (int)d->parts[p].st : STORE_ERROR;
 		}
 		if (d->parts[p].st == STORE_OK || d->parts[p].fallback) {
-			any = true;
+			o->any = true;
 			if (!d->parts[p].res.allowed)
-				allowed = false;
+				o->allowed = false;
 		}
 	}
 	for (i = 0; i < d->n; i++) {
@@ -200,109 +235,127 @@ void respond(struct decision *d)
 		if (!v)
 			continue;
 		if (d->parts[d->ap[i].part].st != STORE_OK && li->on_failure == FAIL_LOCAL) {
-			local = true;
+			o->local = true;
 			if (!v->allowed && !li->shadow)
-				local_denied = true;
+				o->local_denied = true;
 		}
 		if (li->shadow) {
-			if (!v->allowed && !shadow)
-				shadow = li;
+			if (!v->allowed && !o->shadow)
+				o->shadow = li;
 			continue;
 		}
-		if (!l || (!allowed && v->retry_ms > pv->retry_ms) ||
-		    (allowed && closer_to_exhaustion(d, i, v, li_best, pv))) {
-			l = li;
-			pv = v;
-			li_best = i;
+		if (!o->l || (!o->allowed && v->retry_ms > o->pv->retry_ms) ||
+		    (o->allowed && closer_to_exhaustion(d, i, v, o->li_best, o->pv))) {
+			o->l = li;
+			o->pv = v;
+			o->li_best = i;
 		}
 	}
-	if (shadow)
-		set_str(req, "shadow", shadow->name);
-	set_int(req, "allow", allowed ? 1 : 0);
-	d->allowed = allowed;
-	d->rule = l;
-	/* one decision counts once, whatever the number of its parts Redis could not
-	 * decide: the shutdown line's degraded total is the sum of its reasons */
-	a->outcomes[allowed ? OUT_ALLOWED : OUT_DENIED]++;
-	if (degraded) {
-		a->outcomes[OUT_DEGRADED]++;
-		a->degraded_by[why]++;
-	}
-	if (a->ms) {
-		const char *rule = l ? l->name : "-";
+}
 
-		if (shadow)
-			metrics_decision(a->ms, d->tier_name, shadow->name, MR_SHADOW_DENIED);
-		if (!allowed) {
-			metrics_decision(a->ms, d->tier_name, rule, MR_DENIED);
-			note_denied(a, rule, d->client);
-		} else {
-			metrics_decision(a->ms, d->tier_name, rule,
-					 !degraded ? MR_ALLOWED : (local ? MR_LOCAL : MR_DEGRADED));
-		}
-		/* what the failure ladder answered: fail-open apart from local limits */
-		if (degraded && allowed)
-			a->ms->c[local ? MC_FB_LOCAL_ALLOWED : MC_FB_OPEN]++;
-		else if (degraded && d->closed)
-			a->ms->c[MC_FB_CLOSED]++;
-		else if (degraded && local_denied)
-			a->ms->c[MC_FB_LOCAL_DENIED]++;
-		if (degraded)
-			a->ms->degraded[why]++;
+/*
+ * Counts outcome <o> of <d>: once per decision whatever the number of its
+ * parts Redis could not decide (the shutdown line's degraded total is the
+ * sum of its reasons), and in the metrics with what the failure ladder did.
+ */
+static void count_outcome(struct decision *d, const struct outcome *o)
+{
+	struct agent *a = d->a;
+	const char *rule = o->l ? o->l->name : "-";
+
+	a->outcomes[o->allowed ? OUT_ALLOWED : OUT_DENIED]++;
+	if (o->degraded) {
+		a->outcomes[OUT_DEGRADED]++;
+		a->degraded_by[o->why]++;
 	}
-	if (degraded)
+	if (!a->ms)
+		return;
+	if (o->shadow)
+		metrics_decision(a->ms, d->tier_name, o->shadow->name, MR_SHADOW_DENIED);
+	if (!o->allowed) {
+		metrics_decision(a->ms, d->tier_name, rule, MR_DENIED);
+		note_denied(a, rule, d->client);
+	} else {
+		metrics_decision(a->ms, d->tier_name, rule,
+				 !o->degraded ? MR_ALLOWED : (o->local ? MR_LOCAL : MR_DEGRADED));
+	}
+	/* what the failure ladder answered: fail-open apart from local limits */
+	if (o->degraded && o->allowed)
+		a->ms->c[o->local ? MC_FB_LOCAL_ALLOWED : MC_FB_OPEN]++;
+	else if (o->degraded && d->closed)
+		a->ms->c[MC_FB_CLOSED]++;
+	else if (o->degraded && o->local_denied)
+		a->ms->c[MC_FB_LOCAL_DENIED]++;
+	if (o->degraded)
+		a->ms->degraded[o->why]++;
+}
+
+/* The policy variable: the ruleset knows its longest policy, sent whole, never cut. */
+static void set_policy(struct decision *d)
+{
+	char buf[1024], *pol = buf;
+
+	if (d->rs->policy_max >= sizeof(buf))
+		pol = xmalloc(d->rs->policy_max + 1);
+	render_policy(d, pol, pol == buf ? sizeof(buf) : d->rs->policy_max + 1);
+	if (pol[0])
+		set_str(d->req, "policy", pol);
+	if (pol != buf)
+		free(pol);
+}
+
+/*
+ * Fills the ACK from the parts' verdicts. The limit reported is the one that
+ * decided: on a denial the one that makes the client wait longest, otherwise
+ * the one closest to being exhausted (closer_to_exhaustion()). A part whose
+ * store failed counts as allowing (fail-open) and marks the answer degraded.
+ */
+void respond(struct decision *d)
+{
+	struct spoa_req *req = d->req;
+	struct outcome o;
+	char buf[1024];
+	int64_t t;
+
+	outcome_of(d, &o);
+	if (o.shadow)
+		set_str(req, "shadow", o.shadow->name);
+	set_int(req, "allow", o.allowed ? 1 : 0);
+	d->allowed = o.allowed;
+	d->rule = o.l;
+	count_outcome(d, &o);
+	if (o.degraded)
 		set_int(req, "degraded", 1);
-	if (!allowed && d->closed)
+	if (!o.allowed && d->closed)
 		set_int(req, "status", d->rs->cfg->deny_status);
 	if (d->ep) {
 		set_str(req, "endpoint", d->ep->name);
 		/* the endpoint's cost, sent back with a post-charge (rl-res `charged`): the
 		 * difference is taken from what was charged even if a reload changed it */
-		if (allowed && d->cost < 0)
+		if (o.allowed && d->cost < 0)
 			set_int(req, "charged", d->ep->cost);
 	}
-	if (allowed && (d->ep ? d->ep->post : &d->rs->cfg->post)->from != POST_FROM_CHARGE)
+	if (o.allowed && (d->ep ? d->ep->post : &d->rs->cfg->post)->from != POST_FROM_CHARGE)
 		set_int(req, "post", 1); /* HAProxy sends this response's size or time */
-	/* the ruleset knows its longest policy: it is sent whole, never cut */
-	if (d->rs->policy_max < sizeof(buf)) {
-		render_policy(d, buf, sizeof(buf));
-		if (buf[0])
-			set_str(req, "policy", buf);
-	} else {
-		char *pol = xmalloc(d->rs->policy_max + 1);
-
-		render_policy(d, pol, d->rs->policy_max + 1);
-		if (pol[0])
-			set_str(req, "policy", pol);
-		free(pol);
-	}
-	if (!any || !l)
+	set_policy(d);
+	if (!o.any || !o.l)
 		return;
-	if (allowed) {
-		t = ms_to_s(pv->reset_ms, 0);
+	if (o.allowed) {
+		t = ms_to_s(o.pv->reset_ms, 0);
 	} else {
-		t = ms_to_s(pv->retry_ms, 1);
+		t = ms_to_s(o.pv->retry_ms, 1);
 		set_int(req, "retry_after", t);
 	}
-	set_str(req, "rule", l->name);
-	{
-		/* "<name>";r=<remaining>;t=<seconds>, cut as snprintf() would */
-		char num[24];
-		size_t used = str_cat(buf, sizeof(buf), 0, "\"");
-
-		used = str_cat(buf, sizeof(buf), used, l->name);
-		used = str_cat(buf, sizeof(buf), used, "\";r=");
-		fmt_i64(num, pv->remaining);
-		used = str_cat(buf, sizeof(buf), used, num);
-		used = str_cat(buf, sizeof(buf), used, ";t=");
-		fmt_i64(num, t);
-		str_cat(buf, sizeof(buf), used, num);
+	set_str(req, "rule", o.l->name);
+	if (d->rs->cfg->headers != HDR_LEGACY) {
+		render_ratelimit(d->rs->cfg->headers, o.l->name, (int64_t)d->ap[o.li_best].capacity,
+				 o.pv->remaining, t, buf, sizeof(buf));
+		set_str(req, "ratelimit", buf);
 	}
-	set_str(req, "ratelimit", buf);
 	if (d->rs->cfg->legacy_headers) {
 		/* the legacy trio describes the bucket: what it holds, what is left, when full */
-		set_int(req, "limit", (int64_t)d->ap[li_best].capacity);
-		set_int(req, "remaining", pv->remaining);
+		set_int(req, "limit", (int64_t)d->ap[o.li_best].capacity);
+		set_int(req, "remaining", o.pv->remaining);
 		set_int(req, "reset", t);
 	}
 }
@@ -355,7 +408,7 @@ bool deny_blocked(struct decision *d, bool keyed, const struct rule_tier *tier)
 		return false;
 	now_ms = now_us_real() / 1000;
 	if (keyed)
-		e = ovr_match_key(a->ovr, OVR_BLOCK, d->digest, now_ms / 1000);
+		e = ovr_match_key(a->ovr, OVR_BLOCK, d->digest, d->fp, now_ms / 1000);
 	by_key = e != NULL;
 	len = ip_bytes(&d->ip, &b);
 	if (!e && len)
@@ -373,7 +426,7 @@ bool deny_blocked(struct decision *d, bool keyed, const struct rule_tier *tier)
 		/* counted against what was blocked: a key, or the address (whatever keys it
 		 * sends: random keys from one blocked address are one client) */
 		if (by_key)
-			snprintf(d->client, sizeof(d->client), "%.10s", d->principal);
+			fp_format(d->fp, d->client);
 		else
 			client_ip(d->rs, &d->ip, d->client, sizeof(d->client));
 		metrics_decision(a->ms, tier ? tier->name : "-", "blocked", MR_DENIED);

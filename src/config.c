@@ -12,15 +12,19 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include <libconfig.h>
 
 #include "config_int.h"
 #include "log.h"
 #include "secret.h"
+#include "store.h"
 #include "store_reply.h"
 #include "tls.h"
 #include "util.h"
@@ -345,6 +349,30 @@ struct cfg_key {
 #define KEY_OTHER(n)                  {(n), KT_OTHER, 0, 0, 0, NULL, NULL, NULL}
 
 /* Sets the defaults of <keys>, in order, then reads those group <g> (NULL: none) has. */
+/* Key <k> of the group being read, at its default (absent): written to ld->defaults. */
+static void note_default(struct loader *ld, const struct cfg_key *k)
+{
+	const char *g = ld->group ? ld->group : "";
+
+	switch (k->kind) {
+	case KT_UINT:
+		fprintf(ld->defaults, "%s%s%s = %lld\n", g, *g ? "." : "", k->name, k->dflt);
+		break;
+	case KT_UINT_AUTO:
+		fprintf(ld->defaults, "%s%s%s = \"auto\"\n", g, *g ? "." : "", k->name);
+		break;
+	case KT_DURATION:
+		fprintf(ld->defaults, "%s%s%s = %lldms\n", g, *g ? "." : "", k->name, k->dflt);
+		break;
+	case KT_BOOL:
+		fprintf(ld->defaults, "%s%s%s = %s\n", g, *g ? "." : "", k->name,
+			k->dflt ? "true" : "false");
+		break;
+	default: /* no default (a string), or read by a function of its own */
+		break;
+	}
+}
+
 static void load_keys(struct loader *ld, const config_setting_t *g, const struct cfg_key *keys,
 		      size_t n)
 {
@@ -353,6 +381,8 @@ static void load_keys(struct loader *ld, const config_setting_t *g, const struct
 	for (i = 0; i < n; i++) {
 		const struct cfg_key *k = &keys[i];
 
+		if (ld->defaults && !(g && config_setting_get_member(g, k->name)))
+			note_default(ld, k);
 		switch (k->kind) {
 		case KT_UINT:
 			*k->u = (unsigned)k->dflt;
@@ -412,7 +442,9 @@ static const config_setting_t *load_group(struct loader *ld, const config_settin
 		known[i] = NULL;
 		check_known(ld, s, name, known);
 	}
+	ld->group = name;
 	load_keys(ld, s, keys, n);
+	ld->group = NULL;
 	return s;
 }
 
@@ -534,7 +566,9 @@ static void load_redis(struct loader *ld, const config_setting_t *root)
 	cfg->redis.key_prefix = get_str(ld, s, "key_prefix", "rl");
 	if (!name_ok(cfg->redis.key_prefix) || strlen(cfg->redis.key_prefix) > 32)
 		add_err(ld, line_of(s), "redis key_prefix: use at most 32 of [A-Za-z0-9_.-]");
+	ld->group = "redis";
 	load_keys(ld, s, keys, ARRAY_SIZE(keys));
+	ld->group = NULL;
 }
 
 /*
@@ -609,6 +643,42 @@ static bool metrics_listen_loopback(const char *listen)
  * listener is on loopback, else whoever reaches it: `-c` warns then, without a
  * token), metrics.host_names, metrics.token_file (read like password_file).
  */
+/* The names of response.headers, by enum header_dialect. */
+static const char *const header_dialects[HDR_COUNT] = {"structured+legacy", "structured",
+							 "draft7", "legacy"};
+
+/*
+ * response.headers (group <s>, or NULL), or from response.legacy_headers
+ * where it is not set (false: the structured fields alone). Both set is an
+ * error: they could disagree.
+ */
+static void load_header_dialect(struct loader *ld, const config_setting_t *s)
+{
+	struct agent_config *c = ld->cfg;
+	const config_setting_t *m = s ? config_setting_get_member(s, "headers") : NULL;
+	const char *v;
+	int i;
+
+	c->headers = c->legacy_headers ? HDR_STRUCTURED_LEGACY : HDR_STRUCTURED;
+	if (!m)
+		return;
+	if (config_setting_get_member(s, "legacy_headers")) {
+		add_err(ld, line_of(m), "response: 'headers' replaces 'legacy_headers': set one "
+			"(legacy_headers = false is headers = \"structured\")");
+		return;
+	}
+	v = config_setting_type(m) == CONFIG_TYPE_STRING ? config_setting_get_string(m) : "";
+	for (i = 0; i < HDR_COUNT; i++) {
+		if (strcmp(v, header_dialects[i]) == 0) {
+			c->headers = (enum header_dialect)i;
+			c->legacy_headers = i == HDR_STRUCTURED_LEGACY || i == HDR_LEGACY;
+			return;
+		}
+	}
+	add_err(ld, line_of(m), "response.headers: use \"structured+legacy\" (the default), "
+		"\"structured\", \"draft7\" or \"legacy\" (see doc/haproxy.md, \"Headers\")");
+}
+
 static void load_metrics_access(struct loader *ld, const config_setting_t *s)
 {
 	struct agent_config *c = ld->cfg;
@@ -649,6 +719,95 @@ static void load_metrics_access(struct loader *ld, const config_setting_t *s)
 }
 
 /*
+ * The secret the fingerprints shown to people are keyed with (see digest.h):
+ * metrics.fingerprint_secret_file, read like password_file, at least
+ * FP_SECRET_MIN bytes. Without it, a random secret drawn once per process
+ * tree (the master's, inherited by its workers, kept across reloads): the
+ * fingerprints are then this agent's own, and `-c` says so. Never unkeyed.
+ */
+#define FP_SECRET_MIN 16
+
+/*
+ * Fills <buf> with <len> bytes from the kernel's random source (getrandom(),
+ * else /dev/urandom). A secret is never made of clocks: without either,
+ * the process stops.
+ */
+static void random_bytes(uint8_t *buf, size_t len)
+{
+	size_t got = 0;
+	int fd;
+
+	while (got < len) {
+		ssize_t n = getrandom(buf + got, len - got, 0);
+
+		if (n == -1 && errno == EINTR)
+			continue;
+		if (n == -1)
+			break;
+		got += (size_t)n;
+	}
+	if (got == len)
+		return;
+	fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+	while (fd != -1 && got < len) {
+		ssize_t n = read(fd, buf + got, len - got);
+
+		if (n == -1 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	if (fd != -1)
+		close(fd);
+	if (got != len) {
+		fprintf(stderr, "no random source (getrandom, /dev/urandom) for the fingerprint "
+				"secret: set metrics.fingerprint_secret_file\n");
+		abort();
+	}
+}
+static void load_fingerprint_secret(struct loader *ld, const config_setting_t *s)
+{
+	static uint8_t random_secret[32];
+	static bool drawn;
+	struct agent_config *c = ld->cfg;
+	const config_setting_t *f = s ? config_setting_get_member(s, "fingerprint_secret_file")
+				      : NULL;
+	char err[256], *name, *secret = NULL;
+
+	name = f ? get_str(ld, s, "fingerprint_secret_file", NULL) : NULL;
+	if (!name) {
+		if (!drawn) {
+			random_bytes(random_secret, sizeof(random_secret));
+			drawn = true;
+		}
+		fp_key_init(&c->fp, random_secret, sizeof(random_secret));
+		c->fp_random = true;
+		return;
+	}
+	if (!*name) {
+		add_err(ld, line_of(f), "metrics.fingerprint_secret_file is empty: name the file");
+		free(name);
+		return;
+	}
+	c->fp_secret_file = secret_path(name, ld->file);
+	free(name);
+	if (secret_read(c->fp_secret_file, &secret, err, sizeof(err)) < 0) {
+		add_err(ld, line_of(f), "metrics.fingerprint_secret_file '%s': %s",
+			c->fp_secret_file, err);
+		return;
+	}
+	if (strlen(secret) < FP_SECRET_MIN)
+		add_err(ld, line_of(f), "metrics.fingerprint_secret_file '%s': the secret is "
+			"shorter than %d characters: make a longer one (openssl rand -hex 32)",
+			c->fp_secret_file, FP_SECRET_MIN);
+	else
+		fp_key_init(&c->fp, secret, strlen(secret));
+	explicit_bzero(secret, strlen(secret));
+	free(secret);
+}
+
+/*
  * The groups made of plain settings: fallback, local_quota, metrics,
  * overrides, reload, response.
  */
@@ -676,6 +835,7 @@ static void load_groups(struct loader *ld, const config_setting_t *root)
 		KEY_OTHER("allow"),
 		KEY_OTHER("host_names"),
 		KEY_OTHER("token_file"),
+		KEY_OTHER("fingerprint_secret_file"),
 	};
 	const struct cfg_key overrides[] = {
 		KEY_BOOL("enabled", true, &c->overrides.enabled),
@@ -688,6 +848,7 @@ static void load_groups(struct loader *ld, const config_setting_t *root)
 	};
 	const struct cfg_key response[] = {
 		KEY_BOOL("legacy_headers", true, &c->legacy_headers),
+		KEY_OTHER("headers"),
 	};
 	const config_setting_t *s;
 
@@ -698,6 +859,7 @@ static void load_groups(struct loader *ld, const config_setting_t *root)
 	if (s && c->metrics_listen && strncmp(c->metrics_listen, "unix:", 5) == 0)
 		add_err(ld, line_of(s), "metrics: 'listen' must be ip:port");
 	load_metrics_access(ld, s);
+	load_fingerprint_secret(ld, s);
 	s = load_group(ld, root, "overrides", "", overrides, ARRAY_SIZE(overrides));
 	/* the overrides hash in one reply: two elements an entry, room for as many stale */
 	if (c->overrides.max_entries > c->redis.max_reply_elements / 4)
@@ -707,7 +869,8 @@ static void load_groups(struct loader *ld, const config_setting_t *root)
 			"~100 bytes an entry)", c->overrides.max_entries,
 			c->overrides.max_entries * 4);
 	load_group(ld, root, "reload", " { watch = true; }", reload, ARRAY_SIZE(reload));
-	load_group(ld, root, "response", "", response, ARRAY_SIZE(response));
+	s = load_group(ld, root, "response", "", response, ARRAY_SIZE(response));
+	load_header_dialect(ld, s);
 }
 
 /* The whole file, section by section, in the order its errors are reported. */
@@ -759,7 +922,7 @@ unsigned config_command_timeout_ms(const struct agent_config *cfg)
 
 	if (cfg->redis.command_timeout_ms)
 		return cfg->redis.command_timeout_ms;
-	return budget ? budget : 5;
+	return budget ? budget : STORE_COMMAND_TIMEOUT_MS;
 }
 
 /* What one reply from Redis may be (redis.max_reply_*), for every connection's reader. */
@@ -798,6 +961,38 @@ int config_load(const char *file, struct agent_config **out, struct cfg_errors *
 	}
 	*out = ld.cfg;
 	return 0;
+}
+
+/*
+ * Writes to <out> every setting read from a table of keys, at its default, as
+ * "group.key = value" (durations in ms): what a configuration that does not
+ * set them gets. doc/configuration.md is checked against it. Returns 0, or
+ * -1 (printed) if the minimal configuration it reads was refused.
+ */
+int config_defaults(FILE *out)
+{
+	static const char minimal[] =
+		"limits = { l = { rate = 1; period = \"1s\"; }; };\n"
+		"tiers = { t = { limits = [\"l\"]; }; };\ndefault_tier = \"t\";\n"
+		"anonymous = { limits = [\"l\"]; };\n";
+	struct cfg_errors errs = {0};
+	struct loader ld = {.file = "(defaults)", .errs = &errs, .defaults = out};
+	config_t lc;
+	size_t i;
+
+	ld.cfg = xcalloc(1, sizeof(*ld.cfg));
+	ld.cfg->file = xstrdup(ld.file);
+	config_init(&lc);
+	if (config_read_string(&lc, minimal) == CONFIG_TRUE)
+		load_root(&ld, &lc);
+	else
+		add_err(&ld, config_error_line(&lc), "%s", config_error_text(&lc));
+	config_destroy(&lc);
+	config_free(ld.cfg);
+	for (i = 0; i < errs.n; i++)
+		fprintf(stderr, "%s\n", errs.msgs[i]);
+	cfg_errors_release(&errs);
+	return i ? -1 : 0;
 }
 
 static void tier_release(struct cfg_tier *t)
@@ -856,6 +1051,8 @@ void config_free(struct agent_config *cfg)
 		memset(cfg->metrics_token, 0, strlen(cfg->metrics_token));
 	free(cfg->metrics_token);
 	free(cfg->metrics_token_file);
+	free(cfg->fp_secret_file);
+	explicit_bzero(&cfg->fp, sizeof(cfg->fp));
 	free(cfg->default_tier);
 	free(cfg->message);
 	free(cfg->post_message);
@@ -884,6 +1081,26 @@ void config_free(struct agent_config *cfg)
  * configuration file <cfg> itself: formatted into <buf>; false when there is
  * none (no password, or one read from redis.password_file).
  */
+/*
+ * A warning when the metrics listener shows fingerprints (/top, the status
+ * page, /overrides) and no metrics.fingerprint_secret_file is set: they are
+ * keyed with a random secret of this agent's, so they differ between gateways
+ * (and from one start to the next).
+ */
+bool config_fingerprint_advice(const struct agent_config *cfg, char *buf, size_t len)
+{
+	if (!cfg->fp_random || !cfg->metrics_listen)
+		return false;
+	snprintf(buf, len,
+		 "%s: warning: no metrics.fingerprint_secret_file: key fingerprints (/top, the "
+		 "status page, /overrides, logs) are keyed with a random secret of this agent's "
+		 "own, drawn at start: they differ between gateways and across restarts, so a "
+		 "block by fp:<hex> taken from one agent's /top matches on that agent only until "
+		 "it restarts; give every gateway the same secret file (openssl rand -hex 32)",
+		 cfg->file);
+	return true;
+}
+
 /* A warning when the metrics listener answers beyond loopback to anyone, without a token. */
 bool config_metrics_advice(const struct agent_config *cfg, char *buf, size_t len)
 {

@@ -9,10 +9,12 @@
 #define AGENT_CONFIG_H
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "compiler.h"
+#include "digest.h"
 
 enum store_kind {
 	STORE_KIND_REDIS = 0,   /* decide against Redis */
@@ -99,6 +101,21 @@ enum no_address_policy {
 	NO_ADDRESS_COUNT                /* sentinel */
 };
 
+/*
+ * The RateLimit fields a decision returns (response.headers): the structured
+ * fields of draft-ietf-httpapi-ratelimit-headers-11 ("p";r=..;t=.. and
+ * "p";q=..;w=..), draft 7's combined dictionary (limit=.., remaining=..,
+ * reset=..; q;w=..), the legacy trio of draft 6 (RateLimit-Limit, -Remaining,
+ * -Reset), or the structured fields with the trio.
+ */
+enum header_dialect {
+	HDR_STRUCTURED_LEGACY = 0,
+	HDR_STRUCTURED,
+	HDR_DRAFT7,
+	HDR_LEGACY,
+	HDR_COUNT       /* sentinel */
+};
+
 struct agent_config {
 	char *file;                     /* owned: path it was read from */
 	char **listen;                  /* owned: listener addresses */
@@ -152,7 +169,8 @@ struct agent_config {
 	unsigned ipv4_prefix;           /* anonymous IPv4 grouping, bits (32) */
 	unsigned ipv6_prefix;           /* anonymous IPv6 grouping, bits (64) */
 	enum no_address_policy no_address; /* anonymous requests without an address */
-	bool legacy_headers;            /* also return limit/remaining/reset */
+	enum header_dialect headers;    /* response.headers: which RateLimit fields */
+	bool legacy_headers;            /* also return limit/remaining/reset (HDR_*LEGACY) */
 	struct cfg_endpoint *endpoints; /* owned array, in match order */
 	size_t nendpoints;
 	enum unknown_key_policy unknown_keys;
@@ -174,6 +192,9 @@ struct agent_config {
 	size_t metrics_nhosts;
 	char *metrics_token;            /* owned or NULL: the bearer token, read from ... */
 	char *metrics_token_file;       /* owned or NULL: ... this file */
+	char *fp_secret_file;           /* owned or NULL: metrics.fingerprint_secret_file */
+	bool fp_random;                 /* no such file: the process's random secret */
+	struct fp_key fp;               /* the key of the fingerprints shown to people */
 	unsigned metrics_max_conns;     /* metrics connections; the idlest makes room */
 	unsigned metrics_idle_timeout_ms; /* metrics connection deadline */
 	bool blocked_cache;             /* deny locally until a denial's Retry-After */
@@ -229,6 +250,7 @@ struct cfg_errors {
 #define CFG_ANSWER_SHARE 0.8
 
 int config_load(const char *file, struct agent_config **out, struct cfg_errors *errs) MUSTCHECK;
+int config_defaults(FILE *out);
 unsigned config_answer_budget_ms(const struct agent_config *cfg);
 unsigned config_command_timeout_ms(const struct agent_config *cfg);
 struct reply_limits;
@@ -236,6 +258,7 @@ void config_reply_limits(const struct agent_config *cfg, struct reply_limits *ou
 void config_free(struct agent_config *cfg);
 void cfg_errors_release(struct cfg_errors *errs);
 bool config_password_advice(const struct agent_config *cfg, char *buf, size_t len);
+bool config_fingerprint_advice(const struct agent_config *cfg, char *buf, size_t len);
 bool config_metrics_advice(const struct agent_config *cfg, char *buf, size_t len);
 bool config_tls_advice(const struct agent_config *cfg, char *buf, size_t len);
 void config_redis_transport(const struct agent_config *cfg, char *buf, size_t len);

@@ -8,6 +8,7 @@
 #define AGENT_CONFIG_INT_H
 
 #include <stdbool.h>
+#include <stdio.h>
 
 #include <libconfig.h>
 
@@ -18,6 +19,8 @@ struct loader {
 	const char *file;
 	struct cfg_errors *errs;
 	struct agent_config *cfg;
+	FILE *defaults;                 /* config_defaults(): each default applied, or NULL */
+	const char *group;              /* the group load_keys() reads ("" at the top) */
 };
 
 /* config_read.c: settings read by type, every problem kept as "file:line: message" */

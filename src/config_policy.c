@@ -85,12 +85,24 @@ static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_
 	m = config_setting_get_member(s, "period");
 	if (!m) {
 		add_err(ld, l->line, "limit '%s': 'period' is required", l->name);
+	} else if (config_setting_type(m) == CONFIG_TYPE_STRING &&
+		   strcmp(config_setting_get_string(m), LIMIT_MONTH) == 0) {
+		/* a calendar month: from 00:00 UTC on the 1st, by Redis time */
+		if (l->alg == ALG_FIXED_WINDOW)
+			l->alg = ALG_FIXED_MONTH;
+		else if (l->alg >= 0)
+			add_err(ld, line_of(m),
+				"limit '%s': period \"1mo\" (a calendar month) is for fixed_window "
+				"only: a bucket or a sliding window has no month to reset with; use "
+				"algorithm = \"fixed_window\", or a period in days (\"30d\")",
+				l->name);
+		l->period_ms = LIMIT_MONTH_MS;
 	} else if (config_setting_type(m) != CONFIG_TYPE_STRING ||
 		   parse_duration_ms(config_setting_get_string(m), &l->period_ms) < 0 ||
 		   l->period_ms < 1 || l->period_ms > 366ULL * 86400000) {
 		add_err(ld, line_of(m),
 			"limit '%s': 'period' must be a duration like \"250ms\", \"1s\", \"1m\", "
-			"\"1h\", \"1d\" (at most 366d)",
+			"\"1h\", \"1d\" (at most 366d), or \"1mo\" (a calendar month)",
 			l->name);
 	}
 	v = 0;

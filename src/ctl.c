@@ -102,8 +102,9 @@ static void ctl_usage(FILE *f)
 		"  status [--watch [SECONDS]] [-n COUNT] [--address IP:PORT]\n"
 		"                                        the agent's status page (/status.json)\n"
 		"                                        as tables, once or every SECONDS (2)\n"
-		"TARGET   key:RAWKEY (hashed here; key:- reads it from stdin), k:HEX (8 to 32 hex\n"
-		"         digits of the key's digest, as /top shows), ip:ADDR[/BITS] or ADDR[/BITS]\n"
+		"TARGET   key:RAWKEY (hashed here; key:- reads it from stdin), fp:HEX (a key's\n"
+		"         fingerprint, 16 hex digits, as /top shows), k:HEX (8 to 32 hex digits of\n"
+		"         the key's digest: earlier versions' fingerprints), ip:ADDR[/BITS] or ADDR[/BITS]\n"
 		"DURATION --for 10m | --until UNIXSECONDS\n"
 		"LIMITS   --factor X (every limit of TARGET times X) and/or --rate LIMIT=N ...\n"
 		"OPTIONS  --reason TEXT, --by NAME (default $SUDO_USER or $USER), --status 403\n"
@@ -467,8 +468,18 @@ static int64_t ctl_time(struct ctl *c)
 }
 
 /*
- * Parses the TARGET argument into <t>: key:RAW (digest computed here), k:HEX,
- * ip:ADDR[/BITS], or a bare address. Returns 0, or -1 (printed).
+ * The fingerprints' key for what ctl shows: the fleet's (the configuration's
+ * metrics.fingerprint_secret_file), NULL without one (ctl's own random key
+ * would show fingerprints no agent shows).
+ */
+static const struct fp_key *ctl_fp(const struct ctl *c)
+{
+	return c->cfg->fp_random ? NULL : &c->cfg->fp;
+}
+
+/*
+ * Parses the TARGET argument into <t>: key:RAW (digest computed here), fp:HEX,
+ * k:HEX, ip:ADDR[/BITS], or a bare address. Returns 0, or -1 (printed).
  */
 static int ctl_target(const char *arg, struct ovr_target *t)
 {
@@ -500,7 +511,8 @@ static int ctl_target(const char *arg, struct ovr_target *t)
 		memcpy(t->b, md, 16);
 		return 0;
 	}
-	if (strncmp(arg, "k:", 2) == 0 || strncmp(arg, "ip:", 3) == 0)
+	if (strncmp(arg, "k:", 2) == 0 || strncmp(arg, "ip:", 3) == 0 ||
+	    strncmp(arg, "fp:", 3) == 0)
 		snprintf(buf, sizeof(buf), "%s", arg);
 	else
 		snprintf(buf, sizeof(buf), "ip:%s", arg);
@@ -542,93 +554,123 @@ static bool known_limit(const struct agent_config *cfg, const char *name)
 }
 
 /* block|limit TARGET options...: writes one entry. */
+/* What `ctl block` and `ctl limit` were told besides the target (ctl_add()). */
+struct add_opts {
+	const char *reason, *by;
+	int64_t until, dur_ms, status;
+};
+
+/* One option --<opt> <val> of `ctl block`/`limit` into <o> and <e>: 0, or an exit status. */
+static int ctl_add_option(struct ctl *c, int kind, const char *opt, const char *val,
+			  struct add_opts *o, struct ovr_entry *e)
+{
+	uint64_t ms;
+	char *end;
+
+	if (strcmp(opt, "--for") == 0) {
+		if (parse_duration_ms(val, &ms) < 0 || ms < 1000 || ms > 366ULL * 86400000) {
+			fprintf(stderr, "--for %s: a duration from 1s to 366d (\"90s\", \"10m\", "
+					"\"2h\", \"1d\")\n", val);
+			return 2;
+		}
+		o->dur_ms = (int64_t)ms;
+	} else if (strcmp(opt, "--until") == 0) {
+		errno = 0;
+		o->until = strtoll(val, &end, 10);
+		if (*end || errno || o->until <= 0) {
+			fprintf(stderr, "--until %s: Unix seconds expected\n", val);
+			return 2;
+		}
+	} else if (strcmp(opt, "--reason") == 0) {
+		o->reason = val;
+	} else if (strcmp(opt, "--by") == 0) {
+		o->by = val;
+	} else if (strcmp(opt, "--status") == 0 && kind == OVR_BLOCK) {
+		o->status = strtoll(val, &end, 10);
+		if (*end || o->status < 400 || o->status > 599) {
+			fprintf(stderr, "--status %s: an HTTP status from 400 to 599\n", val);
+			return 2;
+		}
+	} else if (strcmp(opt, "--factor") == 0 && kind == OVR_LIMIT) {
+		e->factor = strtod(val, &end);
+		if (*end || !(e->factor >= 1 / OVR_FACTOR_MAX && e->factor <= OVR_FACTOR_MAX)) {
+			fprintf(stderr, "--factor %s: a number from 0.001 to 1000\n", val);
+			return 2;
+		}
+	} else if (strcmp(opt, "--rate") == 0 && kind == OVR_LIMIT) {
+		const char *eq = strchr(val, '=');
+
+		if (!eq || eq == val || (size_t)(eq - val) > OVR_NAME_MAX ||
+		    e->nrates == OVR_RATES_MAX) {
+			fprintf(stderr, "--rate %s: LIMIT=N, at most %d of them\n", val,
+				OVR_RATES_MAX);
+			return 2;
+		}
+		snprintf(e->rates[e->nrates].name, sizeof(e->rates[0].name), "%.*s",
+			 (int)(eq - val), val);
+		if (!known_limit(c->cfg, e->rates[e->nrates].name)) {
+			fprintf(stderr, "--rate %s: no limit '%s' in %s\n", val,
+				e->rates[e->nrates].name, c->cfg->file);
+			return 1;
+		}
+		e->rates[e->nrates++].rate = strtoull(eq + 1, &end, 10);
+		if (*end || eq[1] < '0' || eq[1] > '9') {
+			fprintf(stderr, "--rate %s: N is a number of requests per period\n", val);
+			return 2;
+		}
+	} else {
+		fprintf(stderr, "unknown option '%s' for %s\n", opt,
+			kind == OVR_BLOCK ? "block" : "limit");
+		return 2;
+	}
+	return 0;
+}
+
+/* The hash value of entry <e> created at <now> with options <o>, into <value>. */
+static void ctl_add_value(const struct ovr_entry *e, const struct add_opts *o, int64_t now,
+			  char *value, size_t len)
+{
+	size_t used;
+	size_t i;
+
+	used = (size_t)snprintf(value, len, "until=%lld created=%lld", (long long)o->until,
+				(long long)now);
+	if (o->by)
+		used += (size_t)snprintf(value + used, len - used, " by=%s", o->by);
+	if (o->status)
+		used += (size_t)snprintf(value + used, len - used, " status=%lld",
+					 (long long)o->status);
+	if (e->factor)
+		used += (size_t)snprintf(value + used, len - used, " factor=%.6g", e->factor);
+	for (i = 0; i < e->nrates; i++)
+		used += (size_t)snprintf(value + used, len - used, " rate.%s=%llu",
+					 e->rates[i].name, (unsigned long long)e->rates[i].rate);
+	if (o->reason && used < len)
+		snprintf(value + used, len - used, " reason=%s", o->reason);
+}
+
 static int ctl_add(struct ctl *c, int kind, int argc, char **argv)
 {
 	struct ovr_entry e;
+	struct add_opts o = {.by = default_by(), .dur_ms = -1};
 	char field[OVR_FIELD_MAX + 8], value[OVR_VALUE_MAX + 64], err[160], num[24], what[256];
-	const char *reason = NULL, *by = default_by();
-	int64_t now, until = 0, dur_ms = -1, status = 0;
-	size_t used;
-	int i;
+	int64_t now;
+	int i, ret;
 
 	memset(&e, 0, sizeof(e));
 	e.kind = (uint8_t)kind;
 	if (argc < 1 || ctl_target(argv[0], &e.t) < 0)
 		return argc < 1 ? 2 : 1;
-	for (i = 1; i < argc; i++) {
-		const char *opt = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-		uint64_t ms;
-
-		if (!val) {
-			fprintf(stderr, "%s: a value is missing\n", opt);
+	for (i = 1; i < argc; i += 2) {
+		if (i + 1 >= argc) {
+			fprintf(stderr, "%s: a value is missing\n", argv[i]);
 			return 2;
 		}
-		i++;
-		if (strcmp(opt, "--for") == 0) {
-			if (parse_duration_ms(val, &ms) < 0 || ms < 1000 || ms > 366ULL * 86400000) {
-				fprintf(stderr, "--for %s: a duration from 1s to 366d (\"90s\", \"10m\", "
-						"\"2h\", \"1d\")\n", val);
-				return 2;
-			}
-			dur_ms = (int64_t)ms;
-		} else if (strcmp(opt, "--until") == 0) {
-			char *end;
-
-			errno = 0;
-			until = strtoll(val, &end, 10);
-			if (*end || errno || until <= 0) {
-				fprintf(stderr, "--until %s: Unix seconds expected\n", val);
-				return 2;
-			}
-		} else if (strcmp(opt, "--reason") == 0) {
-			reason = val;
-		} else if (strcmp(opt, "--by") == 0) {
-			by = val;
-		} else if (strcmp(opt, "--status") == 0 && kind == OVR_BLOCK) {
-			char *end;
-
-			status = strtoll(val, &end, 10);
-			if (*end || status < 400 || status > 599) {
-				fprintf(stderr, "--status %s: an HTTP status from 400 to 599\n", val);
-				return 2;
-			}
-		} else if (strcmp(opt, "--factor") == 0 && kind == OVR_LIMIT) {
-			char *end;
-
-			e.factor = strtod(val, &end);
-			if (*end || !(e.factor >= 1 / OVR_FACTOR_MAX && e.factor <= OVR_FACTOR_MAX)) {
-				fprintf(stderr, "--factor %s: a number from 0.001 to 1000\n", val);
-				return 2;
-			}
-		} else if (strcmp(opt, "--rate") == 0 && kind == OVR_LIMIT) {
-			const char *eq = strchr(val, '=');
-			char *end;
-
-			if (!eq || eq == val || (size_t)(eq - val) > OVR_NAME_MAX ||
-			    e.nrates == OVR_RATES_MAX) {
-				fprintf(stderr, "--rate %s: LIMIT=N, at most %d of them\n", val,
-					OVR_RATES_MAX);
-				return 2;
-			}
-			snprintf(e.rates[e.nrates].name, sizeof(e.rates[0].name), "%.*s",
-				 (int)(eq - val), val);
-			if (!known_limit(c->cfg, e.rates[e.nrates].name)) {
-				fprintf(stderr, "--rate %s: no limit '%s' in %s\n", val,
-					e.rates[e.nrates].name, c->cfg->file);
-				return 1;
-			}
-			e.rates[e.nrates++].rate = strtoull(eq + 1, &end, 10);
-			if (*end || eq[1] < '0' || eq[1] > '9') {
-				fprintf(stderr, "--rate %s: N is a number of requests per period\n", val);
-				return 2;
-			}
-		} else {
-			fprintf(stderr, "unknown option '%s' for %s\n", opt,
-				kind == OVR_BLOCK ? "block" : "limit");
-			return 2;
-		}
+		ret = ctl_add_option(c, kind, argv[i], argv[i + 1], &o, &e);
+		if (ret)
+			return ret;
 	}
-	if ((dur_ms < 0) == !until) {
+	if ((o.dur_ms < 0) == !o.until) {
 		fprintf(stderr, "give one of --for DURATION or --until UNIXSECONDS\n");
 		return 2;
 	}
@@ -639,27 +681,14 @@ static int ctl_add(struct ctl *c, int kind, int argc, char **argv)
 	now = ctl_time(c);
 	if (now < 0)
 		return 1;
-	if (dur_ms >= 0)
-		until = now + (dur_ms + 999) / 1000;
-	if (until <= now) {
+	if (o.dur_ms >= 0)
+		o.until = now + (o.dur_ms + 999) / 1000;
+	if (o.until <= now) {
 		fprintf(stderr, "--until %lld: that is in the past (Redis time %lld)\n",
-			(long long)until, (long long)now);
+			(long long)o.until, (long long)now);
 		return 2;
 	}
-	used = (size_t)snprintf(value, sizeof(value), "until=%lld created=%lld", (long long)until,
-				(long long)now);
-	if (by)
-		used += (size_t)snprintf(value + used, sizeof(value) - used, " by=%s", by);
-	if (status)
-		used += (size_t)snprintf(value + used, sizeof(value) - used, " status=%lld",
-					 (long long)status);
-	if (e.factor)
-		used += (size_t)snprintf(value + used, sizeof(value) - used, " factor=%.6g", e.factor);
-	for (i = 0; i < (int)e.nrates; i++)
-		used += (size_t)snprintf(value + used, sizeof(value) - used, " rate.%s=%llu",
-					 e.rates[i].name, (unsigned long long)e.rates[i].rate);
-	if (reason && used < sizeof(value))
-		snprintf(value + used, sizeof(value) - used, " reason=%s", reason);
+	ctl_add_value(&e, &o, now, value, sizeof(value));
 	/* what the agents will read: checked with their parser */
 	ovr_field_format(&e, field, sizeof(field));
 	if (ovr_value_parse(value, strlen(value), &e, err, sizeof(err)) < 0) {
@@ -684,8 +713,10 @@ static int ctl_add(struct ctl *c, int kind, int argc, char **argv)
 			return 1;
 		}
 		ovr_describe(&e, what, sizeof(what));
-		printf("%s: %s until %lld (%lld s), version %lld\n", field, what, (long long)until,
-		       (long long)(until - now), (long long)rep->integer);
+		ovr_target_show(&e.t, ctl_fp(c), field, sizeof(field));
+		printf("%s:%s: %s until %lld (%lld s), version %lld\n",
+		       e.kind == OVR_BLOCK ? "block" : "limit", field, what, (long long)o.until,
+		       (long long)(o.until - now), (long long)rep->integer);
 		freeReplyObject(rep);
 	}
 	return 0;
@@ -741,7 +772,7 @@ static int ctl_list(struct ctl *c)
 		u = (time_t)e.until;
 		if (!gmtime_r(&u, &tm) || !strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm))
 			snprintf(when, sizeof(when), "%lld", (long long)e.until);
-		ovr_target_format(&e.t, t, sizeof(t));
+		ovr_target_show(&e.t, ctl_fp(c), t, sizeof(t));
 		ovr_describe(&e, what, sizeof(what));
 		printf("%-6s %-44s %-20s %8s  %-12s %-24s %s\n", e.kind == OVR_BLOCK ? "block" : "limit",
 		       t, when,
@@ -795,14 +826,14 @@ static int ctl_remove(struct ctl *c, int kind, int argc, char **argv)
 		memset(&e, 0, sizeof(e));
 		if (f->type != REDIS_REPLY_STRING || ovr_field_parse(f->str, f->len, &e, err, sizeof(err)) < 0)
 			continue;
-		if ((kind < 0 || e.kind == kind) && e.t.type == t.type && e.t.bits == t.bits &&
-		    memcmp(e.t.b, t.b, 16) == 0)
+		/* fp:HEX also names the blocks by raw key it is the fingerprint of */
+		if ((kind < 0 || e.kind == kind) && ovr_target_same_key(&e.t, &t, ctl_fp(c)))
 			av[n++] = f->str;
 	}
 	if (n == 4) {
 		char ts[OVR_FIELD_MAX];
 
-		ovr_target_format(&t, ts, sizeof(ts));
+		ovr_target_show(&t, ctl_fp(c), ts, sizeof(ts));
 		printf("nothing to remove for %s\n", ts);
 		freeReplyObject(all);
 		free(av);

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* SHA-256 written from FIPS 180-4 section 6.2. */
+/* SHA-256 written from FIPS 180-4 section 6.2; HMAC from RFC 2104. */
 #include "digest.h"
 
 #include <string.h>
@@ -108,4 +108,68 @@ void sha256(const void *data, size_t len, uint8_t out[SHA256_LEN])
 	sha256_init(&s);
 	sha256_update(&s, data, len);
 	sha256_final(&s, out);
+}
+
+/*
+ * Prepares fingerprint key <key> from <secret> (<len> bytes, any length: one
+ * longer than a block is hashed first, as RFC 2104 says).
+ */
+void fp_key_init(struct fp_key *key, const void *secret, size_t len)
+{
+	uint8_t block[64] = {0}, pad[64], md[SHA256_LEN];
+	int i;
+
+	if (len > sizeof(block))
+		sha256(secret, len, block);
+	else if (len)
+		memcpy(block, secret, len);
+	for (i = 0; i < 64; i++)
+		pad[i] = block[i] ^ 0x36;
+	sha256_init(&key->inner);
+	sha256_update(&key->inner, pad, sizeof(pad));
+	for (i = 0; i < 64; i++)
+		pad[i] = block[i] ^ 0x5c;
+	sha256_init(&key->outer);
+	sha256_update(&key->outer, pad, sizeof(pad));
+	/* the id: a fingerprint of a constant no API key's digest can be (17 bytes) */
+	{
+		struct sha256 s = key->inner;
+
+		sha256_update(&s, "fingerprint key id", 18);
+		sha256_final(&s, md);
+		s = key->outer;
+		sha256_update(&s, md, sizeof(md));
+		sha256_final(&s, md);
+	}
+	memcpy(&key->id, md, sizeof(key->id));
+	explicit_bzero(block, sizeof(block));
+	explicit_bzero(pad, sizeof(pad));
+}
+
+/* The fingerprint of the 16-byte API key digest <digest> under <key>, into <out>. */
+void fp_compute(const struct fp_key *key, const uint8_t digest[16], uint8_t out[FP_LEN])
+{
+	uint8_t md[SHA256_LEN];
+	struct sha256 s = key->inner;
+
+	sha256_update(&s, digest, 16);
+	sha256_final(&s, md);
+	s = key->outer;
+	sha256_update(&s, md, sizeof(md));
+	sha256_final(&s, md);
+	memcpy(out, md, FP_LEN);
+}
+
+/* Writes "fp:" and the hex of <fp> into <out> (FP_STR_LEN + 1 bytes). */
+void fp_format(const uint8_t fp[FP_LEN], char out[FP_STR_LEN + 1])
+{
+	static const char hex[] = "0123456789abcdef";
+	int i;
+
+	memcpy(out, "fp:", 3);
+	for (i = 0; i < FP_LEN; i++) {
+		out[3 + 2 * i] = hex[fp[i] >> 4];
+		out[4 + 2 * i] = hex[fp[i] & 15];
+	}
+	out[FP_STR_LEN] = 0;
 }

@@ -29,7 +29,7 @@ static int64_t ceil_ms(int64_t us)
 }
 
 static const char *const alg_names[ALG_COUNT] = {"none", "gcra", "fixed_window", "sliding_log",
-						 "sliding_window"};
+						 "sliding_window", "fixed_window"};
 
 /* The algorithm called <name> ("token_bucket" is GCRA), or -1. */
 int limit_alg_parse(const char *name)
@@ -42,6 +42,43 @@ int limit_alg_parse(const char *name)
 		if (strcmp(name, alg_names[i]) == 0)
 			return i;
 	return -1;
+}
+
+/* <a> / <b> rounded down, for b > 0 and any sign of a */
+static int64_t floordiv(int64_t a, int64_t b)
+{
+	return a / b - (a % b != 0 && a < 0);
+}
+
+/*
+ * Calendar months in UTC, as lua/fixed_window.lua computes them (the civil
+ * calendar's days from 1970-01-01 and back, in eras of 400 years: exact for
+ * any date, no table, no time zone). A month's index is year x 12 + month - 1.
+ */
+int64_t limit_month_index(int64_t now_us)
+{
+	int64_t z = floordiv(now_us, INT64_C(86400000000)) + 719468;
+	int64_t era = floordiv(z, 146097);
+	int64_t doe = z - era * 146097;
+	int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+	int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+	int64_t mp = (5 * doy + 2) / 153;
+	int64_t m = mp < 10 ? mp + 3 : mp - 9;
+	int64_t y = yoe + era * 400 + (m <= 2);
+
+	return y * 12 + m - 1;
+}
+
+/* The first microsecond of month <idx> (limit_month_index()). */
+int64_t limit_month_start_us(int64_t idx)
+{
+	int64_t m = idx - floordiv(idx, 12) * 12 + 1, y = floordiv(idx, 12) - (m <= 2);
+	int64_t era = floordiv(y, 400);
+	int64_t yoe = y - era * 400;
+	int64_t doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5;
+	int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+
+	return (era * 146097 + doe - 719468) * INT64_C(86400000000);
 }
 
 /* <x> clamped to [-<m>, <m>] */
@@ -102,7 +139,7 @@ int limit_params_init(struct limit_params *p, int alg, uint64_t rate, uint64_t p
 	}
 	period_us = period_ms * 1000;
 	if (alg != ALG_GCRA) {
-		p->a = period_us ? (int64_t)period_us : 1;
+		p->a = period_us && alg != ALG_FIXED_MONTH ? (int64_t)period_us : 1;
 		p->b = rate > (uint64_t)LIMIT_COUNT_MAX ? LIMIT_COUNT_MAX : (int64_t)rate;
 		return ret;
 	}
@@ -174,13 +211,11 @@ static void check_gcra(const struct limit_params *p, const struct limit_state *s
 	c->n2 = nd & (one - 1);
 }
 
-static void check_fixed(const struct limit_params *p, const struct limit_state *st, int64_t now,
-			int64_t cost, struct check *c)
+/* A fixed window: window <idx>, <left> us until its end, <limit> per window. */
+static void check_window(int64_t idx, int64_t left, int64_t limit, const struct limit_state *st,
+			 int64_t cost, struct check *c)
 {
-	int64_t win = p->a, limit = p->b;
-	int64_t idx = (int64_t)floor((double)now / (double)win);
 	int64_t count = st->x == idx ? st->y : 0;
-	int64_t left = (idx + 1) * win - now;
 
 	c->ok = count + cost <= limit;
 	c->rem_c = clamp0(limit - clamp0(count + cost));
@@ -190,6 +225,23 @@ static void check_fixed(const struct limit_params *p, const struct limit_state *
 	c->reset_u = count > 0 ? left : 0;
 	c->n1 = idx;
 	c->n2 = count + cost;
+}
+
+static void check_fixed(const struct limit_params *p, const struct limit_state *st, int64_t now,
+			int64_t cost, struct check *c)
+{
+	int64_t win = p->a;
+	int64_t idx = (int64_t)floor((double)now / (double)win);
+
+	check_window(idx, (idx + 1) * win - now, p->b, st, cost, c);
+}
+
+static void check_month(const struct limit_params *p, const struct limit_state *st, int64_t now,
+			int64_t cost, struct check *c)
+{
+	int64_t idx = limit_month_index(now);
+
+	check_window(idx, limit_month_start_us(idx + 1) - now, p->b, st, cost, c);
 }
 
 static void log_expire(struct limit_state *st, int64_t now, int64_t win)
@@ -283,6 +335,7 @@ static void apply(const struct limit_params *p, struct limit_state *st, int64_t 
 		st->y = c->n2;
 		break;
 	case ALG_FIXED_WINDOW:
+	case ALG_FIXED_MONTH:
 		st->x = c->n1;
 		st->y = clampm(clamp0(c->n2), LIMIT_COUNT_MAX);
 		break;
@@ -342,6 +395,9 @@ static bool decide(const struct limit_params *p, struct limit_state *st, size_t 
 			break;
 		case ALG_FIXED_WINDOW:
 			check_fixed(&p[i], &st[i], now_us, ci, &c[i]);
+			break;
+		case ALG_FIXED_MONTH:
+			check_month(&p[i], &st[i], now_us, ci, &c[i]);
 			break;
 		case ALG_SLIDING_LOG:
 			check_log(&p[i], &st[i], now_us, ci, &c[i]);

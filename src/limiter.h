@@ -20,6 +20,7 @@ enum limit_alg {
 	ALG_FIXED_WINDOW   = 2,    /* a = window (us), b = limit */
 	ALG_SLIDING_LOG    = 3,    /* a = window (us), b = limit */
 	ALG_SLIDING_WINDOW = 4,    /* a = window (us), b = limit */
+	ALG_FIXED_MONTH    = 5,    /* fixed_window on calendar months (UTC): a = 1, b = limit */
 	ALG_COUNT                  /* sentinel */
 };
 
@@ -52,6 +53,14 @@ enum limit_alg {
  * interval of at most 366 days) both fit GCRA_TAU_MAX at k = 0.
  */
 #define LIMIT_TAU_MAX_US (INT64_C(1) << 49)
+
+/*
+ * A calendar month, the period "1mo" (fixed_window only). Where one number
+ * must stand for it (the policy header's window, rates per second), it is the
+ * mean Gregorian month: 30.436875 days.
+ */
+#define LIMIT_MONTH     "1mo"
+#define LIMIT_MONTH_MS  UINT64_C(2629746000)
 
 /* Window algorithms: counts (and costs) are clamped to this, exact in doubles. */
 #define LIMIT_COUNT_MAX (INT64_C(1) << 50)
@@ -91,6 +100,8 @@ struct limit_state {
 };
 
 int limit_alg_parse(const char *name);
+int64_t limit_month_index(int64_t now_us);
+int64_t limit_month_start_us(int64_t idx);
 int limit_params_init(struct limit_params *p, int alg, uint64_t rate, uint64_t period_ms,
 		      uint64_t burst);
 int limit_params_check(int alg, uint64_t rate, uint64_t period_ms, uint64_t burst);

@@ -55,6 +55,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: spoa-ratelimit [-f FILE] [-c] [-d] [-w N] [-V] [-h]\n"
 		"       spoa-ratelimit ctl [-f FILE] COMMAND ...   live overrides (ctl -h)\n"
+		"       spoa-ratelimit defaults                    every setting at its default\n"
 		"  -f FILE  configuration file (default /etc/spoa-ratelimit/spoa-ratelimit.conf)\n"
 		"  -w N     worker processes (overrides `workers`; 1 = no master process)\n"
 		"  -c       check the configuration and exit (errors as file:line: message)\n"
@@ -515,12 +516,14 @@ int main(int argc, char **argv)
 {
 	const char *file = "/etc/spoa-ratelimit/spoa-ratelimit.conf";
 	bool check = false, debug = false, advise, tls_advise;
-	char advice[512], tls_advice[512];
+	char advice[512], tls_advice[512], fp_advice[768];
 	struct ruleset *rs;
 	int opt, workers = 0;
 
 	if (argc > 1 && strcmp(argv[1], "ctl") == 0)
 		return ctl_main(argc - 1, argv + 1);
+	if (argc == 2 && strcmp(argv[1], "defaults") == 0)
+		return config_defaults(stdout) < 0 ? 1 : 0;
 	while ((opt = getopt(argc, argv, "f:cdw:Vh")) != -1) {
 		switch (opt) {
 		case 'f':
@@ -566,6 +569,8 @@ int main(int argc, char **argv)
 			fprintf(stderr, "%s\n", tls_advice);
 		if (config_metrics_advice(rs->cfg, advice, sizeof(advice)))
 			fprintf(stderr, "%s\n", advice);
+		if (config_fingerprint_advice(rs->cfg, fp_advice, sizeof(fp_advice)))
+			fprintf(stderr, "%s\n", fp_advice);
 		printf("%s: configuration is valid (%zu tiers, %zu limits, %zu endpoints)\n", file,
 		       rs->ntiers, rs->cfg->nlimits, rs->nendpoints);
 		if (rs->cand && rs->cand->cfg->cand_mode.sampled)
@@ -587,6 +592,10 @@ int main(int argc, char **argv)
 		LOG(LOG_WARN, "%s", advice);
 	if (tls_advise)
 		LOG(LOG_WARN, "%s", tls_advice);
+	/* one gateway alone shows what it counts: a fleet's need the same secret */
+	if (rs->cfg->store == STORE_KIND_REDIS &&
+	    config_fingerprint_advice(rs->cfg, fp_advice, sizeof(fp_advice)))
+		LOG(LOG_WARN, "%s", fp_advice);
 	signal(SIGPIPE, SIG_IGN);
 	if (!workers)
 		workers = (int)rs->cfg->workers;

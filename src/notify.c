@@ -269,7 +269,7 @@ static void post_begin(struct agent *a, struct spoa_req *req, struct spop_msg *m
 	decision_begin(d);
 }
 
-void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg)
+void notify_receive(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 {
 	struct agent *a = arg;
 	struct ruleset *rs = a->rs;

@@ -6,6 +6,6 @@
 struct spoa_req;
 struct spop_rd;
 
-void on_notify(struct spoa_req *req, struct spop_rd *msgs, void *arg);
+void notify_receive(struct spoa_req *req, struct spop_rd *msgs, void *arg);
 
 #endif /* AGENT_NOTIFY_H */

@@ -20,6 +20,13 @@
  *
  * Every change an agent applies is logged as an audit line: what, until
  * when, by whom and why; so is every entry it skips, and every expiry.
+ *
+ * Fingerprints. A request's key is matched by its digest (k: targets) and by
+ * its fingerprint under the fleet's secret (fp: targets), both computed once
+ * per key and cached with it (principal.c): two more probes at most. For the
+ * status page, which knows a top offender by its fingerprint only, the
+ * entries on a whole digest (`ctl block key:<raw>`) are also indexed by their
+ * fingerprint under the current key (tab->kfp), rebuilt when the key changes.
  */
 #include "overrides.h"
 
@@ -33,6 +40,7 @@
 
 #include <ev.h>
 
+#include "digest.h"
 #include "hll.h"
 #include "http.h"
 #include "list.h"
@@ -55,6 +63,9 @@ struct ovr_table {
 	uint32_t *sorted[OVR_T_COUNT];  /* owned: entry indexes of a type by first 64 bits */
 	uint64_t *keys[OVR_T_COUNT];    /* owned: ... and those first 64 bits, in that order */
 	size_t nsorted[OVR_T_COUNT];
+	uint64_t *kfp;                  /* owned: fingerprints of the whole-digest key entries, */
+	uint32_t *kfp_idx;              /* owned: ... sorted, and their entry indexes */
+	size_t nkfp;
 };
 
 struct overrides {
@@ -65,6 +76,7 @@ struct overrides {
 	unsigned max_entries;
 	unsigned block_status;
 	struct ovr_table tab;
+	struct fp_key fp;               /* the fingerprints' key */
 	bool have_version;              /* a load succeeded: <version> is valid */
 	bool version_set;               /* ... and the hash had a version field */
 	uint64_t version;               /* hash of that field's value */
@@ -127,6 +139,25 @@ int ovr_target_parse(const char *s, size_t len, struct ovr_target *t, char *err,
 		snprintf(err, errlen, "target holds a NUL byte");
 		return -1;
 	}
+	if (strncmp(buf, "fp:", 3) == 0) {
+		if (len - 3 != 2 * FP_LEN) {
+			snprintf(err, errlen, "a fingerprint target is fp: and %d hex digits",
+				 2 * FP_LEN);
+			return -1;
+		}
+		for (i = 0; i < 2 * FP_LEN; i++) {
+			int v = hexval(buf[3 + i]);
+
+			if (v < 0) {
+				snprintf(err, errlen, "'%c' is not a hex digit", buf[3 + i]);
+				return -1;
+			}
+			t->b[i / 2] |= (uint8_t)(i % 2 ? v : v << 4);
+		}
+		t->type = OVR_T_FP;
+		t->bits = 8 * FP_LEN;
+		return 0;
+	}
 	if (strncmp(buf, "k:", 2) == 0) {
 		size_t n = len - 2;
 
@@ -186,14 +217,26 @@ int ovr_target_parse(const char *s, size_t len, struct ovr_target *t, char *err,
 		mask_bits(t->b, 16, t->bits);
 		return 0;
 	}
-	snprintf(err, errlen, "a target is k:<hex digest> or ip:<address>[/<bits>]");
+	snprintf(err, errlen, "a target is fp:<fingerprint>, k:<hex digest> or "
+			      "ip:<address>[/<bits>]");
 	return -1;
 }
 
-/* Writes the canonical form of <t> ("k:<hex>", "ip:<addr>/<bits>") to <buf>. */
+/*
+ * Writes the canonical form of <t> ("fp:<hex>", "k:<hex>", "ip:<addr>/<bits>")
+ * to <buf>: the stored form, not for people (see ovr_target_show()).
+ */
 void ovr_target_format(const struct ovr_target *t, char *buf, size_t len)
 {
 	char host[INET6_ADDRSTRLEN];
+
+	if (t->type == OVR_T_FP) {
+		char fs[FP_STR_LEN + 1];
+
+		fp_format(t->b, fs);
+		snprintf(buf, len, "%s", fs);
+		return;
+	}
 
 	if (t->type == OVR_T_KEY) {
 		char hex[33];
@@ -207,6 +250,55 @@ void ovr_target_format(const struct ovr_target *t, char *buf, size_t len)
 	}
 	inet_ntop(t->type == OVR_T_IP4 ? AF_INET : AF_INET6, t->b, host, sizeof(host));
 	snprintf(buf, len, "ip:%s/%u", host, t->bits);
+}
+
+/*
+ * Writes <t> as people may see it (/overrides, logs, ctl): a whole digest (a
+ * block by raw key) as its fingerprint under <k>, "key:*" without a key (ctl
+ * without the fleet's secret); anything else as ovr_target_format(). A
+ * shorter digest prefix is shown as stored: it came from an earlier /top.
+ */
+void ovr_target_show(const struct ovr_target *t, const struct fp_key *k, char *buf, size_t len)
+{
+	uint8_t fp[FP_LEN];
+	char fs[FP_STR_LEN + 1];
+
+	if (t->type != OVR_T_KEY || t->bits != 128) {
+		ovr_target_format(t, buf, len);
+		return;
+	}
+	if (!k) {
+		snprintf(buf, len, "key:*");
+		return;
+	}
+	fp_compute(k, t->b, fp);
+	fp_format(fp, fs);
+	snprintf(buf, len, "%s", fs);
+}
+
+/*
+ * Whether <a> and <b> name the same target, or (<k> not NULL) one is a
+ * fingerprint and the other a whole digest whose fingerprint under <k> it is.
+ */
+bool ovr_target_same_key(const struct ovr_target *a, const struct ovr_target *b,
+			 const struct fp_key *k)
+{
+	uint8_t fp[FP_LEN];
+
+	if (a->type == b->type)
+		return a->bits == b->bits && memcmp(a->b, b->b, 16) == 0;
+	if (!k)
+		return false;
+	if (a->type == OVR_T_FP && b->type == OVR_T_KEY) {
+		const struct ovr_target *x = a;
+
+		a = b;
+		b = x;
+	}
+	if (a->type != OVR_T_KEY || a->bits != 128 || b->type != OVR_T_FP)
+		return false;
+	fp_compute(k, a->b, fp);
+	return memcmp(fp, b->b, FP_LEN) == 0;
 }
 
 static const char *const kind_names[OVR_KIND_COUNT] = {"block", "limit"};
@@ -260,6 +352,70 @@ static bool is_name_char(char c)
 }
 
 /*
+ * Setting <name>=<tok> of an entry's value into <e> (ovr_value_parse()).
+ * Returns 0, or -1 with a message in <err>.
+ */
+static int value_setting(struct ovr_entry *e, const char *name, const char *tok, char *err,
+			 size_t errlen)
+{
+	int64_t v;
+	size_t i;
+
+	if (strcmp(name, "until") == 0) {
+		if (!parse_i64(tok, 1, INT64_C(1) << 40, &e->until))
+			goto bad;
+	} else if (strcmp(name, "created") == 0) {
+		if (!parse_i64(tok, 0, INT64_C(1) << 40, &e->created))
+			goto bad;
+	} else if (strcmp(name, "by") == 0) {
+		if (strlen(tok) > OVR_BY_MAX || !*tok)
+			goto bad;
+		snprintf(e->by, sizeof(e->by), "%s", tok);
+	} else if (strcmp(name, "status") == 0 && e->kind == OVR_BLOCK) {
+		if (!parse_i64(tok, 400, 599, &v))
+			goto bad;
+		e->status = (unsigned)v;
+	} else if (strcmp(name, "factor") == 0 && e->kind == OVR_LIMIT) {
+		char *end;
+		double f;
+
+		errno = 0;
+		f = strtod(tok, &end);
+		if (*tok < '0' || *tok > '9' || *end || errno || !isfinite(f) ||
+		    f < 1 / OVR_FACTOR_MAX || f > OVR_FACTOR_MAX)
+			goto bad;
+		e->factor = f;
+	} else if (strncmp(name, "rate.", 5) == 0 && e->kind == OVR_LIMIT) {
+		const char *ln = name + 5;
+
+		if (!*ln || strlen(ln) > OVR_NAME_MAX)
+			goto bad;
+		for (i = 0; ln[i]; i++)
+			if (!is_name_char(ln[i]))
+				goto bad;
+		for (i = 0; i < e->nrates; i++)
+			if (strcmp(e->rates[i].name, ln) == 0)
+				goto bad;
+		if (e->nrates == OVR_RATES_MAX) {
+			snprintf(err, errlen, "more than %d rate settings", OVR_RATES_MAX);
+			return -1;
+		}
+		if (!parse_i64(tok, 1, (int64_t)OVR_RATE_MAX, &v))
+			goto bad;
+		snprintf(e->rates[e->nrates].name, sizeof(e->rates[0].name), "%s", ln);
+		e->rates[e->nrates++].rate = (uint64_t)v;
+	} else {
+		snprintf(err, errlen, "unknown setting '%.40s' for a %s", name,
+			 kind_names[e->kind < OVR_KIND_COUNT ? e->kind : 0]);
+		return -1;
+	}
+	return 0;
+bad:
+	snprintf(err, errlen, "bad value for '%.40s': '%.40s'", name, tok);
+	return -1;
+}
+
+/*
  * Parses value <s> of an entry whose kind and target are set: space-separated
  * "name=value" settings, "reason=" last and taking the rest of the value.
  *   until=<unix s> (required)  created=<unix s>  by=<who>  reason=<text>
@@ -271,7 +427,6 @@ static bool is_name_char(char c)
 int ovr_value_parse(const char *s, size_t len, struct ovr_entry *e, char *err, size_t errlen)
 {
 	char buf[OVR_VALUE_MAX + 1], *p, *tok;
-	int64_t v;
 	size_t i;
 
 	e->until = e->created = 0;
@@ -326,58 +481,8 @@ int ovr_value_parse(const char *s, size_t len, struct ovr_entry *e, char *err, s
 		*eq = 0;
 		name = tok;
 		tok = eq + 1;
-		if (strcmp(name, "until") == 0) {
-			if (!parse_i64(tok, 1, INT64_C(1) << 40, &e->until))
-				goto bad;
-		} else if (strcmp(name, "created") == 0) {
-			if (!parse_i64(tok, 0, INT64_C(1) << 40, &e->created))
-				goto bad;
-		} else if (strcmp(name, "by") == 0) {
-			if (strlen(tok) > OVR_BY_MAX || !*tok)
-				goto bad;
-			snprintf(e->by, sizeof(e->by), "%s", tok);
-		} else if (strcmp(name, "status") == 0 && e->kind == OVR_BLOCK) {
-			if (!parse_i64(tok, 400, 599, &v))
-				goto bad;
-			e->status = (unsigned)v;
-		} else if (strcmp(name, "factor") == 0 && e->kind == OVR_LIMIT) {
-			char *end;
-			double f;
-
-			errno = 0;
-			f = strtod(tok, &end);
-			if (*tok < '0' || *tok > '9' || *end || errno || !isfinite(f) ||
-			    f < 1 / OVR_FACTOR_MAX || f > OVR_FACTOR_MAX)
-				goto bad;
-			e->factor = f;
-		} else if (strncmp(name, "rate.", 5) == 0 && e->kind == OVR_LIMIT) {
-			const char *ln = name + 5;
-
-			if (!*ln || strlen(ln) > OVR_NAME_MAX)
-				goto bad;
-			for (i = 0; ln[i]; i++)
-				if (!is_name_char(ln[i]))
-					goto bad;
-			for (i = 0; i < e->nrates; i++)
-				if (strcmp(e->rates[i].name, ln) == 0)
-					goto bad;
-			if (e->nrates == OVR_RATES_MAX) {
-				snprintf(err, errlen, "more than %d rate settings", OVR_RATES_MAX);
-				return -1;
-			}
-			if (!parse_i64(tok, 1, (int64_t)OVR_RATE_MAX, &v))
-				goto bad;
-			snprintf(e->rates[e->nrates].name, sizeof(e->rates[0].name), "%s", ln);
-			e->rates[e->nrates++].rate = (uint64_t)v;
-		} else {
-			snprintf(err, errlen, "unknown setting '%.40s' for a %s", name,
-				 kind_names[e->kind < OVR_KIND_COUNT ? e->kind : 0]);
+		if (value_setting(e, name, tok, err, errlen) < 0)
 			return -1;
-		}
-		continue;
-bad:
-		snprintf(err, errlen, "bad value for '%.40s': '%.40s'", name, tok);
-		return -1;
 	}
 	if (!e->until) {
 		snprintf(err, errlen, "no until=<unix seconds>");
@@ -525,6 +630,8 @@ static void table_release(struct ovr_table *tab)
 		free(tab->sorted[t]);
 		free(tab->keys[t]);
 	}
+	free(tab->kfp);
+	free(tab->kfp_idx);
 	free(tab->e);
 	free(tab->idx);
 	memset(tab, 0, sizeof(*tab));
@@ -572,6 +679,43 @@ static void table_sort(struct ovr_table *tab)
 			tab->keys[t][i] = first64(tab->e[tab->sorted[t][i]].t.b);
 		tab->nsorted[t] = n;
 	}
+}
+
+static int by_u64(const void *x, const void *y, void *arg)
+{
+	const uint64_t *v = arg;
+	uint64_t a = v[*(const uint32_t *)x], b = v[*(const uint32_t *)y];
+
+	return a < b ? -1 : a > b;
+}
+
+/*
+ * Indexes the entries of <tab> on a whole digest by their fingerprint under
+ * <k> (for ovr_match_prefix()): tab->kfp sorted, tab->kfp_idx their entries.
+ */
+static void table_index_fp(struct ovr_table *tab, const struct fp_key *k)
+{
+	uint64_t *all = xmalloc((tab->n ? tab->n : 1) * sizeof(*all));
+	size_t i, n = 0;
+
+	free(tab->kfp);
+	free(tab->kfp_idx);
+	tab->kfp_idx = xmalloc((tab->n ? tab->n : 1) * sizeof(*tab->kfp_idx));
+	for (i = 0; i < tab->n; i++) {
+		uint8_t fp[FP_LEN];
+
+		if (tab->e[i].t.type != OVR_T_KEY || tab->e[i].t.bits != 128)
+			continue;
+		fp_compute(k, tab->e[i].t.b, fp);
+		all[i] = first64(fp);
+		tab->kfp_idx[n++] = (uint32_t)i;
+	}
+	qsort_r(tab->kfp_idx, n, sizeof(*tab->kfp_idx), by_u64, all);
+	tab->kfp = xmalloc((n ? n : 1) * sizeof(*tab->kfp));
+	for (i = 0; i < n; i++)
+		tab->kfp[i] = all[tab->kfp_idx[i]];
+	tab->nkfp = n;
+	free(all);
 }
 
 /*
@@ -668,7 +812,8 @@ const struct ovr_entry *ovr_match_prefix(const struct overrides *ov, const struc
 	size_t lo, hi, i;
 	unsigned bits, k;
 
-	if (t->type >= OVR_T_COUNT || !tab->nsorted[t->type])
+	if (t->type >= OVR_T_COUNT ||
+	    (!tab->nsorted[t->type] && !(t->type == OVR_T_FP && tab->nkfp)))
 		return NULL;
 	/* entries inside <t> (or equal to it): the same first min(bits, 64) bits */
 	sorted_range(tab, t->type, first64(t->b), t->bits, &lo, &hi);
@@ -700,13 +845,41 @@ const struct ovr_entry *ovr_match_prefix(const struct overrides *ov, const struc
 				best = e;
 		}
 	}
+	/* a fingerprint: the entries on the whole digest it is the fingerprint of */
+	if (t->type == OVR_T_FP && tab->nkfp) {
+		uint64_t v = first64(t->b);
+		size_t a = 0, b = tab->nkfp;
+
+		while (a < b) {
+			size_t mid = a + (b - a) / 2;
+
+			if (tab->kfp[mid] < v)
+				a = mid + 1;
+			else
+				b = mid;
+		}
+		for (; a < tab->nkfp && tab->kfp[a] == v; a++) {
+			const struct ovr_entry *e = &tab->e[tab->kfp_idx[a]];
+
+			if (e->until > now &&
+			    (!best || (e->kind == OVR_BLOCK && best->kind != OVR_BLOCK)))
+				best = e;
+		}
+	}
 	return best;
 }
 
+/*
+ * The entry of <kind> in force at <now> for the API key of digest <digest>
+ * and fingerprint <fp> (FP_LEN bytes under the table's key): by its digest
+ * (the longest prefix first), else by its fingerprint. NULL if none.
+ */
 const struct ovr_entry *ovr_match_key(const struct overrides *ov, int kind,
-				      const uint8_t digest[16], int64_t now)
+				      const uint8_t digest[16], const uint8_t *fp, int64_t now)
 {
-	return table_match(&ov->tab, kind, OVR_T_KEY, digest, 16, now);
+	const struct ovr_entry *e = table_match(&ov->tab, kind, OVR_T_KEY, digest, 16, now);
+
+	return e ? e : table_match(&ov->tab, kind, OVR_T_FP, fp, FP_LEN, now);
 }
 
 /*
@@ -732,13 +905,14 @@ static int64_t now_s(void)
 }
 
 /* Logs "override <verb>: <what> on <target> until <time> (<left>) by <who>, reason "..."". */
-static void audit(const char *verb, const struct ovr_entry *e, int64_t now)
+static void audit(const struct overrides *ov, const char *verb, const struct ovr_entry *e,
+		  int64_t now)
 {
 	char target[OVR_FIELD_MAX], what[256], when[32];
 	time_t u = (time_t)e->until;
 	struct tm tm;
 
-	ovr_target_format(&e->t, target, sizeof(target));
+	ovr_target_show(&e->t, &ov->fp, target, sizeof(target));
 	ovr_describe(e, what, sizeof(what));
 	if (!gmtime_r(&u, &tm) || !strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm))
 		snprintf(when, sizeof(when), "%lld", (long long)e->until);
@@ -787,7 +961,7 @@ static void sweep(struct overrides *ov, int64_t now)
 
 		if (!e->expired && e->until <= now) {
 			e->expired = true;
-			audit("expired", e, now);
+			audit(ov, "expired", e, now);
 		}
 	}
 }
@@ -850,9 +1024,9 @@ static void load(struct overrides *ov, const char *buf, size_t len)
 			char fs[OVR_FIELD_MAX + 8], raw[OVR_FIELD_MAX + 1];
 
 			ov->stats.skipped++;
-			ovr_field_format(&e, fs, sizeof(fs));
-			LOG(LOG_WARN, "overrides: entry '%s' skipped: a second spelling of %s",
-			    spop_escape(raw, sizeof(raw), f, fl), fs);
+			ovr_target_show(&e.t, &ov->fp, fs, sizeof(fs));
+			LOG(LOG_WARN, "overrides: entry '%s' skipped: a second spelling of %s on %s",
+			    spop_escape(raw, sizeof(raw), f, fl), kind_names[e.kind], fs);
 			continue;
 		}
 		if (nt.n == cap) {
@@ -876,16 +1050,17 @@ static void load(struct overrides *ov, const char *buf, size_t len)
 		} else if (e->until <= now) {
 			e->expired = true; /* over already: nothing applied, nothing to say */
 		} else {
-			audit(old ? "changed" : "applied", e, now);
+			audit(ov, old ? "changed" : "applied", e, now);
 		}
 	}
 	for (i = 0; i < ov->tab.n; i++) {
 		const struct ovr_entry *e = &ov->tab.e[i];
 
 		if (!e->expired && !table_find(&nt, e->kind, &e->t))
-			audit("lifted", e, now);
+			audit(ov, "lifted", e, now);
 	}
 	table_sort(&nt);
+	table_index_fp(&nt, &ov->fp);
 	table_release(&ov->tab);
 	ov->tab = nt;
 	ov->have_version = true;
@@ -1009,8 +1184,8 @@ struct overrides *ovr_new(struct ev_loop *loop, struct store *st, const struct o
 	ov->st = st;
 	ov->wake = wake;
 	ov->wake_arg = arg;
-	ovr_configure(ov, o);
 	table_init(&ov->tab, 0);
+	ovr_configure(ov, o);
 	ev_timer_init(&ov->poll, poll_cb, 0., OVR_START_S);
 	ev_timer_start(loop, &ov->poll);
 	return ov;
@@ -1030,6 +1205,11 @@ void ovr_configure(struct overrides *ov, const struct ovr_opts *o)
 	ov->poll_ms = o->poll_ms ? o->poll_ms : 250;
 	ov->max_entries = o->max_entries;
 	ov->block_status = o->block_status;
+	if (o->fp && o->fp->id != ov->fp.id) {
+		/* the secret rotated: the fingerprints shown and matched are the new key's */
+		ov->fp = *o->fp;
+		table_index_fp(&ov->tab, &ov->fp);
+	}
 	if (ov->settled && ov->poll.repeat != ov->poll_ms / 1000.) {
 		ov->poll.repeat = ov->poll_ms / 1000.;
 		ev_timer_again(ov->loop, &ov->poll);
@@ -1040,6 +1220,7 @@ void ovr_free(struct overrides *ov)
 {
 	if (!ov)
 		return;
+	explicit_bzero(&ov->fp, sizeof(ov->fp));
 	BUG_ON(ov->busy); /* the store was freed first: every callback came */
 	ev_timer_stop(ov->loop, &ov->poll);
 	table_release(&ov->tab);
@@ -1099,7 +1280,7 @@ void ovr_render(const struct overrides *ov, struct http_reply *r)
 		const struct ovr_entry *e = &ov->tab.e[i];
 		char t[OVR_FIELD_MAX];
 
-		ovr_target_format(&e->t, t, sizeof(t));
+		ovr_target_show(&e->t, &ov->fp, t, sizeof(t));
 		http_reply_printf(r, "%s{\"kind\":\"%s\",\"target\":\"%s\",\"until\":%lld,"
 				     "\"active\":%s,\"left_s\":%lld",
 				  i ? "," : "", kind_names[e->kind], t, (long long)e->until,

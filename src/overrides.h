@@ -14,9 +14,14 @@
  * logged and skipped, strings are bounded and printable, and the table holds
  * at most overrides.max_entries entries.
  *
- * Targets: "k:<hex>" is an API key by the first 8 to 32 hex digits of its
- * digest (the principal's, or the fingerprint /top shows); "ip:<addr>[/<bits>]"
- * an IPv4 or IPv6 address or prefix.
+ * Targets: "fp:<16 hex>" is an API key by its keyed fingerprint (digest.h,
+ * what /top shows: the agents match it against the fingerprint of each
+ * request's key under the fleet's secret); "k:<hex>" an API key by the first 8
+ * to 32 hex digits of its digest (`ctl block key:<raw>` writes all 32: such a
+ * block does not depend on the secret; shorter ones are the fingerprints of
+ * earlier versions, still matched); "ip:<addr>[/<bits>]" an IPv4 or IPv6
+ * address or prefix. What is shown of a key target to people is never its
+ * digest: a whole one is shown as its fingerprint (ovr_target_show()).
  */
 #ifndef AGENT_OVERRIDES_H
 #define AGENT_OVERRIDES_H
@@ -28,6 +33,7 @@
 #include "compiler.h"
 
 struct ev_loop;
+struct fp_key;
 struct http_reply;
 struct store;
 struct overrides;
@@ -42,6 +48,7 @@ enum ovr_type {
 	OVR_T_KEY = 0,          /* an API key, by a prefix of its digest */
 	OVR_T_IP4 = 1,          /* an IPv4 prefix */
 	OVR_T_IP6 = 2,          /* an IPv6 prefix */
+	OVR_T_FP  = 3,          /* an API key, by its keyed fingerprint (FP_LEN bytes) */
 	OVR_T_COUNT             /* sentinel */
 };
 
@@ -57,7 +64,8 @@ enum ovr_type {
 /* What an entry applies to. */
 struct ovr_target {
 	uint8_t type;           /* enum ovr_type */
-	uint8_t bits;           /* prefix length: digest bits (32..128, by 4) or address bits */
+	uint8_t bits;           /* prefix length: digest bits (32..128, by 4), address
+				 * bits, or 8 * FP_LEN (a fingerprint, whole) */
 	uint8_t b[16];          /* digest or address; bits beyond <bits> are zero */
 };
 
@@ -86,6 +94,7 @@ struct ovr_opts {
 	unsigned poll_ms;       /* version check period */
 	unsigned max_entries;   /* entries kept; beyond, skipped and logged */
 	unsigned block_status;  /* status of a block without its own */
+	const struct fp_key *fp; /* the fingerprints' key (copied) */
 };
 
 /* Counters, for the metrics. */
@@ -101,6 +110,9 @@ struct ovr_stats {
 int ovr_target_parse(const char *s, size_t len, struct ovr_target *t, char *err,
 		     size_t errlen) MUSTCHECK;
 void ovr_target_format(const struct ovr_target *t, char *buf, size_t len);
+void ovr_target_show(const struct ovr_target *t, const struct fp_key *k, char *buf, size_t len);
+bool ovr_target_same_key(const struct ovr_target *a, const struct ovr_target *b,
+			 const struct fp_key *k);
 int ovr_field_parse(const char *s, size_t len, struct ovr_entry *e, char *err,
 		    size_t errlen) MUSTCHECK;
 void ovr_field_format(const struct ovr_entry *e, char *buf, size_t len);
@@ -122,7 +134,7 @@ size_t ovr_count(const struct overrides *ov);
 const struct ovr_entry *ovr_match_prefix(const struct overrides *ov, const struct ovr_target *t,
 					 int64_t now);
 const struct ovr_entry *ovr_match_key(const struct overrides *ov, int kind,
-				      const uint8_t digest[16], int64_t now);
+				      const uint8_t digest[16], const uint8_t *fp, int64_t now);
 const struct ovr_entry *ovr_match_addr(const struct overrides *ov, int kind, const uint8_t *addr,
 				       size_t len, int64_t now);
 unsigned ovr_block_status(const struct overrides *ov, const struct ovr_entry *e);

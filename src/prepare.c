@@ -26,6 +26,7 @@
 #include "candidate.h"
 #include "charge.h"
 #include "decision.h"
+#include "digest.h"
 #include "overrides.h"
 #include "parts.h"
 #include "principal.h"
@@ -105,7 +106,7 @@ static const struct ovr_entry *ovr_limit(const struct decision *d, bool keyed)
 	if (!ov || !ovr_count(ov))
 		return NULL;
 	if (keyed)
-		return ovr_match_key(ov, OVR_LIMIT, d->digest, now_us_real() / 1000000);
+		return ovr_match_key(ov, OVR_LIMIT, d->digest, d->fp, now_us_real() / 1000000);
 	len = ip_bytes(&d->ip, &b);
 	return len ? ovr_match_addr(ov, OVR_LIMIT, b, len, now_us_real() / 1000000) : NULL;
 }
@@ -124,9 +125,8 @@ static void decision_run(struct decision *d, const struct rule_tier *tier)
 	if (tier) {
 		principal[0] = '\0';
 		(void)str_cat(principal, sizeof(principal), 0, d->principal);
-		/* a short fingerprint: 32 bits of the digest, never the key */
-		memcpy(d->client, d->principal, 10);
-		d->client[10] = '\0';
+		/* the keyed fingerprint (digest.h), never the key nor its digest */
+		fp_format(d->fp, d->client);
 	} else {
 		tier = &rs->anon;
 		if (!principal_ip(rs, &d->ip, principal, sizeof(principal))) {

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "agent_int.h"
+#include "config.h"
 #include "digest.h"
 #include "hll.h"
 #include "rules.h"
@@ -28,9 +29,11 @@
 
 /*
  * Slots of the digest cache: an API key (up to DCACHE_KEY bytes) -> the hex of
- * the first 16 bytes of its SHA-256, the Redis key part of its principal.
+ * the first 16 bytes of its SHA-256, the Redis key part of its principal, and
+ * the fingerprint people see of it (digest.h) under the key <fp_id> names.
  * Direct-mapped by a fast hash of the key, compared byte for byte: a key sent
- * again (the common case) costs a memcmp, not a SHA-256.
+ * again (the common case) costs a memcmp, not a SHA-256 nor an HMAC; after a
+ * secret's rotation, one HMAC per key on its next request.
  */
 #define DCACHE_SLOTS 4096
 #define DCACHE_KEY   64
@@ -39,6 +42,8 @@ struct digest_slot {
 	char key[DCACHE_KEY];
 	uint8_t digest[16];
 	char hex[33];
+	uint8_t fp[FP_LEN];             /* fp_compute(<digest>) under ... */
+	uint64_t fp_id;                 /* ... the key of this id */
 };
 
 /* An empty digest cache (DCACHE_SLOTS slots), freed with free(). */
@@ -143,10 +148,12 @@ size_t ip_bytes(const struct spop_data *ip, const uint8_t **b)
 /*
  * The Redis key part of API key <key>: "k:" and the hex of the first 16 bytes
  * of its SHA-256 (fixed length, whatever the key holds) into d->principal, the
- * digest into d->digest.
+ * digest into d->digest, its fingerprint under the ruleset's key into d->fp.
+ * The Redis key part is the same on every gateway whatever the secret.
  */
 void principal_key(struct decision *d, const char *key, size_t key_len)
 {
+	const struct fp_key *fk = &d->rs->cfg->fp;
 	struct digest_slot one, *ds = &one;
 	uint8_t md[SHA256_LEN];
 
@@ -156,12 +163,19 @@ void principal_key(struct decision *d, const char *key, size_t key_len)
 		sha256(key, key_len, md);
 		memcpy(ds->digest, md, sizeof(ds->digest));
 		hex_encode(md, 16, ds->hex);
+		fp_compute(fk, ds->digest, ds->fp);
+		ds->fp_id = fk->id;
 		if (ds != &one) {
 			ds->len = (uint8_t)key_len;
 			memcpy(ds->key, key, key_len);
 		}
 	}
+	if (ds->fp_id != fk->id) {
+		fp_compute(fk, ds->digest, ds->fp);
+		ds->fp_id = fk->id;
+	}
 	memcpy(d->digest, ds->digest, sizeof(d->digest));
+	memcpy(d->fp, ds->fp, sizeof(d->fp));
 	memcpy(d->principal, "k:", 2);
 	memcpy(d->principal + 2, ds->hex, sizeof(ds->hex));
 }

@@ -27,27 +27,44 @@ static void tier_compile(struct ruleset *rs, const struct cfg_tier *ct, struct r
 		t->idx[i] = j;
 		size += strlen(rs->limits[j].name) + 96;
 	}
-	/*
-	 * RateLimit-Policy (draft-ietf-httpapi-ratelimit-headers): one item per
-	 * limit, q tokens per w seconds. A bucket that holds more (or less) than
-	 * q says so in a vendor parameter, rl-burst (the draft defines no burst
-	 * parameter and asks for a prefix on others), so that a RateLimit r above
-	 * q is explained by the policy itself.
-	 */
+	/* RateLimit-Policy: one item per limit (rule_policy_item()), none in the
+	 * legacy dialect */
 	t->policy = xmalloc(size + 1);
 	t->policy[0] = 0;
-	for (i = 0; i < t->n; i++) {
+	for (i = 0; i < t->n && rs->cfg->headers != HDR_LEGACY; i++) {
 		const struct rule_limit *l = &rs->limits[t->idx[i]];
 
 		if (l->shadow) /* clients never see shadow limits */
 			continue;
-		used += (size_t)snprintf(t->policy + used, size + 1 - used, "%s\"%s\";q=%llu;w=%llu",
-					 used ? ", " : "", l->name, (unsigned long long)l->rate,
-					 (unsigned long long)l->period_s);
-		if (l->capacity != l->rate)
-			used += (size_t)snprintf(t->policy + used, size + 1 - used, ";rl-burst=%llu",
-						 (unsigned long long)l->capacity);
+		used += (size_t)rule_policy_item(rs->cfg->headers, t->policy + used, size + 1 - used,
+						 !used, l->name, l->rate, l->period_s, l->capacity);
 	}
+}
+
+/*
+ * One item of RateLimit-Policy in dialect <h>, for limit <name> of <q> tokens
+ * per <w> seconds in a bucket of <burst>, written to <buf> of <len> bytes
+ * after a ", " unless <first>. Returns what snprintf() returns.
+ *   structured (draft 11): "<name>";q=<q>;w=<w>
+ *   draft 7:               <q>;w=<w>
+ * A bucket that holds more (or less) than q says so in a vendor parameter,
+ * rl-burst (the drafts define no burst parameter and ask for a prefix on
+ * others), so that a remaining count above q is explained by the policy.
+ */
+int rule_policy_item(enum header_dialect h, char *buf, size_t len, bool first, const char *name,
+		     uint64_t q, uint64_t w, uint64_t burst)
+{
+	int n;
+
+	if (h == HDR_DRAFT7)
+		n = snprintf(buf, len, "%s%llu;w=%llu", first ? "" : ", ", (unsigned long long)q,
+			     (unsigned long long)w);
+	else
+		n = snprintf(buf, len, "%s\"%s\";q=%llu;w=%llu", first ? "" : ", ", name,
+			     (unsigned long long)q, (unsigned long long)w);
+	if (n >= 0 && (size_t)n < len && burst != q)
+		n += snprintf(buf + n, len - (size_t)n, ";rl-burst=%llu", (unsigned long long)burst);
+	return n;
 }
 
 /* Bytes of a set-var action named <name> with a string value of <len> bytes. */
@@ -97,8 +114,9 @@ static size_t ack_size(struct ruleset *rs)
 	rs->policy_max = policy;
 	n += setvar_str_size("shadow", name) + setvar_str_size("endpoint", ep) +
 	     setvar_str_size("policy", policy) + setvar_str_size("rule", name) +
-	     /* "<name>";r=<int64>;t=<int64> */
-	     setvar_str_size("ratelimit", name + 2 + 3 + 20 + 3 + 20);
+	     /* "<name>";r=<int64>;t=<int64>, or limit=<int64>, remaining=<int64>,
+	      * reset=<int64> (draft 7) */
+	     setvar_str_size("ratelimit", name + 48 > 86 ? name + 48 : 86);
 	n += setvar_int_size("allow") + setvar_int_size("degraded") + setvar_int_size("status") +
 	     setvar_int_size("retry_after") + setvar_int_size("limit") +
 	     setvar_int_size("remaining") + setvar_int_size("reset") + setvar_int_size("post") +

@@ -72,6 +72,8 @@ void rule_limit_params(const struct agent_config *cfg, const struct cfg_limit *c
 void rule_local_params(const struct cfg_limit *cl, uint64_t rate, uint64_t burst,
 		       uint64_t gateways, struct limit_params *local);
 struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen);
+int rule_policy_item(enum header_dialect h, char *buf, size_t len, bool first, const char *name,
+		     uint64_t q, uint64_t w, uint64_t burst);
 struct ruleset *ruleset_ref(struct ruleset *rs);
 void ruleset_unref(struct ruleset *rs);
 const struct rule_tier *ruleset_tier_find(const struct ruleset *rs, const char *name, size_t len);

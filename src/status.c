@@ -529,6 +529,7 @@ static void offenders_tables(struct panel *p, const struct met_view *v,
 				continue;
 			/* a key's fingerprint reads as a target; an address prefix needs "ip:" */
 			snprintf(target, sizeof(target), "%s%s",
+				 strncmp(mt->e[i].item, "fp:", 3) == 0 ||
 				 strncmp(mt->e[i].item, "k:", 2) == 0 ? "" : "ip:", mt->e[i].item);
 			if (ovr_target_parse(target, strlen(target), &t, err, sizeof(err)) < 0)
 				continue;

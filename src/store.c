@@ -567,7 +567,7 @@ void store_set_tls(struct store *s, struct tls_ctx *tls, struct tls_ctx *sentine
 
 /*
  * Sets the deadlines of commands sent from now on: <command_timeout_ms> for a
- * command no NOTIFY waits on (0: 5), <queue_timeout_ms> in the queue (0: the
+ * command no NOTIFY waits on (0: STORE_COMMAND_TIMEOUT_MS), <queue_timeout_ms> in the queue (0: the
  * command timeout), and <answer_budget_ms>, the share of HAProxy's budget a
  * decision's reply gets (0: spoe_timeout unknown, the command timeout then),
  * which is also what the adaptive limits call late (reply_budget()). Commands
@@ -578,7 +578,7 @@ void store_set_timeouts(struct store *s, unsigned command_timeout_ms, unsigned q
 {
 	double longest;
 
-	s->command_timeout_ms = command_timeout_ms ? command_timeout_ms : 5;
+	s->command_timeout_ms = command_timeout_ms ? command_timeout_ms : STORE_COMMAND_TIMEOUT_MS;
 	s->queue_s = (queue_timeout_ms ? queue_timeout_ms : s->command_timeout_ms) / 1000.;
 	s->answer_budget_s = answer_budget_ms / 1000.;
 	/* a stall is 20 times the longest a reply is waited for, at least 1 s and at most 5 s */

@@ -30,6 +30,13 @@
 #include "compiler.h"
 #include "store_types.h"
 
+/*
+ * The deadline of a command no decision waits on when nothing else says one
+ * (redis.command_timeout_ms unset and no spoe_timeout): the default of the
+ * configuration (config_command_timeout_ms()) and of store_set_timeouts().
+ */
+#define STORE_COMMAND_TIMEOUT_MS 5
+
 struct ev_loop;
 struct reply_limits;
 struct store;

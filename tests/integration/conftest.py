@@ -15,6 +15,8 @@ Markers, set at collection (tests/matrix/ selects with them): `haproxy` on every
 runs a real HAProxy (the haproxy/stack/upstream fixtures, test_haproxy_config.py).
 """
 
+import hashlib
+import hmac
 import http.client
 import http.server
 import os
@@ -532,6 +534,32 @@ def agent_config(listen, redis_address=None, **over):
     return cfg
 
 
+# The fleet's fingerprint secret of the tests (metrics.fingerprint_secret_file): every
+# agent with a metrics group gets it unless the test names its own file, or None (the
+# agent's random secret). fingerprint() computes what the agents show with it.
+FP_SECRET = "tests-fleet-fingerprint-secret-0123456789abcdef"
+
+
+def fp_secret_file(tmp, secret=FP_SECRET, name="fingerprint.secret", mode=0o600):
+    """Writes <secret> (and a newline) to <tmp>/<name> with <mode>; returns its path."""
+    path = tmp / name
+    path.write_text(secret + "\n")
+    path.chmod(mode)
+    return path
+
+
+def fingerprint(key, secret=FP_SECRET):
+    """What people see of API key <key>: "fp:" + 16 hex digits of HMAC-SHA256(<secret>,
+    the first 16 bytes of SHA-256(key)), the Redis key part's digest."""
+    digest = hashlib.sha256(key.encode()).digest()[:16]
+    return "fp:" + hmac.new(secret.encode(), digest, hashlib.sha256).hexdigest()[:16]
+
+
+def unkeyed_prefix(key, hexdigits=16):
+    """The unkeyed SHA-256 prefix of <key> (what earlier versions showed, 8 digits)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:hexdigits]
+
+
 def check_config(tmp, cfg):
     """`spoa-ratelimit -c` on the config dict <cfg>, written to <tmp>/check.conf."""
     path = tmp / "check.conf"
@@ -586,6 +614,12 @@ class Agent:
         self.addr = parse_listen(cfg["listen"])
         self.wait_redis = wait_redis and cfg.get("store") == "redis"
         self.conf_path = tmp / ("%s-%d.conf" % (name, len(procs.procs)))
+        metrics = cfg.get("metrics")
+        if isinstance(metrics, dict):
+            if "fingerprint_secret_file" not in metrics:
+                metrics["fingerprint_secret_file"] = str(fp_secret_file(tmp))
+            elif metrics["fingerprint_secret_file"] is None:
+                del metrics["fingerprint_secret_file"]
         self.conf_path.write_text(to_libconfig(cfg))
         self.proc = procs.spawn(name, [SPOA_BIN, "-f", self.conf_path] + list(args),
                                 env=agent_env())
@@ -707,13 +741,15 @@ def agent(procs, tmp, agent_bin):
     **config overrides) -> Agent (started, listening). redis_cfg entries are merged into
     the `redis` group (a value of None removes the entry); args are extra command-line
     arguments (e.g. ("-w", 2)); metrics=True sets `metrics.listen` to a free loopback port
-    (Agent.metrics_addr, Agent.http())."""
+    (Agent.metrics_addr, Agent.http()), a dict the other `metrics` settings too (with the
+    tests' fingerprint secret file unless it names one, or None for none)."""
     def start(redis=None, name="agent", redis_cfg=None, wait_redis=True, args=(),
               metrics=False, **over):
         ports = free_ports(2)
         listen = over.pop("listen", None) or "127.0.0.1:%d" % ports[0]
         if metrics:
-            over["metrics"] = {"listen": "127.0.0.1:%d" % ports[1]}
+            over["metrics"] = dict({"listen": "127.0.0.1:%d" % ports[1]},
+                                   **(metrics if isinstance(metrics, dict) else {}))
         cfg = agent_config(listen, redis.address if redis else None, **over)
         for k, v in (redis_cfg or {}).items():
             if v is None:

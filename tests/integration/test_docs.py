@@ -81,3 +81,64 @@ def test_src_map_matches_includes(capsys):
     check_layers = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check_layers)
     assert check_layers.main() == 0, capsys.readouterr().err
+
+
+def documented_defaults():
+    """{key: its default cell} of every settings table in doc/*.md: rows whose first cell
+    names keys in backquotes (`a.b`, `.c` for a sibling of the first) and whose second is
+    the default."""
+    rows = {}
+    for path in sorted((REPO / "doc").glob("*.md")):
+        for line in path.read_text().splitlines():
+            if not line.startswith("| `"):
+                continue
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) < 3:
+                continue
+            names = []
+            for n in re.findall(r"`([^`]+)`", cells[0]):
+                names.append(names[0].rsplit(".", 1)[0] + n if n.startswith(".") and names
+                             else n)
+            for n in names:
+                rows.setdefault(n, cells[1])
+    return rows
+
+
+def duration_ms(text):
+    m = re.fullmatch(r"(\d+)(ms|s|m|h|d)?", text)
+    if not m:
+        return None
+    return int(m.group(1)) * {"ms": 1, "s": 1000, None: 1000, "m": 60000, "h": 3600000,
+                              "d": 86400000}[m.group(2)]
+
+
+def test_every_default_is_documented_as_the_code_has_it(agent_bin):
+    """`spoa-ratelimit defaults` prints the default of every setting read from the key
+    tables (src/config.c: the one place defaults are written); each is in a settings table
+    of doc/ with the same value. A default of 0 that the agent derives (from another key,
+    or from spoe_timeout) is documented in words or by that key's name."""
+    import subprocess
+    out = subprocess.run([str(agent_bin), "defaults"], capture_output=True, text=True,
+                         timeout=10, check=True).stdout
+    rows = documented_defaults()
+    keys, bad = 0, []
+    for line in out.splitlines():
+        key, value = [x.strip() for x in line.split("=", 1)]
+        keys += 1
+        if key not in rows:
+            bad.append("%s (default %s): in no settings table of doc/" % (key, value))
+            continue
+        cell = rows[key]
+        lit = re.match(r"`([^`]*)`", cell)
+        doc = lit.group(1).strip('"') if lit else None
+        names_a_key = doc is not None and any(k == doc or k.endswith("." + doc) for k in rows)
+        if value in ("0", "0ms") and (not lit or names_a_key or cell.startswith("derived")):
+            continue                                    # derived
+        if value.endswith("ms") and not value.startswith('"'):
+            ok = doc is not None and duration_ms(doc) == int(value[:-2])
+        else:
+            ok = doc == value.strip('"')
+        if not ok:
+            bad.append("%s: the code says %s, the documentation %r" % (key, value, cell[:60]))
+    assert keys > 30, out
+    assert not bad, "\n".join(bad)

@@ -6,6 +6,9 @@ draft-ietf-httpapi-ratelimit-headers: `RateLimit` reports the limit closest to b
 exhausted; `q`/`w` are the quota per window, and parameters the draft does not define
 carry a vendor prefix (`rl-burst`)."""
 import json
+import time
+
+import pytest
 
 from conftest import LcList, parse_sf_list
 
@@ -100,3 +103,97 @@ def test_closest_counts_requests_of_this_cost(redis, agent, haproxy):
     assert r.status == 200, r
     name, p = one_item(r.h("RateLimit"))
     assert (name, p["r"]) == ("day", 19), r
+
+
+# ---------------------------------------------------------------------------------------
+# Dialects (response.headers): each response read as a client of that dialect reads it.
+
+def draft11_client(r):
+    """A client of the structured fields (drafts 8 to 11): RateLimit is a list of
+    "policy";r=;t= items, RateLimit-Policy of "policy";q=;w= items. Returns (limit,
+    remaining, reset) of the first item, the limit from the policy it names; or None."""
+    if r.h("RateLimit") is None:
+        return None
+    try:
+        items = parse_sf_list(r.h("RateLimit"))
+    except ValueError:
+        return None                     # not a list of items: not for this client
+    name, p = items[0]
+    pol = dict(parse_sf_list(r.h("RateLimit-Policy") or ""))
+    return pol[name]["q"], p["r"], p["t"]
+
+
+def draft7_client(r):
+    """A client of draft 7: RateLimit is one dictionary, limit=, remaining=, reset=;
+    RateLimit-Policy a list of <quota>;w= items. A RateLimit it cannot read gives None:
+    such clients then fall back to the legacy trio, and only when no RateLimit is there."""
+    v = r.h("RateLimit")
+    if v is None:
+        return None
+    d = {}
+    for member in v.split(","):
+        k, sep, val = member.strip().partition("=")
+        if not sep or not val.isdigit():
+            return None
+        d[k] = int(val)
+    if set(d) != {"limit", "remaining", "reset"}:
+        return None
+    for item in (r.h("RateLimit-Policy") or "").split(","):
+        q, sep, w = item.strip().partition(";w=")
+        assert q.isdigit() and sep and w.split(";")[0].isdigit(), r.h("RateLimit-Policy")
+    return d["limit"], d["remaining"], d["reset"]
+
+
+def draft6_client(r):
+    """A client of the legacy trio (draft 6 and the X-RateLimit-* habit)."""
+    if r.h("RateLimit-Limit") is None:
+        return None
+    return (int(r.h("RateLimit-Limit")), int(r.h("RateLimit-Remaining")),
+            int(r.h("RateLimit-Reset")))
+
+
+@pytest.mark.parametrize("dialect,readers", [
+    ("structured+legacy", {"draft11": True, "draft7": False, "draft6": True}),
+    ("structured", {"draft11": True, "draft7": False, "draft6": False}),
+    ("draft7", {"draft11": False, "draft7": True, "draft6": False}),
+    ("legacy", {"draft11": False, "draft7": False, "draft6": True}),
+])
+def test_header_dialects_as_their_clients_read_them(redis, agent, haproxy, dialect, readers):
+    """response.headers: 5 per minute (a fixed window, so reset counts to the minute's
+    end). Each kind of client reads the limit, remaining and reset the agent decided, or
+    nothing it could mistake: a draft-7 client gets None from the structured RateLimit,
+    and the legacy dialect sends no RateLimit to shadow the trio it falls back to."""
+    a = agent(redis=redis, response={"headers": dialect},
+              limits={"m": {"algorithm": "fixed_window", "rate": 5, "period": "1m"},
+                      "anon": {"rate": 100, "period": "1m"}},
+              tiers={"t": {"limits": ["m"]}}, default_tier="t",
+              anonymous={"limits": ["anon"]})
+    gw = haproxy(a.address)
+    clients = {"draft11": draft11_client, "draft7": draft7_client, "draft6": draft6_client}
+    for i in range(6):
+        t0 = time.time()
+        r = gw.request("/", api_key="dialect-" + dialect)
+        left = 60 - int(t0) % 60
+        assert r.status == (200 if i < 5 else 429), r
+        for name, read in clients.items():
+            got = read(r)
+            if not readers[name]:
+                assert got is None, (name, r.headers)
+                continue
+            assert got is not None, (name, r.headers)
+            limit, remaining, reset = got
+            assert (limit, remaining) == (5, max(0, 4 - i)), (name, got, r.headers)
+            assert left - 1 <= reset <= left + 1, (name, got, left)
+        if dialect == "legacy":
+            assert r.h("RateLimit-Policy") is None, r.headers
+
+
+def test_header_dialect_config_errors(tmp):
+    from conftest import agent_config, check_config
+    cfg = agent_config("127.0.0.1:1")
+    cfg["response"] = {"headers": "draft-7"}
+    r = check_config(tmp, cfg)
+    assert r.returncode != 0 and "response.headers: use" in r.stderr, r.stderr
+    cfg["response"] = {"headers": "draft7", "legacy_headers": True}
+    r = check_config(tmp, cfg)
+    assert r.returncode != 0 and "'headers' replaces 'legacy_headers'" in r.stderr, r.stderr

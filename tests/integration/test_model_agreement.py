@@ -16,7 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = os.environ.get("LIMIT_MODEL", str(ROOT / "build" / "limit_model"))
 SCRIPT_PATH = os.environ.get("RATELIMIT_LUA", str(ROOT / "build" / "gen" / "ratelimit.lua"))
 
-GCRA, FIXED, LOG, SLIDING = 1, 2, 3, 4
+GCRA, FIXED, LOG, SLIDING, MONTH = 1, 2, 3, 4, 5
 
 
 def script():
@@ -140,6 +140,53 @@ def test_fixed_window_is_calendar_aligned(redis):
     assert reps[2][5] == -(-(1000000 - now % 1000000) // 1000)  # retry = until the boundary
     time.sleep((1000000 - now % 1000000) / 1e6 + 0.01)
     assert run_script(redis, sha, ["rl:{cal}:w"], limits, 1)[0] == 1
+
+
+# The month's functions of lua/fixed_window.lua called at an instant the test chooses
+# (the decision script takes its time from Redis TIME), as the driver calls one limit.
+MONTH_AT = """
+local now, cost, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local ok, rc, ru, retry, sc, su, s1 = fixed_month_check(KEYS[1], now, cost, 1, limit)
+if ok == 1 then
+    fixed_month_commit(KEYS[1], now, cost, 1, limit, s1, nil, nil)
+    ru, su = rc, sc
+end
+return { ok, ok, ru, math.ceil(retry / 1000), math.ceil(su / 1000) }
+"""
+
+
+def utc_us(*ymdhms, us=0):
+    import calendar
+    return calendar.timegm(ymdhms + (0,) * (6 - len(ymdhms))) * 10**6 + us
+
+
+@pytest.mark.parametrize("name,start", [
+    ("last second of a 30-day month", utc_us(2027, 4, 30, 23, 59, 59)),
+    ("February of a leap year", utc_us(2028, 2, 29, 23, 59, 58, us=500000)),
+    ("February of a common year", utc_us(2027, 2, 28, 23, 59, 58, us=999999)),
+    ("December to January", utc_us(2026, 12, 31, 23, 59, 59)),
+    ("a century that is no leap year", utc_us(2100, 2, 28, 23, 59, 58)),
+])
+def test_calendar_month_boundaries(redis, name, start):
+    """fixed_window on calendar months ("1mo", algorithm 5): the script's month functions
+    and the C model give the same verdicts, remaining counts, retries and resets at the
+    same instants, across the end of a month; after the 1st the count starts again."""
+    src = (pathlib.Path(__file__).resolve().parents[2] / "lua" / "fixed_window.lua").read_text()
+    sha = redis.cmd("SCRIPT", "LOAD", src + MONTH_AT)
+    key = "{m}:" + name.replace(" ", "-")
+    calls, replies = [], []
+    # 3 per month: requests in the last seconds of the month, then across the 1st; the
+    # instants stay more than 1 s apart from the key's expiry (its TTL is in real time)
+    for dt, cost in ((0, 1), (1000, 2), (200000, 1), (600000, 1), (1100000, 1),
+                     (1100000, 3), (1500000, 1), (1500001, 0)):
+        now = start + dt if dt < 1000000 else start + 2000000 + dt
+        calls.append((now, cost))
+        replies.append([int(x) for x in redis.cmd("EVALSHA", sha, "1", key, str(now),
+                                                  str(cost), "3")])
+    model = run_model([(MONTH, 1, 3, 0)], calls)
+    assert replies == model, "%s: script %r model %r" % (name, replies, model)
+    # the month ended between the 4th and 5th calls: a full quota again
+    assert replies[3][0] == 0 and replies[4][0] == 1 and replies[4][2] == 2, replies
 
 
 def test_keys_expire(redis):

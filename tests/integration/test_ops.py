@@ -7,7 +7,6 @@ Scrapes go to the agent's `metrics.listen` (a free loopback port, see the `metri
 argument of the agent factory). The Prometheus text is parsed here (parse_prom) and checked
 for well-formedness on every scrape."""
 
-import hashlib
 import json
 import os
 import random
@@ -20,7 +19,7 @@ import time
 import pytest
 
 import spop_client as sc
-from conftest import agent_errors, wait_until
+from conftest import agent_errors, fingerprint, wait_until  # noqa: F401 (fingerprint re-exported)
 
 # ---------------------------------------------------------------------------------------
 # A tiny Prometheus text-format parser (exposition format 0.0.4)
@@ -161,9 +160,6 @@ def top_json(a):
     return {r["rule"]: r for r in json.loads(body)["rules"]}
 
 
-def fingerprint(key):
-    """The client label of an API key: "k:" + 8 hex digits of its SHA-256."""
-    return "k:" + hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
 def delta(after, before):
@@ -334,7 +330,7 @@ def test_top_offenders_and_distinct_clients_shape(agent, redis):
         k, n = "ops-mis-%d" % i, 1 + i % 2
         msgs += [sc.rl_message(key=k, tier="t_mis")] * (n + 2)
         expect_denied["mis"][fingerprint(k)] = n
-    # no two keys share a fingerprint (32 bits; checked, not assumed)
+    # no two keys share a fingerprint (64 bits; checked, not assumed)
     assert len(expect_denied["atk"]) == 203 and len(expect_denied["mis"]) == 400
     rnd.shuffle(msgs)
     t0 = time.monotonic()

@@ -67,7 +67,10 @@ def test_block_reaches_every_gateway_and_costs_redis_nothing(redis, agent, hapro
         t0 = time.monotonic()
         out = ctl_ok(gws[0][0], "block", "key:victim", "--for", "5m", "--reason",
                      "credential stuffing", "--by", "oncall")
-        assert "block:k:%s" % digest_hex("victim") in out, out
+        # shown by its keyed fingerprint, stored by its digest (unchanged by a rotation)
+        assert "block:%s" % fingerprint("victim") in out, out
+        assert digest_hex("victim")[:8] not in out, out
+        assert redis.cmd("HEXISTS", HASH, "block:k:%s" % digest_hex("victim")) == 1
         for _, gw in gws:
             wait_until(lambda: blocked(gw.request("/", api_key="victim")), 5,
                        interval=0.01, what="the block applied")
@@ -96,9 +99,10 @@ def test_block_reaches_every_gateway_and_costs_redis_nothing(redis, agent, hapro
     # every agent wrote an audit line, and counts the blocks apart from limit denials
     for a, _ in gws:
         log = a.proc.log_text()
-        assert "override applied: block on k:%s" % digest_hex("victim") in log, log
+        assert "override applied: block on %s" % fingerprint("victim") in log, log
         assert 'by oncall, reason "credential stuffing"' in log, log
-        assert "override lifted: block on k:%s" % digest_hex("victim") in log, log
+        assert "override lifted: block on %s" % fingerprint("victim") in log, log
+        assert digest_hex("victim")[:8] not in log
         m = scrape(a)
         assert m.get("spoa_ratelimit_decisions_total", rule="blocked", result="denied") >= 10
         assert m.get("spoa_ratelimit_override_blocked_total") >= 10
@@ -114,7 +118,7 @@ def test_block_by_fingerprint_address_and_prefix(redis, agent):
     a = agent(redis=redis, metrics=True, **BIG)
     with sc.SpopClient(a.addr) as c:
         c.hello()
-        # the fingerprint /top shows (8 hex digits)
+        # the fingerprint /top shows (fp: and 16 hex digits)
         assert ask(c, 1, key="fp-key")["allow"] == 1
         ctl_ok(a, "block", fingerprint("fp-key"), "--for", "1m", "--status", "403")
         v = wait_until(lambda: (lambda v: v if v["allow"] == 0 else None)(
@@ -155,7 +159,7 @@ def test_block_expires_by_itself(redis, agent, haproxy):
     assert 1 <= int(r.h("Retry-After")) <= 2, r
     wait_until(lambda: gw.request("/", api_key="brief").status == 200, 6, interval=0.05,
                what="the block expired")
-    wait_until(lambda: "override expired: block on k:%s" % digest_hex("brief")
+    wait_until(lambda: "override expired: block on %s" % fingerprint("brief")
                in a.proc.log_text(), 3, what="the expiry logged")
     # the next write drops expired entries from Redis
     ctl_ok(a, "block", "key:other", "--for", "1m")
@@ -279,7 +283,7 @@ def test_restart_keeps_the_blocks(redis, agent, haproxy):
         c.hello()
         v = ask(c, 1, key="persistent")
         assert v["allow"] == 0 and v["rule"] == "blocked", v
-    assert "override applied: block on k:%s" % digest_hex("persistent") in a.proc.log_text()
+    assert "override applied: block on %s" % fingerprint("persistent") in a.proc.log_text()
 
 
 def test_ctl_refuses_bad_input(redis, agent):
@@ -304,7 +308,9 @@ def test_ctl_refuses_bad_input(redis, agent):
     assert redis.cmd("EXISTS", HASH) == 0
     # a raw key from standard input (not on the command line)
     out = ctl_ok(a, "block", "key:-", "--for", "1m", stdin="secret-key\n")
-    assert "block:k:%s" % digest_hex("secret-key") in out, out
+    # without the fleet's secret ctl shows no fingerprint, and never the digest
+    assert "block:key:*:" in out and digest_hex("secret-key")[:8] not in out, out
+    assert redis.cmd("HEXISTS", HASH, "block:k:%s" % digest_hex("secret-key")) == 1
 
 
 def test_first_decisions_wait_for_the_overrides(agent):

@@ -16,6 +16,7 @@ more wherever tokens are counted, so nothing refills mid-test; short windows (1s
 appear only where time is the subject.
 """
 
+import datetime
 import hashlib
 import ipaddress
 import json
@@ -27,7 +28,8 @@ import time
 import pytest
 
 import spop_client as sc
-from conftest import HAPROXY_DIR, LcList, parse_sf_list, to_libconfig, wait_until
+from conftest import (HAPROXY_DIR, LcList, agent_config, check_config, parse_sf_list, to_libconfig,
+                      wait_until)
 
 
 # ---------------------------------------------------------------------------------------
@@ -799,6 +801,46 @@ def test_fixed_window_calendar_alignment(setup):
             assert lo - 1 <= v1["reset"] <= hi + 1, (name, v1, lo, hi)
             v_denied(v3, name, w)
             assert lo - 1 <= v3["retry_after"] <= hi + 1, (name, v3, lo, hi)
+
+
+def next_month_start(t):
+    """The Unix time of 00:00 UTC on the 1st of the month after the one holding <t>."""
+    d = datetime.datetime.fromtimestamp(int(t), datetime.timezone.utc)
+    y, m = (d.year + 1, 1) if d.month == 12 else (d.year, d.month + 1)
+    return datetime.datetime(y, m, 1, tzinfo=datetime.timezone.utc).timestamp()
+
+
+def test_fixed_window_calendar_month(setup):
+    """period "1mo": a fixed window from 00:00 UTC on the 1st to the next 1st, whatever the
+    month's length: Reset and Retry-After count to the next 1st, the policy's w is the mean
+    Gregorian month (2,629,746 s), and the count lives in the month's window."""
+    e = setup(gateway=False, limits={"mo": lim(2, "1mo", algorithm="fixed_window")},
+              tiers=peek_tiers("mo"))
+    with e.spop() as c:
+        t0 = time.time()
+        v1 = c.ask(key="month", tier="peek_mo")
+        c.ask(key="month", tier="peek_mo")
+        v3 = c.ask(key="month", tier="peek_mo")
+        t1 = time.time()
+    lo, hi = next_month_start(t1) - t1, next_month_start(t0) - t0
+    v_allowed(v1, "mo", 1, [("mo", 2, 2629746)])
+    assert lo - 1 <= v1["reset"] <= hi + 1, (v1, lo, hi)
+    v_denied(v3, "mo", 31 * 86400)
+    assert lo - 1 <= v3["retry_after"] <= hi + 1, (v3, lo, hi)
+
+
+def test_calendar_month_is_for_fixed_window_only(tmp):
+    for alg in ("gcra", "sliding_window", "sliding_log"):
+        cfg = agent_config("127.0.0.1:1", limits={"m": lim(10, "1mo", algorithm=alg)},
+                           tiers={"free": {"limits": ["m"]}})
+        r = check_config(tmp, cfg)
+        assert r.returncode != 0, (alg, r.stdout, r.stderr)
+        assert "\"1mo\" (a calendar month) is for fixed_window only" in r.stderr, r.stderr
+    for bad in ("2mo", "1month", "0mo"):
+        cfg = agent_config("127.0.0.1:1", limits={"m": lim(10, bad, algorithm="fixed_window")},
+                           tiers={"free": {"limits": ["m"]}})
+        r = check_config(tmp, cfg)
+        assert r.returncode != 0 and "or \"1mo\" (a calendar month)" in r.stderr, r.stderr
 
 
 def _sleep_to_fresh_second(margin=0.03):

@@ -1,5 +1,6 @@
 """Local quotas: the batch modes of the script (grants and reports), leases, pre-checks,
 coalescing and a lease held through a Redis outage (src/quota.c, lua/decide.lua)."""
+import datetime
 import hashlib
 import pathlib
 import random
@@ -131,6 +132,13 @@ def test_lease_never_outlives_the_window_in_redis_time(redis):
     assert granted(r) == 10 and r[-1] == left_ms, (r, left_ms)
     r = evalr(redis, ["{w}:g"], [(GCRA, 1000, 10**6, 0)], [1], want=10, lease_us=10 * 10**6)
     assert granted(r) == 10 and r[-1] == 10000, r
+    # a calendar month (algorithm 5): until the next 1st, 00:00 UTC
+    r = evalr(redis, ["{w}:m"], [(5, 1, 100, 0)], [1], want=10, lease_us=10 * 10**6)
+    d = datetime.datetime.fromtimestamp(r[2] // 10**6, datetime.timezone.utc)
+    end = datetime.datetime(d.year + d.month // 12, d.month % 12 + 1, 1,
+                            tzinfo=datetime.timezone.utc)
+    left_ms = (int(end.timestamp()) * 10**6 - r[2]) // 1000
+    assert granted(r) == 10 and r[-1] == min(10000, left_ms), (r, left_ms)
 
 
 def test_batch_rejects_a_bad_size(redis):

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -243,6 +244,46 @@ static void test_limiter_cost(void **state)
 	assert_int_equal(v.remaining, 0);
 }
 
+/* Calendar months against the C library's calendar, every day of 1600 to 2400. */
+static void test_limiter_months(void **state)
+{
+	int64_t d;
+
+	(void)state;
+	for (d = -135140; d < 157000; d++) {
+		time_t t = (time_t)d * 86400 + 43210;
+		struct tm tm, first = {0};
+		int64_t idx;
+
+		gmtime_r(&t, &tm);
+		idx = limit_month_index((int64_t)t * 1000000 + 123);
+		assert_int_equal(idx, (int64_t)(tm.tm_year + 1900) * 12 + tm.tm_mon);
+		first.tm_year = tm.tm_year;
+		first.tm_mon = tm.tm_mon;
+		first.tm_mday = 1;
+		assert_int_equal(limit_month_start_us(idx), (int64_t)timegm(&first) * 1000000);
+	}
+}
+
+/* A month's window ends at 00:00 UTC on the 1st: the last microsecond of February 2028. */
+static void test_limiter_month_window(void **state)
+{
+	struct limit_params p;
+	struct limit_verdict v;
+	struct limit_state st = {0};
+	int64_t mar1 = INT64_C(1835481600) * 1000000; /* 2028-03-01T00:00:00Z */
+
+	(void)state;
+	limit_params_init(&p, ALG_FIXED_MONTH, 2, 31ULL * 86400000, 0);
+	assert_true(limit_decide(&p, &st, 1, C(2), mar1 - 1000001, &v));
+	assert_false(limit_decide(&p, &st, 1, C(1), mar1 - 1000001, &v));
+	assert_int_equal(v.retry_ms, 1001);
+	assert_false(limit_decide(&p, &st, 1, C(1), mar1 - 1, &v));
+	assert_true(limit_decide(&p, &st, 1, C(1), mar1, &v));
+	assert_int_equal(v.remaining, 1);
+	assert_int_equal(v.reset_ms, 31ULL * 86400000); /* March has 31 days */
+}
+
 static void test_limiter_idle_bucket_refills_fully(void **state)
 {
 	struct limit_params p;
@@ -326,6 +367,8 @@ int main(void)
 		cmocka_unit_test(test_limiter_burst_then_deny),
 		cmocka_unit_test(test_limiter_denial_charges_nothing),
 		cmocka_unit_test(test_limiter_cost),
+		cmocka_unit_test(test_limiter_months),
+		cmocka_unit_test(test_limiter_month_window),
 		cmocka_unit_test(test_limiter_idle_bucket_refills_fully),
 		cmocka_unit_test(test_digest_sha256_vectors),
 		cmocka_unit_test(test_util_parse_duration),

@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "digest.h"
 #include "overrides.h"
 
 /* <in> parsed as a target and printed back. */
@@ -35,6 +36,7 @@ static void test_target_forms(void **state)
 	assert_string_equal(canon("k:0123456789abcdef0123456789abcdef"),
 			    "k:0123456789abcdef0123456789abcdef");
 	assert_string_equal(canon("k:123456789"), "k:123456789");
+	assert_string_equal(canon("fp:0123456789ABCDEF"), "fp:0123456789abcdef");
 	assert_string_equal(canon("ip:10.1.2.3"), "ip:10.1.2.3/32");
 	assert_string_equal(canon("ip:10.1.2.3/8"), "ip:10.0.0.0/8");
 	assert_string_equal(canon("ip:0.0.0.0/0"), "ip:0.0.0.0/0");
@@ -47,6 +49,53 @@ static void test_target_forms(void **state)
 	assert_string_equal(canon("ip:::ffff:0:0/95"), "ip:::fffe:0:0/95"); /* stays IPv6 */
 }
 
+/*
+ * Fingerprints: HMAC-SHA256 as Python's hmac module computes it (RFC 2104: a
+ * short secret, and one longer than a block, hashed first), what is shown of a
+ * whole digest, and a fingerprint naming the block on the digest it is of.
+ */
+static void test_fingerprints(void **state)
+{
+	uint8_t digest[16], fp[FP_LEN];
+	char s[FP_STR_LEN + 1], shown[OVR_FIELD_MAX], err[160], longer[100];
+	struct fp_key k, other;
+	struct ovr_target whole, byfp, prefix;
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < sizeof(digest); i++)
+		digest[i] = (uint8_t)i;
+	fp_key_init(&k, "unit-test-secret-0123", 21);
+	fp_compute(&k, digest, fp);
+	fp_format(fp, s);
+	assert_string_equal(s, "fp:0eabd1748e851f07");
+	memset(longer, 'x', sizeof(longer));
+	fp_key_init(&other, longer, sizeof(longer));
+	fp_compute(&other, digest, fp);
+	fp_format(fp, s);
+	assert_string_equal(s, "fp:3c95ae94aeb7e2ea");
+	assert_true(k.id != other.id);
+	/* a block by raw key: its whole digest, shown as its fingerprint, never itself */
+	memset(&whole, 0, sizeof(whole));
+	whole.type = OVR_T_KEY;
+	whole.bits = 128;
+	memcpy(whole.b, digest, 16);
+	ovr_target_show(&whole, &k, shown, sizeof(shown));
+	assert_string_equal(shown, "fp:0eabd1748e851f07");
+	ovr_target_show(&whole, NULL, shown, sizeof(shown));
+	assert_string_equal(shown, "key:*");
+	assert_int_equal(ovr_target_parse("fp:0eabd1748e851f07", 19, &byfp, err, sizeof(err)), 0);
+	assert_true(ovr_target_same_key(&whole, &byfp, &k));
+	assert_true(ovr_target_same_key(&byfp, &whole, &k));
+	assert_false(ovr_target_same_key(&whole, &byfp, &other));
+	assert_false(ovr_target_same_key(&whole, &byfp, NULL));
+	/* a shorter prefix (an earlier /top's) is shown as stored, and names no fingerprint */
+	assert_int_equal(ovr_target_parse("k:00010203", 10, &prefix, err, sizeof(err)), 0);
+	ovr_target_show(&prefix, &k, shown, sizeof(shown));
+	assert_string_equal(shown, "k:00010203");
+	assert_false(ovr_target_same_key(&prefix, &byfp, &k));
+}
+
 static void test_target_refused(void **state)
 {
 	static const char *const bad[] = {
@@ -54,6 +103,8 @@ static void test_target_refused(void **state)
 		"k:12345678 ", "ip:", "ip:10.0.0.0/33", "ip:::/129", "ip:10.0.0.0/", "ip:10.0.0.0/-1",
 		"ip:10.0.0.0/+8", "ip:10.0.0.0/ 8", "ip:10.0.0.0/8x", "ip:10.0.0", "ip:host.example",
 		"ip:10.0.0.1 ", "x:12345678", "key:abc", "K:12345678",
+		"fp:", "fp:0123456789abcde", "fp:0123456789abcdef0", "fp:0123456789abcdeg",
+		"FP:0123456789abcdef",
 	};
 	struct ovr_target t;
 	char err[160];
@@ -217,6 +268,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_target_forms),
 		cmocka_unit_test(test_target_refused),
+		cmocka_unit_test(test_fingerprints),
 		cmocka_unit_test(test_values),
 		cmocka_unit_test(test_values_refused),
 		cmocka_unit_test(test_adjust),

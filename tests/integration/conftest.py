@@ -707,13 +707,14 @@ def agent(procs, tmp, agent_bin):
     **config overrides) -> Agent (started, listening). redis_cfg entries are merged into
     the `redis` group (a value of None removes the entry); args are extra command-line
     arguments (e.g. ("-w", 2)); metrics=True sets `metrics.listen` to a free loopback port
-    (Agent.metrics_addr, Agent.http())."""
+    (Agent.metrics_addr, Agent.http()), metrics={key: value} too, with those keys."""
     def start(redis=None, name="agent", redis_cfg=None, wait_redis=True, args=(),
               metrics=False, **over):
         ports = free_ports(2)
         listen = over.pop("listen", None) or "127.0.0.1:%d" % ports[0]
-        if metrics:
-            over["metrics"] = {"listen": "127.0.0.1:%d" % ports[1]}
+        if metrics:  # True, or a dict of metrics keys besides listen
+            over["metrics"] = dict({"listen": "127.0.0.1:%d" % ports[1]},
+                                   **(metrics if isinstance(metrics, dict) else {}))
         cfg = agent_config(listen, redis.address if redis else None, **over)
         for k, v in (redis_cfg or {}).items():
             if v is None:

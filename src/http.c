@@ -26,9 +26,9 @@
  *    destroy the reply before the client reads it (e.g. a 431 to a client
  *    still sending its head).
  * One ev_timer per connection enforces the deadline (HTTP_TIMEOUT_S unless
- * set) of each request, from accept or the previous reply to the end of the
- * reply: a kept-alive connection idle that long is closed; lingering is further
- * capped at HTTP_LINGER_S.
+ * set) of each request, from accept or its first byte on a kept connection to
+ * the end of the reply; between two requests, the wait for the next one
+ * (HTTP_KEEPALIVE_S unless set); lingering is further capped at HTTP_LINGER_S.
  *
  * Every watcher of the server runs at EV_MINPRI: in a loop turn where SPOP
  * frames and HTTP requests are both ready, the frames go first.
@@ -123,7 +123,8 @@ struct http_server {
 	char date[40];                     /* IMF-fixdate of date_at */
 	size_t nconns;                     /* length of conns */
 	size_t max_conns;                  /* bound of nconns */
-	double timeout;                    /* per-connection deadline, seconds */
+	double timeout;                    /* deadline of one request, seconds */
+	double keepalive;                  /* wait for the next request, seconds */
 	int port;                          /* bound port */
 	struct http_stats stats;
 	uint64_t refused_unlogged;         /* refusals since the last warning */
@@ -160,18 +161,46 @@ void http_reply_init(struct http_reply *r)
 	snprintf(r->ctype, sizeof(r->ctype), "%s", HTTP_CTYPE_TEXT);
 }
 
+/* Frees the body of <r> (or hands a lent one back), leaving <r> without one. */
+static void reply_drop_body(struct http_reply *r)
+{
+	if (r->unref)
+		r->unref(r->owner);
+	else
+		free(r->body);
+	r->body = NULL;
+	r->unref = NULL;
+	r->owner = NULL;
+	r->len = r->cap = 0;
+}
+
 /* Frees the body of <r> and leaves it initialised (reusable). */
 void http_reply_release(struct http_reply *r)
 {
-	free(r->body);
+	reply_drop_body(r);
 	http_reply_init(r);
+}
+
+/*
+ * Makes the <len> bytes at <body> the body of <r> without copying them: they
+ * must stay as they are until <unref>(<owner>) is called, once, when <r> is
+ * done with them (sent, or released). Replaces the body <r> had. Appending to
+ * <r> afterwards copies them first.
+ */
+void http_reply_lend(struct http_reply *r, char *body, size_t len, void (*unref)(void *owner),
+		     void *owner)
+{
+	reply_drop_body(r);
+	r->body = body;
+	r->len = r->cap = len;
+	r->unref = unref;
+	r->owner = owner;
 }
 
 /* Drops the body of <r> for good: the client will get a 500. */
 static void reply_break(struct http_reply *r)
 {
-	FREE_AND_NULL(r->body);
-	r->len = r->cap = 0;
+	reply_drop_body(r);
 	r->broken = true;
 }
 
@@ -218,6 +247,17 @@ static bool reply_reserve(struct http_reply *r, size_t more)
 
 	if (r->broken)
 		return false;
+	if (r->unref) { /* a lent body is never written to: copy it */
+		char *own = xmalloc(r->len + 1);
+
+		memcpy(own, r->body, r->len);
+		own[r->len] = 0;
+		r->unref(r->owner);
+		r->unref = NULL;
+		r->owner = NULL;
+		r->body = own;
+		r->cap = r->len + 1;
+	}
 	if (more > HTTP_REPLY_MAX - r->len) {
 		LOG(LOG_WARN, "http: reply body over %u bytes, sending a 500", HTTP_REPLY_MAX);
 		reply_break(r);
@@ -419,7 +459,7 @@ static void conn_next(struct http_conn *c)
 	c->req_end = 0;
 	memset(&c->hs, 0, sizeof(c->hs));
 	c->state = HTTP_CS_READ;
-	conn_deadline(c, srv->timeout);
+	conn_deadline(c, c->in_len ? srv->timeout : srv->keepalive);
 	if (!c->in_len) {
 		conn_watch(c, EV_READ);
 		return;
@@ -1005,6 +1045,8 @@ static void conn_read_head(struct http_conn *c)
 			conn_close(c);
 			return;
 		}
+		if (c->in_len == 0 && c->nreq) /* a kept connection's next request begins */
+			conn_deadline(c, c->srv->timeout);
 		c->in_len += (size_t)n;
 		if (conn_scan(c))
 			return;
@@ -1316,6 +1358,7 @@ struct http_server *http_server_new(struct ev_loop *loop, const char *addr, bool
 	srv->timeout = HTTP_TIMEOUT_S;
 	srv->max_conns = HTTP_CONNS_MAX;
 	srv->max_requests = HTTP_REQUESTS_MAX;
+	srv->keepalive = HTTP_KEEPALIVE_S;
 	srv->date_at = -1;
 	net_of(&ss, &srv->local);
 	if (!memcmp(srv->local.addr, (const unsigned char[16]){0}, sizeof(srv->local.addr)))
@@ -1396,8 +1439,9 @@ int http_server_set_access(struct http_server *s, const struct http_access *a, c
 }
 
 /*
- * Sets the per-connection deadline of <s> to <seconds> (> 0) for connections
- * accepted from now on; the default is HTTP_TIMEOUT_S.
+ * Sets the deadline of one request of <s> to <seconds> (> 0), from accept or
+ * its first byte on a kept connection to the end of its reply, for requests
+ * from now on; the default is HTTP_TIMEOUT_S.
  */
 void http_server_set_timeout(struct http_server *s, double seconds)
 {
@@ -1423,6 +1467,16 @@ void http_server_set_max_requests(struct http_server *s, unsigned n)
 {
 	if (n > 0)
 		s->max_requests = n;
+}
+
+/*
+ * Sets how long a kept-alive connection of <s> waits for its next request
+ * (> 0; the default is HTTP_KEEPALIVE_S), from the end of the previous reply.
+ */
+void http_server_set_keepalive(struct http_server *s, double seconds)
+{
+	if (seconds > 0.)
+		s->keepalive = seconds;
 }
 
 /* Returns the port <s> listens on (the chosen one when asked for port 0). */

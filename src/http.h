@@ -6,10 +6,11 @@
  * (431 beyond, buffered only as it arrives), at most HTTP_CONNS_MAX open
  * connections unless set (beyond, the oldest one not sending a reply is
  * closed, idle kept-alive ones included), a HTTP_TIMEOUT_S deadline per request
- * unless set (from accept or the previous reply), and replies sent with
- * Content-Length. HTTP/1.1 connections are kept alive unless the client says
- * "Connection: close", for at most HTTP_REQUESTS_MAX requests unless set;
- * pipelined requests are answered in order, a few per loop turn.
+ * unless set (from accept, or the first byte of a request on a kept connection,
+ * to the end of its reply), and replies sent with Content-Length. HTTP/1.1
+ * connections are kept alive unless the client says "Connection: close", for
+ * at most HTTP_REQUESTS_MAX requests and HTTP_KEEPALIVE_S between two unless
+ * set; pipelined requests are answered in order, a few per loop turn.
  * Nothing ever blocks: the application's handler is called synchronously from
  * the loop and must build its reply from memory.
  *
@@ -38,6 +39,7 @@ struct ev_loop;
 #define HTTP_CONNS_MAX     64              /* open connections per server */
 #define HTTP_TIMEOUT_S     5.0             /* deadline of one request (seconds) */
 #define HTTP_REQUESTS_MAX  100             /* requests per kept-alive connection */
+#define HTTP_KEEPALIVE_S   20.0            /* a kept connection's wait for the next request */
 #define HTTP_REPLY_MAX     (8U << 20)      /* reply body bound, 500 beyond */
 #define HTTP_CTYPE_MAX     128             /* longest Content-Type accepted */
 #define HTTP_HEADERS_MAX   768             /* extra header bytes of a reply */
@@ -56,6 +58,8 @@ struct http_reply {
 	size_t len;                        /* body bytes */
 	size_t cap;                        /* allocated bytes of body */
 	bool broken;                       /* sent as a 500, body dropped */
+	void (*unref)(void *owner);        /* set: body is borrowed from owner, handed back so */
+	void *owner;                       /* ref: what lent body */
 	size_t hlen;                       /* bytes in headers */
 	char headers[HTTP_HEADERS_MAX];    /* extra "Name: value\r\n" lines */
 };
@@ -120,6 +124,8 @@ void http_reply_status(struct http_reply *r, int status, const char *content_typ
 void http_reply_append(struct http_reply *r, const char *data, size_t len);
 void http_reply_printf(struct http_reply *r, const char *fmt, ...) PRINTF(2, 3);
 void http_reply_header(struct http_reply *r, const char *name, const char *value);
+void http_reply_lend(struct http_reply *r, char *body, size_t len, void (*unref)(void *owner),
+		     void *owner);
 
 struct http_server *http_server_new(struct ev_loop *loop, const char *addr, bool reuseport,
 				    http_handler_fn fn, void *arg, char *err,
@@ -128,6 +134,7 @@ void http_server_free(struct http_server *s);
 void http_server_set_timeout(struct http_server *s, double seconds);
 void http_server_set_max_conns(struct http_server *s, size_t n);
 void http_server_set_max_requests(struct http_server *s, unsigned n);
+void http_server_set_keepalive(struct http_server *s, double seconds);
 int http_server_set_access(struct http_server *s, const struct http_access *a, char *err,
 			   size_t errlen) MUSTCHECK;
 

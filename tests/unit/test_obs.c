@@ -515,8 +515,17 @@ struct fixture {
 	struct http_server *srv;
 	char *rbuf;                     /* RBUF_CAP bytes for responses */
 	int calls;                      /* handler invocations */
+	int lent;                       /* references to lent_body held by replies */
 	char last_path[256];            /* path of the last one */
 };
+
+/* Hands back one reference to the lent body of fixture <arg>. */
+static void lent_unref(void *arg)
+{
+	struct fixture *f = arg;
+
+	f->lent--;
+}
 
 static void handler(const char *path, struct http_reply *r, void *arg)
 {
@@ -549,6 +558,11 @@ static void handler(const char *path, struct http_reply *r, void *arg)
 				line[6 - d] = hex[(i >> (4 * d)) & 15];
 			http_reply_append(r, line, sizeof(line));
 		}
+	} else if (strcmp(path, "/lent") == 0) {
+		static char lent_body[] = "lent, not copied\n";
+
+		f->lent++;
+		http_reply_lend(r, lent_body, sizeof(lent_body) - 1, lent_unref, f);
 	} else if (strcmp(path, "/badtype") == 0) {
 		http_reply_status(r, 200, "text/plain\nX-Evil: 1");
 	} else {
@@ -992,6 +1006,47 @@ static void test_http_large_reply_written_in_pieces(void **state)
 }
 
 /*
+ * A lent body is sent as it is and handed back once, whatever becomes of the
+ * reply: sent (GET), measured only (HEAD), or written to (copied first),
+ * released, or broken.
+ */
+static void test_http_lent_body_handed_back_once(void **state)
+{
+	struct fixture *f = *state;
+	char buf[] = "hello";
+	struct http_reply r;
+	struct resp out;
+
+	exchange_str(f, "GET /lent HTTP/1.1\r\n\r\n", &out);
+	assert_string_equal(resp_body(&out), "lent, not copied\n");
+	assert_int_equal(f->lent, 0);
+	exchange_str(f, "HEAD /lent HTTP/1.1\r\n\r\n", &out);
+	assert_true(resp_has(&out, "Content-Length: 17"));
+	assert_int_equal(f->lent, 0);
+
+	http_reply_init(&r);
+	f->lent = 1;
+	http_reply_lend(&r, buf, 5, lent_unref, f);
+	assert_ptr_equal(r.body, buf);
+	http_reply_append(&r, " world", 6);
+	assert_int_equal(f->lent, 0);
+	assert_ptr_not_equal(r.body, buf);
+	assert_string_equal(r.body, "hello world");
+	assert_string_equal(buf, "hello");
+	http_reply_release(&r);
+	f->lent = 1;
+	http_reply_lend(&r, buf, 5, lent_unref, f);
+	http_reply_release(&r);
+	assert_int_equal(f->lent, 0);
+	f->lent = 1;
+	http_reply_lend(&r, buf, 5, lent_unref, f);
+	http_reply_status(&r, 99, NULL); /* broken: the body goes back */
+	assert_int_equal(f->lent, 0);
+	assert_true(r.broken);
+	http_reply_release(&r);
+}
+
+/*
  * Reads from <fd> what the server of <f> sends, driving its loop, until
  * <n> replies to /health (body "ok\n") came, or the server closed (*<eof>).
  * Returns the replies counted; the text is in f->rbuf.
@@ -1230,6 +1285,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_http_deadline_closes_slow_clients, http_setup,
 						http_teardown),
 		cmocka_unit_test_setup_teardown(test_http_reply_over_bound_is_500, http_setup,
+						http_teardown),
+		cmocka_unit_test_setup_teardown(test_http_lent_body_handed_back_once, http_setup,
 						http_teardown),
 		cmocka_unit_test_setup_teardown(test_http_keep_alive_bounded, http_setup,
 						http_teardown),

@@ -928,9 +928,17 @@ static void conn_on_request(struct http_conn *c, char *line, size_t len, const c
 	}
 	if (conn_access(c, req.path, hdr ? hdr + 1 : end, end, req.head) < 0)
 		return;
-	/* HTTP/1.1 keeps the connection unless the client says close; 1.0 never */
+	/* HTTP/1.1 keeps the connection unless the client says close; 1.0 never;
+	 * nor a request with a body, which is never read: where the next request
+	 * would start is not known */
 	v = head_header(hdr ? hdr + 1 : end, end, "Connection", &vlen, &n);
 	c->keep = !req.http10 && !(n && value_has_token(v, vlen, "close"));
+	if (c->keep) {
+		v = head_header(hdr ? hdr + 1 : end, end, "Content-Length", &vlen, &n);
+		if ((n && !(vlen == 1 && v[0] == '0')) ||
+		    head_header(hdr ? hdr + 1 : end, end, "Transfer-Encoding", &vlen, &n))
+			c->keep = false;
+	}
 	http_reply_release(&c->reply);
 	c->srv->fn(req.path, &c->reply, c->srv->arg);
 	conn_respond(c, req.head, false);

@@ -1127,6 +1127,16 @@ static void test_http_keep_alive_bounded(void **state)
 	close(fd);
 	pump_until_conns(f, 0);
 	assert_int_equal(http_server_stats(f->srv)->timeouts, 0);
+
+	/* a body is never read: the connection is not kept after a request with one */
+	fd = client_connect(f);
+	static const char body[] = "GET /health HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello";
+	assert_int_equal(send(fd, body, sizeof(body) - 1, MSG_NOSIGNAL), sizeof(body) - 1);
+	assert_int_equal(read_health_replies(f, fd, 2, &eof), 1);
+	assert_true(eof);
+	assert_int_equal(count_of(f->rbuf, "Connection: close"), 1);
+	close(fd);
+	pump_until_conns(f, 0);
 }
 
 /*

@@ -43,6 +43,7 @@
 struct blocked_slot;
 struct digest_slot;
 struct tier_slot;
+struct status_body;
 struct spoa_req;
 
 /* Decision outcomes, counted: allowed or denied, and of these the degraded ones. */
@@ -107,7 +108,8 @@ struct agent {
 	/* the status page and /status.json as last rendered: served again for
 	 * STATUS_CACHE_S, so that scrapes cannot take the loop from decisions */
 	struct {
-		struct http_reply r;
+		struct http_reply r;    /* status and headers; its body is ... */
+		struct status_body *body; /* ... this, lent to the replies (NULL: empty) */
 		double at;              /* ev_now(): rendered then, 0: never */
 	} status_cache[2];
 	struct blocked_slot *blocked;   /* owned: BLOCKED_SLOTS, or NULL when disabled */

@@ -831,6 +831,8 @@ static void load_groups(struct loader *ld, const config_setting_t *root)
 	const struct cfg_key metrics[] = {
 		KEY_UINT("max_connections", 1, 4096, 64, &c->metrics_max_conns),
 		KEY_DURATION("idle_timeout", 100, 600000, 5000, &c->metrics_idle_timeout_ms),
+		KEY_UINT("max_requests", 1, 100000, 100, &c->metrics_max_requests),
+		KEY_DURATION("keepalive_timeout", 100, 600000, 20000, &c->metrics_keepalive_ms),
 		KEY_STR("listen", &c->metrics_listen),
 		KEY_OTHER("allow"),
 		KEY_OTHER("host_names"),

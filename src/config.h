@@ -196,7 +196,9 @@ struct agent_config {
 	bool fp_random;                 /* no such file: the process's random secret */
 	struct fp_key fp;               /* the key of the fingerprints shown to people */
 	unsigned metrics_max_conns;     /* metrics connections; the idlest makes room */
-	unsigned metrics_idle_timeout_ms; /* metrics connection deadline */
+	unsigned metrics_idle_timeout_ms; /* deadline of one metrics request */
+	unsigned metrics_max_requests;  /* requests per kept-alive metrics connection */
+	unsigned metrics_keepalive_ms;  /* a kept-alive metrics connection's wait for the next */
 	bool blocked_cache;             /* deny locally until a denial's Retry-After */
 	struct {
 		bool enabled;           /* poll Redis for live overrides (restart-only) */

@@ -3,7 +3,8 @@
  * Minimal HTTP/1.x server for metrics and health checks.
  *
  * DESIGN
- * A connection goes READ -> WRITE -> LINGER -> (freed).
+ * A connection goes READ -> WRITE -> (READ again, kept alive) -> ... -> (freed),
+ * through LINGER when bytes may still come that it will not read.
  *  - READ: bytes accumulate in a buffer allocated when the first bytes come
  *    (HTTP_IN_MIN, doubling up to HTTP_HEAD_MAX) until an empty line ends the
  *    head. A full HTTP_HEAD_MAX buffer without one is answered 431. The
@@ -11,13 +12,26 @@
  *    are not interpreted and a body is never read.
  *  - WRITE: the status line and headers (built in a small fixed buffer) and
  *    the reply body leave with sendmsg(); EAGAIN waits for EV_WRITE.
+ *  - kept alive (HTTP/1.1 without "Connection: close", fewer than max_requests
+ *    answered, a reply the server did not make to refuse): back to READ, with
+ *    what follows the request in the buffer (a pipelined request). A request
+ *    already buffered is not answered at once: the connection waits in the
+ *    server's ready list, served by an idle watcher a few at a time, when the
+ *    loop has nothing else to do (a client that pipelines a hundred requests
+ *    cannot make one loop turn last).
+ *  - closed at once when nothing is left unread (the client said close), or
  *  - LINGER: once everything is sent we shut down our side and read and drop
  *    what the client still sends until it closes (bounded in bytes and time):
  *    closing with unread input would make the kernel send a RST, which can
  *    destroy the reply before the client reads it (e.g. a 431 to a client
  *    still sending its head).
  * One ev_timer per connection enforces the deadline (HTTP_TIMEOUT_S unless
- * set) from accept to close; lingering is further capped at HTTP_LINGER_S.
+ * set) of each request, from accept or its first byte on a kept connection to
+ * the end of the reply; between two requests, the wait for the next one
+ * (HTTP_KEEPALIVE_S unless set); lingering is further capped at HTTP_LINGER_S.
+ *
+ * Every watcher of the server runs at EV_MINPRI: in a loop turn where SPOP
+ * frames and HTTP requests are both ready, the frames go first.
  *
  * A connection is freed by the callback that decided so, which returns at
  * once: no call path touches it afterwards, so no deferred free is needed.
@@ -33,6 +47,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,7 +67,8 @@
 
 #define HTTP_LINGER_S       1.0             /* longest wait for the client's close */
 #define HTTP_LINGER_BYTES   (64U << 10)     /* most input dropped while lingering */
-#define HTTP_ACCEPT_BURST   16              /* accepts per loop iteration */
+#define HTTP_ACCEPT_BURST   8               /* accepts per loop iteration */
+#define HTTP_READY_BURST    4               /* pipelined requests per idle call */
 #define HTTP_WARN_EVERY_S   10.0            /* log refusals at most this often */
 #define HTTP_OUT_HEAD_MAX   (768 + HTTP_HEADERS_MAX) /* status line and headers */
 #define HTTP_IN_MIN         1024            /* first request head buffer */
@@ -76,12 +92,18 @@ struct http_conn {
 	size_t in_len;                     /* bytes in in */
 	struct http_scan hs;               /* the search for the end of the head */
 	struct http_reply reply;           /* the reply being sent */
+	size_t req_end;                    /* bytes of in the request answered took */
+	unsigned nreq;                     /* requests answered on this connection */
+	bool keep;                         /* read the next request after this reply */
+	bool linger;                       /* the client may still be sending: linger */
+	bool queued;                       /* in http_server.ready */
+	struct list rnode;                 /* in http_server.ready: a request buffered */
 	size_t out_len;                    /* bytes of out_head + body to send */
 	size_t out_off;                    /* bytes of them sent */
 	size_t out_head_len;               /* bytes in out_head */
 	size_t drained;                    /* bytes dropped while lingering */
 	struct ip_net peer;                /* who connected (a v4-mapped address as v4) */
-	struct ip_net local;               /* the address it reached */
+	struct ip_net local;               /* the address it reached (family 0: not read yet) */
 	char out_head[HTTP_OUT_HEAD_MAX];  /* status line and headers */
 };
 
@@ -93,9 +115,16 @@ struct http_server {
 	int spare_fd;                      /* owned: released on EMFILE, -1 if none */
 	ev_io io;                          /* accept watcher */
 	struct list conns;                 /* http_conn.node */
+	struct list ready;                 /* http_conn.rnode: a request buffered */
+	ev_idle idle;                      /* serves ready, when the loop is idle */
+	unsigned max_requests;             /* per connection */
+	struct ip_net local;               /* bound address; family 0 for a wildcard */
+	long date_at;                      /* second of date */
+	char date[40];                     /* IMF-fixdate of date_at */
 	size_t nconns;                     /* length of conns */
 	size_t max_conns;                  /* bound of nconns */
-	double timeout;                    /* per-connection deadline, seconds */
+	double timeout;                    /* deadline of one request, seconds */
+	double keepalive;                  /* wait for the next request, seconds */
 	int port;                          /* bound port */
 	struct http_stats stats;
 	uint64_t refused_unlogged;         /* refusals since the last warning */
@@ -132,18 +161,46 @@ void http_reply_init(struct http_reply *r)
 	snprintf(r->ctype, sizeof(r->ctype), "%s", HTTP_CTYPE_TEXT);
 }
 
+/* Frees the body of <r> (or hands a lent one back), leaving <r> without one. */
+static void reply_drop_body(struct http_reply *r)
+{
+	if (r->unref)
+		r->unref(r->owner);
+	else
+		free(r->body);
+	r->body = NULL;
+	r->unref = NULL;
+	r->owner = NULL;
+	r->len = r->cap = 0;
+}
+
 /* Frees the body of <r> and leaves it initialised (reusable). */
 void http_reply_release(struct http_reply *r)
 {
-	free(r->body);
+	reply_drop_body(r);
 	http_reply_init(r);
+}
+
+/*
+ * Makes the <len> bytes at <body> the body of <r> without copying them: they
+ * must stay as they are until <unref>(<owner>) is called, once, when <r> is
+ * done with them (sent, or released). Replaces the body <r> had. Appending to
+ * <r> afterwards copies them first.
+ */
+void http_reply_lend(struct http_reply *r, char *body, size_t len, void (*unref)(void *owner),
+		     void *owner)
+{
+	reply_drop_body(r);
+	r->body = body;
+	r->len = r->cap = len;
+	r->unref = unref;
+	r->owner = owner;
 }
 
 /* Drops the body of <r> for good: the client will get a 500. */
 static void reply_break(struct http_reply *r)
 {
-	FREE_AND_NULL(r->body);
-	r->len = r->cap = 0;
+	reply_drop_body(r);
 	r->broken = true;
 }
 
@@ -190,6 +247,17 @@ static bool reply_reserve(struct http_reply *r, size_t more)
 
 	if (r->broken)
 		return false;
+	if (r->unref) { /* a lent body is never written to: copy it */
+		char *own = xmalloc(r->len + 1);
+
+		memcpy(own, r->body, r->len);
+		own[r->len] = 0;
+		r->unref(r->owner);
+		r->unref = NULL;
+		r->owner = NULL;
+		r->body = own;
+		r->cap = r->len + 1;
+	}
 	if (more > HTTP_REPLY_MAX - r->len) {
 		LOG(LOG_WARN, "http: reply body over %u bytes, sending a 500", HTTP_REPLY_MAX);
 		reply_break(r);
@@ -302,6 +370,8 @@ static void conn_close(struct http_conn *c)
 {
 	struct http_server *srv = c->srv;
 
+	if (c->queued)
+		list_del(&c->rnode);
 	ev_io_stop(srv->loop, &c->io);
 	ev_timer_stop(srv->loop, &c->timer);
 	close(c->fd);
@@ -312,29 +382,35 @@ static void conn_close(struct http_conn *c)
 	free(c);
 }
 
-/* Switches the io watcher of <c> to <events>. */
+/* Switches the io watcher of <c> to <events> (no system call if it watches them already). */
 static void conn_watch(struct http_conn *c, int events)
 {
 	struct ev_loop *loop = c->srv->loop;
 
+	if (ev_is_active(&c->io) && (c->io.events & (EV_READ | EV_WRITE)) == events)
+		return;
 	ev_io_stop(loop, &c->io);
 	ev_io_set(&c->io, c->fd, events);
 	ev_io_start(loop, &c->io);
 }
 
-/* Formats the current time as an IMF-fixdate into <buf> (30 bytes). */
-static void http_date(char *buf, size_t len)
+/* The loop's time as an IMF-fixdate, formatted once a second for <srv>. */
+static const char *http_date(struct http_server *srv)
 {
 	static const char days[7][4] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
 	static const char months[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
 					   "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
-	time_t now = time(NULL);
+	time_t now = (time_t)ev_now(srv->loop);
 	struct tm tm;
 
+	if ((long)now == srv->date_at)
+		return srv->date;
 	gmtime_r(&now, &tm);
-	snprintf(buf, len, "%s, %02d %s %04d %02d:%02d:%02d GMT", days[tm.tm_wday % 7],
-		 tm.tm_mday, months[tm.tm_mon % 12], tm.tm_year + 1900, tm.tm_hour, tm.tm_min,
-		 tm.tm_sec);
+	snprintf(srv->date, sizeof(srv->date), "%s, %02d %s %04d %02d:%02d:%02d GMT",
+		 days[tm.tm_wday % 7], tm.tm_mday, months[tm.tm_mon % 12], tm.tm_year + 1900,
+		 tm.tm_hour, tm.tm_min, tm.tm_sec);
+	srv->date_at = (long)now;
+	return srv->date;
 }
 
 /* Enters LINGER: our side is done, drop input until the client closes. */
@@ -353,6 +429,64 @@ static void conn_linger(struct http_conn *c)
 		ev_timer_start(loop, &c->timer);
 	}
 	conn_watch(c, EV_READ);
+}
+
+static void conn_parse(struct http_conn *c);
+
+/* Restarts the deadline of <c>: <seconds> from now. */
+static void conn_deadline(struct http_conn *c, double seconds)
+{
+	struct ev_loop *loop = c->srv->loop;
+
+	ev_timer_stop(loop, &c->timer);
+	ev_timer_set(&c->timer, seconds, 0.);
+	ev_timer_start(loop, &c->timer);
+}
+
+/*
+ * The reply of <c> is sent and the connection kept: back to READ with what
+ * followed the request. A request already buffered waits in the ready list
+ * (served by ready_cb() when the loop is idle), else the next bytes are awaited.
+ */
+static void conn_next(struct http_conn *c)
+{
+	struct http_server *srv = c->srv;
+
+	http_reply_release(&c->reply);
+	c->in_len -= c->req_end;
+	if (c->in_len)
+		memmove(c->in, c->in + c->req_end, c->in_len);
+	c->req_end = 0;
+	memset(&c->hs, 0, sizeof(c->hs));
+	c->state = HTTP_CS_READ;
+	conn_deadline(c, c->in_len ? srv->timeout : srv->keepalive);
+	if (!c->in_len) {
+		conn_watch(c, EV_READ);
+		return;
+	}
+	ev_io_stop(srv->loop, &c->io);
+	list_append(&srv->ready, &c->rnode);
+	c->queued = true;
+	ev_idle_start(srv->loop, &srv->idle);
+}
+
+/*
+ * The reply of <c> is sent: read the next request, or close at once when the
+ * client sent nothing we did not read (no RST can destroy the reply), or
+ * linger. Returns 0, or -1 if <c> was closed.
+ */
+static int conn_done(struct http_conn *c)
+{
+	if (c->keep) {
+		conn_next(c);
+		return 0;
+	}
+	if (c->linger || c->in_len > c->req_end) {
+		conn_linger(c);
+		return 0;
+	}
+	conn_close(c);
+	return -1;
 }
 
 /* Sends what the socket takes. Returns 0, or -1 if <c> was closed. */
@@ -396,8 +530,7 @@ static int conn_flush(struct http_conn *c)
 		}
 		c->out_off += (size_t)n;
 	}
-	conn_linger(c);
-	return 0;
+	return conn_done(c);
 }
 
 /* Whether the handler set header <name> (case-insensitive) on <r>. */
@@ -424,7 +557,6 @@ static bool has_header(const struct http_reply *r, const char *name)
 static void conn_respond(struct http_conn *c, bool head_only, bool allow)
 {
 	struct http_reply *r = &c->reply;
-	char date[40];
 	int n;
 
 	if (r->broken) {
@@ -432,7 +564,12 @@ static void conn_respond(struct http_conn *c, bool head_only, bool allow)
 		http_reply_status(r, 500, NULL);
 		http_reply_printf(r, "500 %s\n", status_reason(500));
 	}
-	http_date(date, sizeof(date));
+	c->nreq++;
+	if (c->nreq >= c->srv->max_requests) {
+		/* the last one: it may have sent more already */
+		c->keep = false;
+		c->linger = true;
+	}
 	n = snprintf(c->out_head, sizeof(c->out_head),
 		     "HTTP/1.1 %d %s\r\n"
 		     "Content-Type: %s\r\n"
@@ -442,13 +579,13 @@ static void conn_respond(struct http_conn *c, bool head_only, bool allow)
 		     "X-Content-Type-Options: nosniff\r\n"
 		     "Referrer-Policy: no-referrer\r\n"
 		     "%s%s%.*s"
-		     "Connection: close\r\n"
+		     "%s"
 		     "\r\n",
-		     r->status, status_reason(r->status), r->ctype, r->len, date,
+		     r->status, status_reason(r->status), r->ctype, r->len, http_date(c->srv),
 		     allow ? "Allow: GET, HEAD\r\n" : "",
 		     has_header(r, "Content-Security-Policy") ? ""
 		     : "Content-Security-Policy: default-src 'none'; frame-ancestors 'none'\r\n",
-		     (int)r->hlen, r->headers);
+		     (int)r->hlen, r->headers, c->keep ? "" : "Connection: close\r\n");
 	/* bounded: ctype < HTTP_CTYPE_MAX, headers < HTTP_HEADERS_MAX, the rest short and fixed */
 	BUG_ON(n < 0 || (size_t)n >= sizeof(c->out_head));
 	c->out_head_len = (size_t)n;
@@ -466,6 +603,8 @@ static void conn_error(struct http_conn *c, int status, bool head_only)
 	http_reply_status(&c->reply, status, NULL);
 	http_reply_printf(&c->reply, "%d %s\n", status, status_reason(status));
 	c->srv->stats.bad_requests++;
+	c->keep = false; /* where the next request starts is not known */
+	c->linger = true;
 	conn_respond(c, head_only, status == 405);
 }
 
@@ -484,6 +623,7 @@ void http_request_parse(char *line, size_t len, struct http_request *req)
 
 	req->status = 400;
 	req->head = false;
+	req->http10 = false;
 	req->path = NULL;
 	target = memchr(line, ' ', len);
 	if (!target || target == line)
@@ -514,6 +654,7 @@ void http_request_parse(char *line, size_t len, struct http_request *req)
 		req->status = 505;
 		return;
 	}
+	req->http10 = version[7] == '0';
 	if (!req->head && !(mlen == 3 && memcmp(method, "GET", 3) == 0)) {
 		req->status = 405;
 		req->head = false;
@@ -598,11 +739,50 @@ static const char *head_header(const char *p, const char *end, const char *name,
 }
 
 /*
+ * Fills c->local, the address the connection reached, once: the listener's
+ * when it is bound to one, else getsockname() (left family 0 if that fails).
+ */
+static void conn_local(struct http_conn *c)
+{
+	struct sockaddr_storage local;
+	socklen_t llen = sizeof(local);
+
+	if (c->local.family)
+		return;
+	if (c->srv->local.family)
+		c->local = c->srv->local;
+	else if (getsockname(c->fd, (struct sockaddr *)&local, &llen) == 0)
+		net_of(&local, &c->local);
+}
+
+/* Whether the comma-separated header value <v> (<len> bytes) lists <token>. */
+static bool value_has_token(const char *v, size_t len, const char *token)
+{
+	size_t tl = strlen(token);
+
+	while (len) {
+		size_t n = 0;
+
+		while (len && (*v == ' ' || *v == '\t' || *v == ',')) {
+			v++;
+			len--;
+		}
+		while (n < len && v[n] != ',' && v[n] != ' ' && v[n] != '\t')
+			n++;
+		if (n == tl && strncasecmp(v, token, tl) == 0)
+			return true;
+		v += n;
+		len -= n;
+	}
+	return false;
+}
+
+/*
  * Whether a Host header <v> (<len> bytes) names this listener: "localhost",
  * a configured name, or the very address the connection reached. A name of
  * anyone else's (a page that rebound its own name to this address) is not.
  */
-static bool host_ok(const struct http_server *srv, const struct http_conn *c, const char *v,
+static bool host_ok(const struct http_server *srv, struct http_conn *c, const char *v,
 		    size_t len)
 {
 	char host[256];
@@ -633,8 +813,10 @@ static bool host_ok(const struct http_server *srv, const struct http_conn *c, co
 	for (i = 0; i < srv->nhosts; i++)
 		if (strcasecmp(host, srv->hosts[i]) == 0)
 			return true;
-	if (ip_net_parse(host, &a, NULL, 0) == 0 && a.bits == (a.family == AF_INET ? 32u : 128u))
+	if (ip_net_parse(host, &a, NULL, 0) == 0 && a.bits == (a.family == AF_INET ? 32u : 128u)) {
+		conn_local(c);
 		return c->local.family && ip_net_has(&c->local, &a) && c->local.family == a.family;
+	}
 	return false;
 }
 
@@ -676,6 +858,8 @@ static void conn_forbid(struct http_conn *c, int status, const char *text, bool 
 	if (status == 401)
 		http_reply_header(&c->reply, "WWW-Authenticate", "Bearer realm=\"spoa-ratelimit\"");
 	srv_forbidden(c->srv, c, text);
+	c->keep = false; /* nothing more for this client */
+	c->linger = true;
 	conn_respond(c, head_only, false);
 }
 
@@ -731,8 +915,12 @@ static int conn_access(struct http_conn *c, const char *path, const char *hdr, c
 static void conn_on_request(struct http_conn *c, char *line, size_t len, const char *end)
 {
 	struct http_request req;
-	const char *hdr = memchr(line, '\n', (size_t)(end - line));
+	const char *hdr = memchr(line, '\n', (size_t)(end - line)), *v;
+	size_t vlen;
+	unsigned n;
 
+	c->req_end = (size_t)(end - c->in);
+	c->linger = false;
 	http_request_parse(line, len, &req);
 	if (req.status) {
 		conn_error(c, req.status, req.head);
@@ -740,6 +928,17 @@ static void conn_on_request(struct http_conn *c, char *line, size_t len, const c
 	}
 	if (conn_access(c, req.path, hdr ? hdr + 1 : end, end, req.head) < 0)
 		return;
+	/* HTTP/1.1 keeps the connection unless the client says close; 1.0 never;
+	 * nor a request with a body, which is never read: where the next request
+	 * would start is not known */
+	v = head_header(hdr ? hdr + 1 : end, end, "Connection", &vlen, &n);
+	c->keep = !req.http10 && !(n && value_has_token(v, vlen, "close"));
+	if (c->keep) {
+		v = head_header(hdr ? hdr + 1 : end, end, "Content-Length", &vlen, &n);
+		if ((n && !(vlen == 1 && v[0] == '0')) ||
+		    head_header(hdr ? hdr + 1 : end, end, "Transfer-Encoding", &vlen, &n))
+			c->keep = false;
+	}
 	http_reply_release(&c->reply);
 	c->srv->fn(req.path, &c->reply, c->srv->arg);
 	conn_respond(c, req.head, false);
@@ -792,10 +991,37 @@ ssize_t http_head_scan(struct http_scan *st, const char *in, size_t len, size_t 
 	return (ssize_t)(line_end - st->start);
 }
 
+/*
+ * Answers the request buffered in <c> if its head is complete, else reads on:
+ * 431 when the head fills HTTP_HEAD_MAX. Returns true when <c> is done with
+ * (answered, or closed).
+ */
+static bool conn_scan(struct http_conn *c)
+{
+	size_t end;
+	ssize_t n = http_head_scan(&c->hs, c->in, c->in_len, &end);
+
+	if (n >= 0) {
+		conn_on_request(c, c->in + c->hs.start, (size_t)n, c->in + end);
+		return true;
+	}
+	if (c->in_len == HTTP_HEAD_MAX) {
+		conn_error(c, 431, false);
+		return true;
+	}
+	return false;
+}
+
+/* <c>, taken from the ready list: its next request, or wait for the rest of it. */
+static void conn_parse(struct http_conn *c)
+{
+	if (!conn_scan(c))
+		conn_watch(c, EV_READ);
+}
+
 static void conn_read_head(struct http_conn *c)
 {
 	for (;;) {
-		size_t end;
 		ssize_t n;
 
 		if (c->in_len == c->in_cap) {
@@ -827,16 +1053,11 @@ static void conn_read_head(struct http_conn *c)
 			conn_close(c);
 			return;
 		}
+		if (c->in_len == 0 && c->nreq) /* a kept connection's next request begins */
+			conn_deadline(c, c->srv->timeout);
 		c->in_len += (size_t)n;
-		n = http_head_scan(&c->hs, c->in, c->in_len, &end);
-		if (n >= 0) {
-			conn_on_request(c, c->in + c->hs.start, (size_t)n, c->in + end);
+		if (conn_scan(c))
 			return;
-		}
-		if (c->in_len == HTTP_HEAD_MAX) {
-			conn_error(c, 431, false);
-			return;
-		}
 	}
 }
 
@@ -890,7 +1111,8 @@ static void conn_timer_cb(struct ev_loop *loop, ev_timer *t, int revents)
 
 	(void)loop;
 	(void)revents;
-	if (c->state != HTTP_CS_LINGER) {
+	/* a kept-alive connection with no new request is idle, not slow */
+	if (c->state != HTTP_CS_LINGER && !(c->state == HTTP_CS_READ && c->nreq && !c->in_len)) {
 		c->srv->stats.timeouts++;
 		LOG(LOG_DEBUG, "http: connection deadline passed in state %d", (int)c->state);
 	}
@@ -956,6 +1178,24 @@ static bool srv_evict_one(struct http_server *srv)
 	return false;
 }
 
+/* Serves a few connections of the ready list: the loop has nothing else to do. */
+static void ready_cb(struct ev_loop *loop, ev_idle *w, int revents)
+{
+	struct http_server *srv = container_of(w, struct http_server, idle);
+	int i;
+
+	(void)revents;
+	for (i = 0; i < HTTP_READY_BURST && !list_empty(&srv->ready); i++) {
+		struct http_conn *c = LIST_ELEM(srv->ready.next, struct http_conn, rnode);
+
+		list_del(&c->rnode);
+		c->queued = false;
+		conn_parse(c);
+	}
+	if (list_empty(&srv->ready))
+		ev_idle_stop(loop, w);
+}
+
 static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
 	struct http_server *srv = container_of(w, struct http_server, io);
@@ -963,8 +1203,8 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 
 	(void)revents;
 	for (i = 0; i < HTTP_ACCEPT_BURST; i++) {
-		struct sockaddr_storage peer, local;
-		socklen_t plen = sizeof(peer), llen = sizeof(local);
+		struct sockaddr_storage peer;
+		socklen_t plen = sizeof(peer);
 		struct http_conn *c;
 		int fd;
 
@@ -996,17 +1236,20 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 		c->srv = srv;
 		c->fd = fd;
 		net_of(&peer, &c->peer);
-		if (getsockname(fd, (struct sockaddr *)&local, &llen) == 0)
-			net_of(&local, &c->local);
 		c->state = HTTP_CS_READ;
 		http_reply_init(&c->reply);
 		ev_io_init(&c->io, conn_io_cb, fd, EV_READ);
-		ev_io_start(loop, &c->io);
+		ev_set_priority(&c->io, EV_MINPRI);
 		ev_timer_init(&c->timer, conn_timer_cb, srv->timeout, 0.);
+		ev_set_priority(&c->timer, EV_MINPRI);
 		ev_timer_start(loop, &c->timer);
 		list_append(&srv->conns, &c->node);
 		srv->nconns++;
 		srv->stats.accepted++;
+		/* the request is often there already: read it now rather than after one
+		 * more turn of the loop (EAGAIN costs one recv) */
+		ev_io_start(loop, &c->io);
+		conn_read_head(c);
 	}
 }
 
@@ -1102,6 +1345,8 @@ struct http_server *http_server_new(struct ev_loop *loop, const char *addr, bool
 	}
 	if (ss.ss_family == AF_INET6)
 		(void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+	/* inherited by the accepted sockets: a reply is one write, never held back */
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	if (bind(fd, (struct sockaddr *)&ss, sl) == -1 || listen(fd, 128) == -1) {
 		snprintf(err, errlen, "%s: %s", addr, strerror(errno));
 		close(fd);
@@ -1120,11 +1365,21 @@ struct http_server *http_server_new(struct ev_loop *loop, const char *addr, bool
 	srv->fd = fd;
 	srv->timeout = HTTP_TIMEOUT_S;
 	srv->max_conns = HTTP_CONNS_MAX;
+	srv->max_requests = HTTP_REQUESTS_MAX;
+	srv->keepalive = HTTP_KEEPALIVE_S;
+	srv->date_at = -1;
+	net_of(&ss, &srv->local);
+	if (!memcmp(srv->local.addr, (const unsigned char[16]){0}, sizeof(srv->local.addr)))
+		memset(&srv->local, 0, sizeof(srv->local)); /* a wildcard: ask each socket */
 	srv->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
 						   : ((struct sockaddr_in *)&ss)->sin_port);
 	srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	list_init(&srv->conns);
+	list_init(&srv->ready);
+	ev_idle_init(&srv->idle, ready_cb);
+	ev_set_priority(&srv->idle, EV_MINPRI);
 	ev_io_init(&srv->io, accept_cb, fd, EV_READ);
+	ev_set_priority(&srv->io, EV_MINPRI);
 	ev_io_start(loop, &srv->io);
 	LOG(LOG_NOTICE, "http: listening on %s (port %d)", addr, srv->port);
 	return srv;
@@ -1142,6 +1397,7 @@ void http_server_free(struct http_server *s)
 	if (!s)
 		return;
 	ev_io_stop(s->loop, &s->io);
+	ev_idle_stop(s->loop, &s->idle);
 	close(s->fd);
 	list_for_each_safe(n, tmp, &s->conns)
 		conn_close(LIST_ELEM(n, struct http_conn, node));
@@ -1191,8 +1447,9 @@ int http_server_set_access(struct http_server *s, const struct http_access *a, c
 }
 
 /*
- * Sets the per-connection deadline of <s> to <seconds> (> 0) for connections
- * accepted from now on; the default is HTTP_TIMEOUT_S.
+ * Sets the deadline of one request of <s> to <seconds> (> 0), from accept or
+ * its first byte on a kept connection to the end of its reply, for requests
+ * from now on; the default is HTTP_TIMEOUT_S.
  */
 void http_server_set_timeout(struct http_server *s, double seconds)
 {
@@ -1208,6 +1465,26 @@ void http_server_set_max_conns(struct http_server *s, size_t n)
 {
 	if (n > 0)
 		s->max_conns = n;
+}
+
+/*
+ * Sets how many requests one connection of <s> may send (> 0; the default is
+ * HTTP_REQUESTS_MAX): the last reply says "Connection: close".
+ */
+void http_server_set_max_requests(struct http_server *s, unsigned n)
+{
+	if (n > 0)
+		s->max_requests = n;
+}
+
+/*
+ * Sets how long a kept-alive connection of <s> waits for its next request
+ * (> 0; the default is HTTP_KEEPALIVE_S), from the end of the previous reply.
+ */
+void http_server_set_keepalive(struct http_server *s, double seconds)
+{
+	if (seconds > 0.)
+		s->keepalive = seconds;
 }
 
 /* Returns the port <s> listens on (the chosen one when asked for port 0). */

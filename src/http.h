@@ -2,11 +2,15 @@
 /*
  * A minimal HTTP/1.x server on a libev loop, for /metrics and /health.
  *
- * One request per connection: GET and HEAD only (405 otherwise), request head
- * at most HTTP_HEAD_MAX bytes (431 beyond, buffered only as it arrives), at
- * most HTTP_CONNS_MAX open connections unless set (beyond, the oldest one not
- * sending a reply is closed), a HTTP_TIMEOUT_S deadline per connection unless
- * set, and a reply sent with Content-Length and "Connection: close".
+ * GET and HEAD only (405 otherwise), request head at most HTTP_HEAD_MAX bytes
+ * (431 beyond, buffered only as it arrives), at most HTTP_CONNS_MAX open
+ * connections unless set (beyond, the oldest one not sending a reply is
+ * closed, idle kept-alive ones included), a HTTP_TIMEOUT_S deadline per request
+ * unless set (from accept, or the first byte of a request on a kept connection,
+ * to the end of its reply), and replies sent with Content-Length. HTTP/1.1
+ * connections are kept alive unless the client says "Connection: close", for
+ * at most HTTP_REQUESTS_MAX requests and HTTP_KEEPALIVE_S between two unless
+ * set; pipelined requests are answered in order, a few per loop turn.
  * Nothing ever blocks: the application's handler is called synchronously from
  * the loop and must build its reply from memory.
  *
@@ -17,7 +21,7 @@
  * carries X-Content-Type-Options: nosniff, Cache-Control: no-store, and a
  * Content-Security-Policy that allows nothing unless the handler sets one.
  *
- * Not for: request bodies, keep-alive, chunked encoding, TLS, name resolution.
+ * Not for: request bodies, chunked encoding, TLS, name resolution.
  */
 #ifndef AGENT_HTTP_H
 #define AGENT_HTTP_H
@@ -33,7 +37,9 @@ struct ev_loop;
 
 #define HTTP_HEAD_MAX      8192            /* request head bound, 431 beyond */
 #define HTTP_CONNS_MAX     64              /* open connections per server */
-#define HTTP_TIMEOUT_S     5.0             /* whole-connection deadline (seconds) */
+#define HTTP_TIMEOUT_S     5.0             /* deadline of one request (seconds) */
+#define HTTP_REQUESTS_MAX  100             /* requests per kept-alive connection */
+#define HTTP_KEEPALIVE_S   20.0            /* a kept connection's wait for the next request */
 #define HTTP_REPLY_MAX     (8U << 20)      /* reply body bound, 500 beyond */
 #define HTTP_CTYPE_MAX     128             /* longest Content-Type accepted */
 #define HTTP_HEADERS_MAX   768             /* extra header bytes of a reply */
@@ -52,6 +58,8 @@ struct http_reply {
 	size_t len;                        /* body bytes */
 	size_t cap;                        /* allocated bytes of body */
 	bool broken;                       /* sent as a 500, body dropped */
+	void (*unref)(void *owner);        /* set: body is borrowed from owner, handed back so */
+	void *owner;                       /* ref: what lent body */
 	size_t hlen;                       /* bytes in headers */
 	char headers[HTTP_HEADERS_MAX];    /* extra "Name: value\r\n" lines */
 };
@@ -78,6 +86,7 @@ struct http_scan {
 struct http_request {
 	int status;                        /* 0: served, else 400, 405 or 505 */
 	bool head;                         /* HEAD: the reply's body is not sent */
+	bool http10;                       /* HTTP/1.0: the connection is not kept */
 	const char *path;                  /* when served: the path, in the line */
 };
 
@@ -115,6 +124,8 @@ void http_reply_status(struct http_reply *r, int status, const char *content_typ
 void http_reply_append(struct http_reply *r, const char *data, size_t len);
 void http_reply_printf(struct http_reply *r, const char *fmt, ...) PRINTF(2, 3);
 void http_reply_header(struct http_reply *r, const char *name, const char *value);
+void http_reply_lend(struct http_reply *r, char *body, size_t len, void (*unref)(void *owner),
+		     void *owner);
 
 struct http_server *http_server_new(struct ev_loop *loop, const char *addr, bool reuseport,
 				    http_handler_fn fn, void *arg, char *err,
@@ -122,6 +133,8 @@ struct http_server *http_server_new(struct ev_loop *loop, const char *addr, bool
 void http_server_free(struct http_server *s);
 void http_server_set_timeout(struct http_server *s, double seconds);
 void http_server_set_max_conns(struct http_server *s, size_t n);
+void http_server_set_max_requests(struct http_server *s, unsigned n);
+void http_server_set_keepalive(struct http_server *s, double seconds);
 int http_server_set_access(struct http_server *s, const struct http_access *a, char *err,
 			   size_t errlen) MUSTCHECK;
 

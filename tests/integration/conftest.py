@@ -747,7 +747,7 @@ def agent(procs, tmp, agent_bin):
               metrics=False, **over):
         ports = free_ports(2)
         listen = over.pop("listen", None) or "127.0.0.1:%d" % ports[0]
-        if metrics:
+        if metrics:  # True, or a dict of metrics keys besides listen
             over["metrics"] = dict({"listen": "127.0.0.1:%d" % ports[1]},
                                    **(metrics if isinstance(metrics, dict) else {}))
         cfg = agent_config(listen, redis.address if redis else None, **over)

@@ -24,6 +24,11 @@ Rows:
   D  the agent with store = "allow", the same load.
   E  the agent deciding against Redis, the same load. Before it, the argv of one of its
      EVALSHA calls is captured with MONITOR and checked against the argv P sends.
+  T  row E over TLS (a Redis of its own with --tls-port).
+  W  /status.json asked 1,000 times a second by two threads, on the agent of row E's
+     setup: first alone (its idle CPU measured before and subtracted), on fresh connections
+     and on kept-alive ones: agent CPU per request; then with row E's paced load, on fresh
+     connections: SPOP p99 against row E's (the ratio W / E).
   P  redis-benchmark -P 32 -c 8 of the agent's EVALSHA (script body of
      build/gen/ratelimit.lua, same argv: key shape, alg, a, b, shadow, cost as the agent
      computes them; 1000 keys): the script's ceiling on this Redis.
@@ -586,57 +591,110 @@ def paced_row(h, args, setup, label, ag, aport, red):
 
 
 STATUS_FLOOD_RATE = 1000       # /status.json requests a second in row W
+STATUS_ALONE_S = 3             # seconds of each flood on an otherwise idle agent
 
 
-def run_status_flood(h, args, agent_bin, rport, red):
-    """Row W: row E's paced load while /status.json is asked STATUS_FLOOD_RATE times a
-    second (fresh connections, two threads): what a scraper (or an attacker who reaches the
-    metrics listener) costs the decisions. The agent CPU per /status is the row's agent CPU
-    less row E's, per request."""
-    mport = rh.free_ports(1)[0]
-    cfg = agent_config("redis", rport)
-    cfg["metrics"] = {"listen": "%s:%d" % (rh.LOCALHOST, mport)}
-    print("[W] as E, with /status.json asked %d times a second" % STATUS_FLOOD_RATE)
-    ag, aport, _ = rh.start_agent(h, agent_bin, cfg, "agent-W")
-    stop, count, fails = threading.Event(), [0, 0], [0, 0]
+class StatusFlood:
+    """Two threads asking /status.json STATUS_FLOOD_RATE times a second in all, on fresh
+    connections (curl, a script) or on kept-alive ones (<keep>: browsers, Prometheus; the
+    agent closes one after metrics' request bound, the thread opens another)."""
 
-    def flood(i):
+    def __init__(self, port, keep):
+        self.port, self.keep = port, keep
+        self.stop = threading.Event()
+        self.count, self.fails = [0, 0], [0, 0]
+        self.threads = [threading.Thread(target=self.run, args=(i,), daemon=True)
+                        for i in range(2)]
+
+    def run(self, i):
         import http.client
         period = 2.0 / STATUS_FLOOD_RATE
         nxt = time.monotonic()
-        while not stop.is_set():
-            c = http.client.HTTPConnection(rh.LOCALHOST, mport, timeout=2)
+        c = None
+        while not self.stop.is_set():
+            if c is None:
+                c = http.client.HTTPConnection(rh.LOCALHOST, self.port, timeout=2)
             try:
                 c.request("GET", "/status.json")
                 r = c.getresponse()
                 r.read()
-                count[i] += 1
-                fails[i] += r.status != 200
-            except OSError:
-                fails[i] += 1
-            finally:
+                self.count[i] += 1
+                self.fails[i] += r.status != 200
+            except (OSError, http.client.HTTPException):
+                self.fails[i] += 1
                 c.close()
+                c = None
+            if not self.keep and c is not None:
+                c.close()
+                c = None
             nxt += period
             time.sleep(max(0.0, nxt - time.monotonic()))
+        if c is not None:
+            c.close()
 
-    threads = [threading.Thread(target=flood, args=(i,), daemon=True) for i in range(2)]
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(5)
+
+    def answered(self):
+        return sum(self.count)
+
+
+def status_alone(ag, port, keep, idle_per_s):
+    """Agent CPU per /status.json of a flood on the agent <ag> with no decision to make:
+    its CPU over STATUS_ALONE_S less what it spends idle (<idle_per_s>), per request."""
+    with StatusFlood(port, keep) as fl:
+        time.sleep(0.3)
+        n0, c0, t0 = fl.answered(), cpu_s(ag.pid), time.monotonic()
+        time.sleep(STATUS_ALONE_S)
+        n, c, t = fl.answered() - n0, cpu_s(ag.pid) - c0, time.monotonic() - t0
+    fails = sum(fl.fails)
+    us = (c - idle_per_s * t) * 1e6 / n if n else float("nan")
+    print("    %-11s %5.0f /status.json a second answered, %d failed: %.0f us agent CPU"
+          " each" % ("kept alive" if keep else "fresh conns", n / t, fails, us))
+    return {"us": us, "rate": n / t, "fails": fails}
+
+
+def run_status_flood(h, args, agent_bin, rport, red):
+    """Row W: /status.json asked STATUS_FLOOD_RATE times a second (two threads): what a
+    scraper (or an attacker who reaches the metrics listener) costs the agent and its
+    decisions. First on the idle agent, alone: its CPU per request (its idle CPU, measured
+    just before, subtracted), on fresh connections and on kept-alive ones; then with row E's
+    paced load, on fresh connections (the dearer): SPOP p99 against row E's."""
+    mport = rh.free_ports(1)[0]
+    cfg = agent_config("redis", rport)
+    cfg["metrics"] = {"listen": "%s:%d" % (rh.LOCALHOST, mport)}
+    print("[W] /status.json asked %d times a second, alone then with E's load" %
+          STATUS_FLOOD_RATE)
+    ag, aport, _ = rh.start_agent(h, agent_bin, cfg, "agent-W")
     try:
         time.sleep(0.3)
-        for t in threads:
-            t.start()
-        t0 = time.monotonic()
-        row = paced_row(h, args, "W", "agent exact, /status flood", ag, aport, red)
-        n0 = sum(count)
-        stop.set()
-        for t in threads:
-            t.join(5)
-        row["status_rate"] = n0 / (time.monotonic() - t0)
-        row["status_fails"] = sum(fails)
-        print("               /status.json: %.0f a second answered, %d failed" % (
-            row["status_rate"], row["status_fails"]))
+        # as long as each flood: a 10 ms tick over it is 3 us a request either way
+        c0, t0 = cpu_s(ag.pid), time.monotonic()
+        time.sleep(STATUS_ALONE_S)
+        idle = (cpu_s(ag.pid) - c0) / (time.monotonic() - t0)
+        print("    idle agent: %.1f ms CPU a second" % (idle * 1e3))
+        alone = {keep: status_alone(ag, mport, keep, idle) for keep in (False, True)}
+        with StatusFlood(mport, False) as fl:
+            time.sleep(0.3)
+            n0, t0 = fl.answered(), time.monotonic()
+            row = paced_row(h, args, "W", "agent exact, /status flood", ag, aport, red)
+            n = fl.answered() - n0
+            rate = n / (time.monotonic() - t0)
+        row["status_rate"] = rate
+        row["status_fails"] = sum(fl.fails)
+        row["status_us"] = alone[False]["us"]
+        row["status_us_keep"] = alone[True]["us"]
+        print("               /status.json: %.0f a second answered meanwhile, %d failed" % (
+            rate, row["status_fails"]))
         return row
     finally:
-        stop.set()
         h.stop(ag)
 
 
@@ -849,7 +907,7 @@ def main():
 
     per_wrk = 15 + args.warmup + 2 * (args.duration + 3)
     per_spop = 10 + args.duration
-    bound = 60 + 3 * per_wrk + 3 * per_spop + 2 * 60 + args.steps * (args.step + 8)
+    bound = 75 + 3 * per_wrk + 3 * per_spop + 2 * 60 + args.steps * (args.step + 8)
     h = rh.Harness("rl-bench-", bound)
     h.keep = args.keep
     return rh.run_guarded(h, lambda: run(h, args, agent_bin, script))
@@ -1056,14 +1114,19 @@ def report(args, http, rows):
     W = rows.get("W")
     if W and E["cpu"].get("agent") and W.get("status_rate"):
         print()
-        print("what a /status flood costs the decisions (target of the status page: W against"
-              " E, the same run)")
-        per_s = (W["cpu"].get("agent", 0) - E["cpu"]["agent"]) * W["rate"] / W["status_rate"]
-        line("agent CPU per /status.json (W - E, per request)", "%.0f us" % per_s,
-             per_s <= 50, "<= 50")
-        info("SPOP p99 without / with the flood (E / W)", "%s / %s ms" % (
-            fmt_ms(E["p99"]), fmt_ms(W["p99"])))
-        info("/status.json answered a second (%d asked), failed" % STATUS_FLOOD_RATE,
+        print("what a /status flood costs (target of the status page; W against E, the same run)")
+        for what, us in (("kept alive (browsers, Prometheus)", W["status_us_keep"]),
+                         ("fresh connections (curl, scripts)", W["status_us"])):
+            line("agent CPU per /status.json, %s" % what, "%.0f us" % us, us <= 50,
+                 "<= 50")
+            info("  ... / agent CPU per exact decision (W / E)",
+                 "%.1f" % (us / E["cpu"]["agent"]))
+        if E["p99"] and W["p99"]:
+            x = W["p99"] / E["p99"]
+            line("SPOP p99 with / without a fresh-connection flood (W / E)", "%.2f" % x,
+                 x <= 1.5 and not clean(W), "<= 1.5",
+                 "%s / %s ms" % (fmt_ms(W["p99"]), fmt_ms(E["p99"])))
+        info("/status.json answered a second meanwhile (%d asked), failed" % STATUS_FLOOD_RATE,
              "%.0f, %d" % (W["status_rate"], W["status_fails"]))
         if W["degraded"] or W["errors"]:
             info("  (row W not clean)", clean(W))

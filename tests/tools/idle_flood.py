@@ -85,7 +85,7 @@ def main():
         t0 = time.monotonic()
         try:
             with socket.create_connection(("127.0.0.1", mport), timeout=20) as s:
-                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                 data = b""
                 while True:
                     b = s.recv(65536)

@@ -10,7 +10,12 @@ answered with two bytes, is the cost of the HTTP exchange itself; /top and /metr
 merge the same shared memory, are shown beside for comparison. CPU ticks are 10 ms: the
 default N (2000) gives a 5 us resolution; the machine's other work adds noise.
 
-Usage: tests/tools/status_cost.py [--agent build/spoa-ratelimit] [-n 2000]
+With --keep-alive the N requests of a path go over one connection, as a browser or
+Prometheus sends them (the listener closes it after metrics.max_requests: the client opens
+another); without, each request opens its own, as curl does.
+
+Usage: tests/tools/status_cost.py [--agent build/spoa-ratelimit] [-n 2000] [--keep-alive]
+                                  [--paths /healthz,/status.json,...]
 """
 import argparse
 import hashlib
@@ -36,8 +41,8 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def get(port, path):
-    c = http.client.HTTPConnection(rh.LOCALHOST, port, timeout=5)
+def get(port, path, conn=None):
+    c = conn or http.client.HTTPConnection(rh.LOCALHOST, port, timeout=5)
     try:
         c.request("GET", path)
         r = c.getresponse()
@@ -46,7 +51,8 @@ def get(port, path):
             raise RuntimeError("%s: %d" % (path, r.status))
         return body
     finally:
-        c.close()
+        if not conn:
+            c.close()
 
 
 def fill(port):
@@ -69,6 +75,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--agent", default=str(rh.REPO / "build" / "spoa-ratelimit"))
     ap.add_argument("-n", type=int, default=2000, help="requests per path")
+    ap.add_argument("--keep-alive", action="store_true",
+                    help="one connection per path (reopened when the agent closes it)")
+    ap.add_argument("--paths", default="/healthz,/status.json,/status,/top,/metrics")
     ap.add_argument("--time-limit", type=int, default=600)
     args = ap.parse_args()
     h = rh.Harness("rl-status-cost-", args.time_limit)
@@ -98,13 +107,19 @@ def main():
                 raise RuntimeError("the overrides were not loaded")
             time.sleep(0.1)
         print("agent: %d rules, %d decisions sent, %d overrides loaded; %d requests per path"
-              % (RULES, sent, OVERRIDES, args.n))
-        for path in ("/healthz", "/status.json", "/status", "/top", "/metrics"):
+              " on %s" % (RULES, sent, OVERRIDES, args.n,
+                          "one kept-alive connection" if args.keep_alive else
+                          "fresh connections"))
+        for path in args.paths.split(","):
             size = len(get(mport, path))
+            conn = http.client.HTTPConnection(rh.LOCALHOST, mport, timeout=5) \
+                if args.keep_alive else None
             c0 = cpu_s(agent.pid)
             for _ in range(args.n):
-                get(mport, path)
+                get(mport, path, conn)
             us = (cpu_s(agent.pid) - c0) / args.n * 1e6
+            if conn:
+                conn.close()
             print("%-14s %7.0f us agent CPU per request  %7d bytes" % (path, us, size))
     except Exception:
         h.keep = True

@@ -515,8 +515,17 @@ struct fixture {
 	struct http_server *srv;
 	char *rbuf;                     /* RBUF_CAP bytes for responses */
 	int calls;                      /* handler invocations */
+	int lent;                       /* references to lent_body held by replies */
 	char last_path[256];            /* path of the last one */
 };
+
+/* Hands back one reference to the lent body of fixture <arg>. */
+static void lent_unref(void *arg)
+{
+	struct fixture *f = arg;
+
+	f->lent--;
+}
 
 static void handler(const char *path, struct http_reply *r, void *arg)
 {
@@ -549,6 +558,11 @@ static void handler(const char *path, struct http_reply *r, void *arg)
 				line[6 - d] = hex[(i >> (4 * d)) & 15];
 			http_reply_append(r, line, sizeof(line));
 		}
+	} else if (strcmp(path, "/lent") == 0) {
+		static char lent_body[] = "lent, not copied\n";
+
+		f->lent++;
+		http_reply_lend(r, lent_body, sizeof(lent_body) - 1, lent_unref, f);
 	} else if (strcmp(path, "/badtype") == 0) {
 		http_reply_status(r, 200, "text/plain\nX-Evil: 1");
 	} else {
@@ -652,8 +666,9 @@ struct resp {
 
 /*
  * Sends <req> (<len> bytes, at most <chunk> per loop iteration) on a new
- * connection and reads until the server closes, driving the server's loop in
- * between. Bounded by 10 s (a hang guard; runs take milliseconds).
+ * connection, then shuts down its side (a kept-alive connection ends there),
+ * and reads until the server closes, driving the server's loop in between.
+ * Bounded by 10 s (a hang guard; runs take milliseconds).
  */
 static void exchange_chunked(struct fixture *f, const char *req, size_t len, size_t chunk,
 			     struct resp *out)
@@ -661,7 +676,7 @@ static void exchange_chunked(struct fixture *f, const char *req, size_t len, siz
 	double deadline = now_s() + 10;
 	size_t before = http_server_conns(f->srv), sent = 0;
 	int fd = client_connect(f);
-	bool eof = false;
+	bool eof = false, shut = false;
 
 	memset(out, 0, sizeof(*out));
 	out->buf = f->rbuf;
@@ -679,6 +694,10 @@ static void exchange_chunked(struct fixture *f, const char *req, size_t len, siz
 			else if (n == -1 && errno != EAGAIN)
 				sent = len; /* the server gave up on us */
 		}
+		if (sent == len && !shut) {
+			(void)shutdown(fd, SHUT_WR);
+			shut = true;
+		}
 		n = recv(fd, out->buf + out->len, RBUF_CAP - 1 - out->len, 0);
 		if (n > 0) {
 			out->len += (size_t)n;
@@ -695,8 +714,13 @@ static void exchange_chunked(struct fixture *f, const char *req, size_t len, siz
 	}
 	out->buf[out->len] = 0;
 	close(fd);
-	/* let the server see the close and free the connection */
-	pump_until_conns(f, before);
+	/* let the server see the close and free the connection (at the connection
+	 * bound it closed an idle one to admit this one: fewer then) */
+	while (http_server_conns(f->srv) > before) {
+		assert_true(now_s() < deadline);
+		ev_run(f->loop, EVRUN_NOWAIT);
+		usleep(1000);
+	}
 }
 
 static void exchange(struct fixture *f, const char *req, size_t len, struct resp *out)
@@ -746,7 +770,7 @@ static void test_http_get_200_with_body(void **state)
 	exchange_str(f, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", &r);
 	assert_int_equal(resp_status(&r), 200);
 	assert_true(resp_has(&r, "Content-Length: 3"));
-	assert_true(resp_has(&r, "Connection: close"));
+	assert_false(resp_has(&r, "Connection: close")); /* kept alive */
 	assert_true(resp_has(&r, "Content-Type: " HTTP_CTYPE_TEXT));
 	assert_string_equal(resp_body(&r), "ok\n");
 	assert_false(r.reset);
@@ -757,6 +781,7 @@ static void test_http_get_200_with_body(void **state)
 	assert_string_equal(f->last_path, "/metrics");
 	assert_true(resp_has(&r, "Content-Type: " PROM_CONTENT_TYPE));
 	assert_string_equal(resp_body(&r), "# HELP up Always 1.\n# TYPE up gauge\nup 1\n");
+	assert_true(resp_has(&r, "Connection: close")); /* 1.0: never kept */
 
 	/* absolute-form target, leading empty line */
 	exchange_str(f, "\r\nGET http://localhost:9/health#frag HTTP/1.1\r\n\r\n", &r);
@@ -980,6 +1005,179 @@ static void test_http_large_reply_written_in_pieces(void **state)
 	assert_memory_equal(body + LARGE_LEN - 8, "00bffff\n", 8);
 }
 
+/*
+ * A lent body is sent as it is and handed back once, whatever becomes of the
+ * reply: sent (GET), measured only (HEAD), or written to (copied first),
+ * released, or broken.
+ */
+static void test_http_lent_body_handed_back_once(void **state)
+{
+	struct fixture *f = *state;
+	char buf[] = "hello";
+	struct http_reply r;
+	struct resp out;
+
+	exchange_str(f, "GET /lent HTTP/1.1\r\n\r\n", &out);
+	assert_string_equal(resp_body(&out), "lent, not copied\n");
+	assert_int_equal(f->lent, 0);
+	exchange_str(f, "HEAD /lent HTTP/1.1\r\n\r\n", &out);
+	assert_true(resp_has(&out, "Content-Length: 17"));
+	assert_int_equal(f->lent, 0);
+
+	http_reply_init(&r);
+	f->lent = 1;
+	http_reply_lend(&r, buf, 5, lent_unref, f);
+	assert_ptr_equal(r.body, buf);
+	http_reply_append(&r, " world", 6);
+	assert_int_equal(f->lent, 0);
+	assert_ptr_not_equal(r.body, buf);
+	assert_string_equal(r.body, "hello world");
+	assert_string_equal(buf, "hello");
+	http_reply_release(&r);
+	f->lent = 1;
+	http_reply_lend(&r, buf, 5, lent_unref, f);
+	http_reply_release(&r);
+	assert_int_equal(f->lent, 0);
+	f->lent = 1;
+	http_reply_lend(&r, buf, 5, lent_unref, f);
+	http_reply_status(&r, 99, NULL); /* broken: the body goes back */
+	assert_int_equal(f->lent, 0);
+	assert_true(r.broken);
+	http_reply_release(&r);
+}
+
+/*
+ * Reads from <fd> what the server of <f> sends, driving its loop, until
+ * <n> replies to /health (body "ok\n") came, or the server closed (*<eof>).
+ * Returns the replies counted; the text is in f->rbuf.
+ */
+static int read_health_replies(struct fixture *f, int fd, int n, bool *eof)
+{
+	double deadline = now_s() + 10;
+	size_t len = 0;
+	int got = 0;
+
+	*eof = false;
+	f->rbuf[0] = 0;
+	while (got < n && !*eof) {
+		struct pollfd pfd = {.fd = fd, .events = POLLIN};
+		const char *p;
+		ssize_t k;
+
+		assert_true(now_s() < deadline);
+		ev_run(f->loop, EVRUN_NOWAIT);
+		k = recv(fd, f->rbuf + len, RBUF_CAP - 1 - len, 0);
+		if (k > 0)
+			len += (size_t)k;
+		else if (k == 0 || (k == -1 && errno == ECONNRESET))
+			*eof = true;
+		else
+			assert_true(errno == EAGAIN);
+		f->rbuf[len] = 0;
+		for (got = 0, p = f->rbuf; (p = strstr(p, "\r\n\r\nok\n")); p++)
+			got++;
+		(void)poll(&pfd, 1, 1);
+	}
+	return got;
+}
+
+/* Counts the occurrences of <needle> in <hay>. */
+static int count_of(const char *hay, const char *needle)
+{
+	int n = 0;
+
+	for (; (hay = strstr(hay, needle)); hay++)
+		n++;
+	return n;
+}
+
+/*
+ * HTTP/1.1 keeps the connection for the next request, up to max_requests:
+ * the last reply says "Connection: close" and the server closes. A client that
+ * says close is answered and closed at once.
+ */
+static void test_http_keep_alive_bounded(void **state)
+{
+	struct fixture *f = *state;
+	static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+	bool eof;
+	int fd, i;
+
+	http_server_set_max_requests(f->srv, 3);
+	fd = client_connect(f);
+	for (i = 1; i <= 3; i++) {
+		assert_int_equal(send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL), sizeof(req) - 1);
+		assert_int_equal(read_health_replies(f, fd, 1, &eof), 1);
+		assert_int_equal(count_of(f->rbuf, "Connection: close"), i == 3);
+		assert_int_equal(f->calls, i);
+		assert_int_equal(http_server_conns(f->srv), i < 3 ? 1 : http_server_conns(f->srv));
+	}
+	assert_int_equal(read_health_replies(f, fd, 1, &eof), 0);
+	assert_true(eof); /* the server closed after the third */
+	close(fd);
+	pump_until_conns(f, 0);
+	assert_int_equal(http_server_stats(f->srv)->accepted, 1);
+
+	fd = client_connect(f);
+	static const char bye[] = "GET /health HTTP/1.1\r\nConnection: Keep-Alive, Close\r\n\r\n";
+	assert_int_equal(send(fd, bye, sizeof(bye) - 1, MSG_NOSIGNAL), sizeof(bye) - 1);
+	assert_int_equal(read_health_replies(f, fd, 2, &eof), 1);
+	assert_true(eof);
+	assert_int_equal(count_of(f->rbuf, "Connection: close"), 1);
+	close(fd);
+	pump_until_conns(f, 0);
+	assert_int_equal(http_server_stats(f->srv)->timeouts, 0);
+
+	/* a body is never read: the connection is not kept after a request with one */
+	fd = client_connect(f);
+	static const char body[] = "GET /health HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello";
+	assert_int_equal(send(fd, body, sizeof(body) - 1, MSG_NOSIGNAL), sizeof(body) - 1);
+	assert_int_equal(read_health_replies(f, fd, 2, &eof), 1);
+	assert_true(eof);
+	assert_int_equal(count_of(f->rbuf, "Connection: close"), 1);
+	close(fd);
+	pump_until_conns(f, 0);
+}
+
+/*
+ * Requests pipelined in one write are answered in order, at most
+ * max_requests of them: the rest is never read as requests.
+ */
+static void test_http_pipelined_requests_in_order_and_bounded(void **state)
+{
+	struct fixture *f = *state;
+	char req[1024] = "";
+	const char *p;
+	bool eof;
+	int fd, i;
+
+	http_server_set_max_requests(f->srv, 5);
+	for (i = 0; i < 8; i++)
+		strcat(req, i % 2 ? "GET /metrics HTTP/1.1\r\n\r\n" : "GET /health HTTP/1.1\r\n\r\n");
+	fd = client_connect(f);
+	assert_int_equal(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+	assert_int_equal(read_health_replies(f, fd, 4, &eof), 3);
+	assert_true(eof);
+	assert_int_equal(f->calls, 5);
+	assert_int_equal(count_of(f->rbuf, "HTTP/1.1 200 OK\r\n"), 5);
+	assert_int_equal(count_of(f->rbuf, "Connection: close"), 1);
+	/* in order: health, metrics, health, metrics, health */
+	p = f->rbuf;
+	for (i = 0; i < 5; i++) {
+		const char *want = i % 2 ? "up 1\n" : "\r\n\r\nok\n";
+		const char *at = strstr(p, want);
+
+		assert_non_null(at);
+		assert_true(strstr(p, i % 2 ? "\r\n\r\nok\n" : "up 1\n") == NULL ||
+			    strstr(p, i % 2 ? "\r\n\r\nok\n" : "up 1\n") > at);
+		p = at + strlen(want);
+	}
+	assert_non_null(strstr(strstr(f->rbuf, "up 1\nHTTP/1.1 200 OK\r\n") + 1,
+				"Connection: close"));
+	close(fd);
+	pump_until_conns(f, 0);
+}
+
 /* fmt_i64() writes what "%lld" would, on every digit count and both ends of the range. */
 static void test_fmt_i64_like_printf(void **state)
 {
@@ -1098,6 +1296,12 @@ int main(void)
 						http_teardown),
 		cmocka_unit_test_setup_teardown(test_http_reply_over_bound_is_500, http_setup,
 						http_teardown),
+		cmocka_unit_test_setup_teardown(test_http_lent_body_handed_back_once, http_setup,
+						http_teardown),
+		cmocka_unit_test_setup_teardown(test_http_keep_alive_bounded, http_setup,
+						http_teardown),
+		cmocka_unit_test_setup_teardown(test_http_pipelined_requests_in_order_and_bounded,
+						http_setup, http_teardown),
 		cmocka_unit_test_setup_teardown(test_http_large_reply_written_in_pieces, http_setup,
 						http_teardown),
 		cmocka_unit_test(test_http_server_addresses),

@@ -55,8 +55,12 @@ PKG_CFLAGS := $(shell pkg-config --cflags hiredis libconfig 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs hiredis libconfig 2>/dev/null || echo -lhiredis -lconfig)
 CARES_LIBS := $(shell pkg-config --libs libcares 2>/dev/null || echo -lcares)
 SSL_LIBS   := $(shell pkg-config --libs openssl 2>/dev/null || echo -lssl -lcrypto)
+# src/ is in wings, one folder each (doc/development.md, "Map of src/")
+SRC_WINGS = core net store config policy observe decide ctl
+SRC_INC   = -Isrc $(SRC_WINGS:%=-Isrc/%)
+
 CFLAGS  += -std=gnu11 -D_GNU_SOURCE -DVERSION='"$(VERSION)"' $(OPT) $(LTO) $(WARN) $(SANFLAGS) \
-           -MMD -MP -Ispoa -Isrc $(PKG_CFLAGS)
+           -MMD -MP -Ispoa $(SRC_INC) $(PKG_CFLAGS)
 LDFLAGS += $(SANFLAGS) $(LTO)
 AR_LTO   = $(if $(LTO),gcc-ar,ar)
 LIBS     = $(PKG_LIBS) $(CARES_LIBS) $(SSL_LIBS) -lev -lm
@@ -66,16 +70,16 @@ Q = @
 endif
 
 SPOA_SRC  = spoa/spop.c spoa/conn.c spoa/request.c spoa/listener.c
-AGENT_SRC = src/main.c src/agent.c src/config.c src/rules.c src/store.c src/store_node.c src/store_cmd.c \
-            src/store_cluster.c src/store_batch.c src/store_reply.c src/store_parse.c src/reply_parse.c src/rconn.c src/tls.c src/resolve.c src/sentinel.c src/limiter.c src/digest.c src/log.c src/util.c \
-            src/memstore.c src/metrics.c src/http.c src/prom.c src/topk.c src/hll.c src/quota.c \
-            src/normalize.c src/overrides.c src/ctl.c src/status.c src/json.c \
-            src/notify.c src/prepare.c src/parts.c src/candidate.c src/charge.c src/answer.c \
-            src/principal.c src/blocked.c src/decision.c src/config_read.c src/config_policy.c
+AGENT_SRC = src/main.c src/agent.c src/config/config.c src/policy/rules.c src/store/store.c src/store/store_node.c src/store/store_cmd.c \
+            src/store/store_cluster.c src/store/store_batch.c src/store/store_reply.c src/store/store_parse.c src/store/reply_parse.c src/store/rconn.c src/net/tls.c src/net/resolve.c src/store/sentinel.c src/core/limiter.c src/core/digest.c src/core/log.c src/core/util.c \
+            src/store/memstore.c src/observe/metrics.c src/net/http.c src/observe/prom.c src/observe/topk.c src/core/hll.c src/policy/quota.c \
+            src/core/normalize.c src/policy/overrides.c src/ctl/ctl.c src/observe/status.c src/core/json.c \
+            src/decide/notify.c src/decide/prepare.c src/decide/parts.c src/decide/candidate.c src/decide/charge.c src/decide/answer.c \
+            src/decide/principal.c src/decide/blocked.c src/decide/decision.c src/config/config_read.c src/config/config_policy.c
 SPOA_OBJ  = $(SPOA_SRC:%.c=$(BUILD)/%.o)
 AGENT_OBJ = $(AGENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/scripts.o
-AGENT_SRC += src/secret.c
-AGENT_SRC += src/heartbeat.c
+AGENT_SRC += src/core/secret.c
+AGENT_SRC += src/policy/heartbeat.c
 LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lua \
             lua/sliding_window.lua lua/decide.lua
 
@@ -143,26 +147,26 @@ $(BUILD)/test_spop: tests/unit/test_spop.c $(LIBSPOA)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIBSPOA) -lcmocka
 
-$(BUILD)/test_limiter: tests/unit/test_limiter.c $(BUILD)/src/limiter.o $(BUILD)/src/digest.o \
-                       $(BUILD)/src/util.o
+$(BUILD)/test_limiter: tests/unit/test_limiter.c $(BUILD)/src/core/limiter.o $(BUILD)/src/core/digest.o \
+                       $(BUILD)/src/core/util.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka -lm
 
-$(BUILD)/test_memstore: tests/unit/test_memstore.c $(BUILD)/src/memstore.o $(BUILD)/src/limiter.o \
-                        $(BUILD)/src/util.o $(BUILD)/src/hll.o
+$(BUILD)/test_memstore: tests/unit/test_memstore.c $(BUILD)/src/store/memstore.o $(BUILD)/src/core/limiter.o \
+                        $(BUILD)/src/core/util.o $(BUILD)/src/core/hll.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka -lm
 
-$(BUILD)/test_obs: tests/unit/test_obs.c $(BUILD)/src/http.o $(BUILD)/src/prom.o \
-                   $(BUILD)/src/topk.o $(BUILD)/src/hll.o $(BUILD)/src/util.o $(BUILD)/src/log.o
+$(BUILD)/test_obs: tests/unit/test_obs.c $(BUILD)/src/net/http.o $(BUILD)/src/observe/prom.o \
+                   $(BUILD)/src/observe/topk.o $(BUILD)/src/core/hll.o $(BUILD)/src/core/util.o $(BUILD)/src/core/log.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lev -lcmocka -lm
 
-$(BUILD)/test_normalize: tests/unit/test_normalize.c $(BUILD)/src/normalize.o $(BUILD)/src/rules.o \
-                         $(BUILD)/src/config.o $(BUILD)/src/limiter.o $(BUILD)/src/util.o \
-                         $(BUILD)/src/log.o $(BUILD)/spoa/spop.o $(BUILD)/src/secret.o \
-                         $(BUILD)/src/config_read.o $(BUILD)/src/config_policy.o $(BUILD)/src/tls.o \
-                         $(BUILD)/src/digest.o
+$(BUILD)/test_normalize: tests/unit/test_normalize.c $(BUILD)/src/core/normalize.o $(BUILD)/src/policy/rules.o \
+                         $(BUILD)/src/config/config.o $(BUILD)/src/core/limiter.o $(BUILD)/src/core/util.o \
+                         $(BUILD)/src/core/log.o $(BUILD)/spoa/spop.o $(BUILD)/src/core/secret.o \
+                         $(BUILD)/src/config/config_read.o $(BUILD)/src/config/config_policy.o $(BUILD)/src/net/tls.o \
+                         $(BUILD)/src/core/digest.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(SSL_LIBS) -lcmocka -lm
 
@@ -178,7 +182,7 @@ $(BUILD)/test_status: tests/unit/test_status.c $(filter-out $(BUILD)/src/main.o,
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LIBS) -lcmocka
 
-$(MODEL): tests/tools/limit_model.c $(BUILD)/src/limiter.o
+$(MODEL): tests/tools/limit_model.c $(BUILD)/src/core/limiter.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lm
 
@@ -186,26 +190,26 @@ $(BUILD)/spop-load: tests/tools/spop_load.c $(LIBSPOA)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIBSPOA) -lev
 
-$(BUILD)/fuzz_config_replay: tests/fuzz/fuzz_config.c tests/fuzz/replay.c $(BUILD)/src/config.o \
-                             $(BUILD)/src/rules.o $(BUILD)/src/util.o $(BUILD)/src/log.o \
-                             $(BUILD)/src/limiter.o $(BUILD)/src/normalize.o $(BUILD)/spoa/spop.o \
-                             $(BUILD)/src/secret.o $(BUILD)/src/config_read.o \
-                             $(BUILD)/src/config_policy.o $(BUILD)/src/tls.o $(BUILD)/src/digest.o
+$(BUILD)/fuzz_config_replay: tests/fuzz/fuzz_config.c tests/fuzz/replay.c $(BUILD)/src/config/config.o \
+                             $(BUILD)/src/policy/rules.o $(BUILD)/src/core/util.o $(BUILD)/src/core/log.o \
+                             $(BUILD)/src/core/limiter.o $(BUILD)/src/core/normalize.o $(BUILD)/spoa/spop.o \
+                             $(BUILD)/src/core/secret.o $(BUILD)/src/config/config_read.o \
+                             $(BUILD)/src/config/config_policy.o $(BUILD)/src/net/tls.o $(BUILD)/src/core/digest.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(SSL_LIBS) -lm
 
-$(BUILD)/fuzz_resp_replay: tests/fuzz/fuzz_resp.c tests/fuzz/replay.c $(BUILD)/src/store_reply.o
+$(BUILD)/fuzz_resp_replay: tests/fuzz/fuzz_resp.c tests/fuzz/replay.c $(BUILD)/src/store/store_reply.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS)
 
 $(BUILD)/fuzz_reply_parse_replay: tests/fuzz/fuzz_reply_parse.c tests/fuzz/replay.c \
-                                  $(BUILD)/src/store_reply.o $(BUILD)/src/reply_parse.o \
-                                  $(BUILD)/src/store_parse.o
+                                  $(BUILD)/src/store/store_reply.o $(BUILD)/src/store/reply_parse.o \
+                                  $(BUILD)/src/store/store_parse.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS)
 
-$(BUILD)/fuzz_http_replay: tests/fuzz/fuzz_http.c tests/fuzz/replay.c $(BUILD)/src/http.o \
-                           $(BUILD)/src/log.o $(BUILD)/src/util.o
+$(BUILD)/fuzz_http_replay: tests/fuzz/fuzz_http.c tests/fuzz/replay.c $(BUILD)/src/net/http.o \
+                           $(BUILD)/src/core/log.o $(BUILD)/src/core/util.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lev -lm
 
@@ -260,12 +264,12 @@ FUZZ_BUILD = build-fuzz
 fuzz: $(FUZZ_BUILD)/fuzz_spop_frame $(FUZZ_BUILD)/fuzz_config $(FUZZ_BUILD)/fuzz_resp \
       $(FUZZ_BUILD)/fuzz_http $(FUZZ_BUILD)/fuzz_reply_parse
 
-FUZZ_CONFIG_SRC = tests/fuzz/fuzz_config.c src/config.c src/rules.c src/util.c src/log.c \
-                  src/limiter.c src/normalize.c spoa/spop.c src/secret.c src/config_read.c \
-                  src/config_policy.c src/tls.c src/digest.c
-$(FUZZ_BUILD)/fuzz_config: $(FUZZ_CONFIG_SRC) src/config.h src/rules.h
+FUZZ_CONFIG_SRC = tests/fuzz/fuzz_config.c src/config/config.c src/policy/rules.c src/core/util.c src/core/log.c \
+                  src/core/limiter.c src/core/normalize.c spoa/spop.c src/core/secret.c src/config/config_read.c \
+                  src/config/config_policy.c src/net/tls.c src/core/digest.c
+$(FUZZ_BUILD)/fuzz_config: $(FUZZ_CONFIG_SRC) src/config/config.h src/policy/rules.h
 	@mkdir -p $(FUZZ_BUILD)
-	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \
+	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined $(SRC_INC) -Ispoa \
 	  $(PKG_CFLAGS) -o $@ $(FUZZ_CONFIG_SRC) -lconfig $(SSL_LIBS) -lm
 
 $(FUZZ_BUILD)/fuzz_spop_frame: tests/fuzz/fuzz_spop_frame.c tests/fuzz/fuzz.h spoa/spop.c spoa/spop.h
@@ -273,26 +277,26 @@ $(FUZZ_BUILD)/fuzz_spop_frame: tests/fuzz/fuzz_spop_frame.c tests/fuzz/fuzz.h sp
 	$(CLANG) -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -Ispoa -o $@ \
 	  tests/fuzz/fuzz_spop_frame.c spoa/spop.c
 
-# the reply reader with the agent's reply objects (src/store_reply.c)
-$(FUZZ_BUILD)/fuzz_resp: tests/fuzz/fuzz_resp.c tests/fuzz/fuzz.h src/store_reply.c src/store_reply.h
+# the reply reader with the agent's reply objects (src/store/store_reply.c)
+$(FUZZ_BUILD)/fuzz_resp: tests/fuzz/fuzz_resp.c tests/fuzz/fuzz.h src/store/store_reply.c src/store/store_reply.h
 	@mkdir -p $(FUZZ_BUILD)
-	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \
-	  $(PKG_CFLAGS) -o $@ tests/fuzz/fuzz_resp.c src/store_reply.c -lhiredis
+	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined $(SRC_INC) -Ispoa \
+	  $(PKG_CFLAGS) -o $@ tests/fuzz/fuzz_resp.c src/store/store_reply.c -lhiredis
 
-# the metrics listener's request parser (src/http.c), reachable by whoever can connect
-# what the store reads out of replies (src/store_parse.c, src/reply_parse.c)
-FUZZ_REPLY_PARSE_SRC = tests/fuzz/fuzz_reply_parse.c src/store_reply.c src/reply_parse.c \
-                       src/store_parse.c
-$(FUZZ_BUILD)/fuzz_reply_parse: $(FUZZ_REPLY_PARSE_SRC) tests/fuzz/fuzz.h src/store_reply.h \
-                                src/reply_parse.h src/store_parse.h src/store_types.h
+# the metrics listener's request parser (src/net/http.c), reachable by whoever can connect
+# what the store reads out of replies (src/store/store_parse.c, src/store/reply_parse.c)
+FUZZ_REPLY_PARSE_SRC = tests/fuzz/fuzz_reply_parse.c src/store/store_reply.c src/store/reply_parse.c \
+                       src/store/store_parse.c
+$(FUZZ_BUILD)/fuzz_reply_parse: $(FUZZ_REPLY_PARSE_SRC) tests/fuzz/fuzz.h src/store/store_reply.h \
+                                src/store/reply_parse.h src/store/store_parse.h src/store/store_types.h
 	@mkdir -p $(FUZZ_BUILD)
-	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \
+	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined $(SRC_INC) -Ispoa \
 	  $(PKG_CFLAGS) -o $@ $(FUZZ_REPLY_PARSE_SRC) -lhiredis
 
-FUZZ_HTTP_SRC = tests/fuzz/fuzz_http.c src/http.c src/log.c src/util.c
-$(FUZZ_BUILD)/fuzz_http: $(FUZZ_HTTP_SRC) tests/fuzz/fuzz.h src/http.h
+FUZZ_HTTP_SRC = tests/fuzz/fuzz_http.c src/net/http.c src/core/log.c src/core/util.c
+$(FUZZ_BUILD)/fuzz_http: $(FUZZ_HTTP_SRC) tests/fuzz/fuzz.h src/net/http.h
 	@mkdir -p $(FUZZ_BUILD)
-	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Ispoa \
+	$(CLANG) -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined $(SRC_INC) -Ispoa \
 	  -o $@ $(FUZZ_HTTP_SRC) -lev -lm
 
 fuzz-smoke: fuzz

@@ -375,7 +375,7 @@ def crc16_checker(tmp):
     src = tmp / "crc16_check.c"
     src.write_text(CRC16_CHECK)
     exe = tmp / "crc16_check"
-    subprocess.run([cc, "-std=gnu11", "-Wall", "-Werror", "-I", str(REPO / "src"), "-o", str(exe),
+    subprocess.run([cc, "-std=gnu11", "-Wall", "-Werror", "-I", str(REPO / "src" / "core"), "-o", str(exe),
                     str(src)], check=True)
     return lambda keys: subprocess.run([str(exe)] + list(keys), check=True, capture_output=True,
                                        text=True).stdout.split()

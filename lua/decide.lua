@@ -9,7 +9,7 @@
 --                  log, 4 sliding window counter
 -- ARGV[5(i-1)+2]   parameter a of the algorithm (see its file), an integer >= 1
 -- ARGV[5(i-1)+3]   parameter b of the algorithm, an integer >= 0 (both below
---                  2^53, and a GCRA's as src/limiter.h bounds them)
+--                  2^53, and a GCRA's as src/core/limiter.h bounds them)
 -- ARGV[5(i-1)+4]   flags: 1 = shadow (evaluated and reported, never denies)
 -- ARGV[5(i-1)+5]   cost of the request for limit i, in tokens: > 0 charges,
 --                  0 only reports, < 0 refunds an earlier charge (always
@@ -161,7 +161,7 @@ local function decide(ALG, check, kb, n, ab, na, now, lim, res, cache)
 			a, b = tonumber(sa), tonumber(sb)
 		end
 		-- integers only, below 2^53, and a bucket's interval and tolerance as
-		-- src/limiter.h bounds them: nothing below may leave the exact range
+		-- src/core/limiter.h bounds them: nothing below may leave the exact range
 		-- of doubles
 		if not a or a < 1 or a >= 2 ^ 53 or a % 1 ~= 0 or not b or b < 0 or
 			b >= 2 ^ 53 or b % 1 ~= 0 or

@@ -6,7 +6,7 @@
 -- fixed_month (algorithm 5) is the same counter on calendar months in UTC: the
 -- window's index is year x 12 + month - 1 (a = 1, unused). The calendar is
 -- computed (days from 1970-01-01 and back, in eras of 400 years), as
--- limit_month_index() and limit_month_start_us() in src/limiter.c.
+-- limit_month_index() and limit_month_start_us() in src/core/limiter.c.
 local function month_index(now)
 	local floor = math.floor
 	local z = floor(now / 86400000000) + 719468

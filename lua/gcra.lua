@@ -1,6 +1,6 @@
 -- GCRA (generic cell rate algorithm): a token bucket kept as its theoretical
 -- arrival time (TAT). The interval is a binary fixed point number (see
--- src/limiter.h): ticks of 2^-k microseconds, fine enough that the admitted
+-- src/core/limiter.h): ticks of 2^-k microseconds, fine enough that the admitted
 -- rate is off by less than 1e-6 relative at any rate.
 --   a = emission interval T (ticks), b = tau + k: burst tolerance tau = burst
 --       x T (ticks) and the tick exponent k = b mod T (0 <= k <= 40 < T)

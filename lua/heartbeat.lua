@@ -1,7 +1,7 @@
 -- SPDX-License-Identifier: MIT
 -- Gateway heartbeat: how many agents use this Redis now. Each agent process
--- calls it about once a second; the answer sizes its leases (src/quota.c) and
--- divides its local fallback limits (src/heartbeat.c, fallback.gateways).
+-- calls it about once a second; the answer sizes its leases (src/policy/quota.c) and
+-- divides its local fallback limits (src/policy/heartbeat.c, fallback.gateways).
 --
 -- KEYS[1]   the registry, a sorted set: member = agent id, score = Redis time
 --           (ms) of its last heartbeat

@@ -17,10 +17,10 @@
 -- optional table <cache> keeps the text of TTLs for the next decisions of the
 -- call).
 -- All arithmetic is on integers below 2^53 (exact in Lua's doubles); the C
--- models in src/limiter.c do the same operations in the same order. Costs
+-- models in src/core/limiter.c do the same operations in the same order. Costs
 -- (cost x units of a batch) are clamped to +-COUNT_MAX = 2^50 before any
 -- algorithm sees them, and the windows' counts to [0, COUNT_MAX], so a count
--- plus a cost stays exact (src/limiter.h, LIMIT_COUNT_MAX).
+-- plus a cost stays exact (src/core/limiter.h, LIMIT_COUNT_MAX).
 --
 -- What a call costs Redis (it serves nobody else meanwhile). Redis runs this
 -- whole file at every call, so every function below is created at every

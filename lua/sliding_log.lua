@@ -4,7 +4,7 @@
 --   a = window length (us), b = limit (requests per window)
 -- A call's work grows with the entries it trims and adds, and Redis runs
 -- nothing else meanwhile: the config bounds the limit (at most 1,000 per
--- window, src/config.c), and a call adds at most LOG_ADD_MAX = 100 entries: a
+-- window, src/config/config.c), and a call adds at most LOG_ADD_MAX = 100 entries: a
 -- cost above that is never admitted (its retry is a whole window), a batch is
 -- granted no more (decide.lua), and a report (charged even over the limit)
 -- records at most that many and never fills the log past limit + LOG_ADD_MAX

@@ -152,7 +152,7 @@ static struct tls_ctx *load_tls(struct loader *ld, const config_setting_t *g, co
 
 /*
  * redis.sentinel { addresses = ["ip:port", ...]; master = "name"; user = ...;
- * password = ...; }: the master is found by asking these Sentinels (src/sentinel.c)
+ * password = ...; }: the master is found by asking these Sentinels (src/store/sentinel.c)
  * instead of redis.address, which must then not be set.
  */
 static void load_sentinel(struct loader *ld, const config_setting_t *s)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The in-process "memory" store: the C models of src/limiter.c kept in a
+ * The in-process "memory" store: the C models of src/core/limiter.c kept in a
  * bounded hash table, for a single gateway or for development without Redis.
  * It decides a struct store_query synchronously, exactly as lua/decide.lua
  * would against a Redis holding the same keys, including key expiry.

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * libFuzzer target for the request parser of the metrics listener
- * (src/http.c): http_head_scan(), which finds the end of a request head as
+ * (src/net/http.c): http_head_scan(), which finds the end of a request head as
  * bytes arrive, and http_request_parse(), which reads the request line into
  * what the server answers. Whoever can connect to the listener reaches both.
  *

@@ -2,9 +2,9 @@
 /*
  * libFuzzer target for what the agent reads out of Redis' replies, once the
  * reader (fuzz_resp.c) has built them: the rate-limit script's replies into a
- * store_result (src/store_parse.c), and MOVED/ASK errors, CLUSTER SLOTS
+ * store_result (src/store/store_parse.c), and MOVED/ASK errors, CLUSTER SLOTS
  * entries, a Sentinel's master address and +switch-master messages, and ROLE
- * (src/reply_parse.c).
+ * (src/store/reply_parse.c).
  *
  * The input's first two bytes choose the query the script answers: byte 0
  * the number of limits (1..16, low nibble) and of them the candidate's (bits

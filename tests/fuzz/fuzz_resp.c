@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * libFuzzer target for the Redis reply reader: hiredis' redisReader building
- * its replies with the agent's own reply objects and limits (src/store_reply.c:
+ * its replies with the agent's own reply objects and limits (src/store/store_reply.c:
  * a free list, a reply's bytes, elements and depth bounded, half-built arrays
  * freed touching only what was built, without recursion), exactly as every
  * connection to Redis, a Sentinel or `ctl`'s reads what the server sends. The

@@ -382,7 +382,7 @@ def crc16_checker(tmp):
 
 
 def test_crc16_vectors(tmp):
-    """src/crc16.h: the CRC-16/XMODEM check value and the hash-tag rule, against the
+    """src/core/crc16.h: the CRC-16/XMODEM check value and the hash-tag rule, against the
     slots Redis documents and an independent implementation."""
     out = crc16_checker(tmp)(TAG_CASES)
     assert out[0] == "31C3"

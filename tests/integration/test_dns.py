@@ -1,4 +1,4 @@
-"""Host names in redis.address, resolved on the agent's loop (src/resolve.c, c-ares):
+"""Host names in redis.address, resolved on the agent's loop (src/net/resolve.c, c-ares):
 against a real DNS server on loopback (Debian's dnsmasq, on its own port, its records
 in a hosts file the test rewrites and reloads with SIGHUP), real Redis servers on
 127.0.0.1 and 127.0.0.2, and the agent's own SPOP answers.

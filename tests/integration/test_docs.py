@@ -114,7 +114,7 @@ def duration_ms(text):
 
 def test_every_default_is_documented_as_the_code_has_it(agent_bin):
     """`spoa-ratelimit defaults` prints the default of every setting read from the key
-    tables (src/config.c: the one place defaults are written); each is in a settings table
+    tables (src/config/config.c: the one place defaults are written); each is in a settings table
     of doc/ with the same value. A default of 0 that the agent derives (from another key,
     or from spoe_timeout) is documented in words or by that key's name."""
     import subprocess

@@ -1,5 +1,5 @@
 """Key fingerprints shown to people are keyed with the fleet's secret (metrics.
-fingerprint_secret_file, src/digest.c fp_*()): "fp:" and 16 hex digits of HMAC-SHA256(secret,
+fingerprint_secret_file, src/core/digest.c fp_*()): "fp:" and 16 hex digits of HMAC-SHA256(secret,
 the key's digest), the same on /top, /status.json, /overrides, the audit log and `ctl list`.
 Real agents, real Redis, real sockets: a guessed key cannot be confirmed from a fingerprint
 without the secret, a block by fingerprint taken from one agent's /top is enforced by every

@@ -1,7 +1,7 @@
 """The local fallback follows the fleet (fallback.gateways = "auto", the default).
 
 During a Redis outage each agent applies rate / G to its own traffic, G being the live
-gateways the heartbeats counted in Redis before it (src/heartbeat.c, lua/heartbeat.lua),
+gateways the heartbeats counted in Redis before it (src/policy/heartbeat.c, lua/heartbeat.lua),
 kept through the outage. Two and five agents share one client's traffic during an outage:
 together they admit the limit (within 20%), where a count of 1 (today's explicit setting)
 admits G times it. Counts only: a daily bucket, so nothing refills during the test.

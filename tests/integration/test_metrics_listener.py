@@ -10,7 +10,7 @@ is still served.
 import socket
 import time
 
-REQUESTS_MAX = 100              # src/http.h HTTP_REQUESTS_MAX
+REQUESTS_MAX = 100              # src/net/http.h HTTP_REQUESTS_MAX
 
 
 def metric_value(a, name):

@@ -1,4 +1,4 @@
-"""Each algorithm's C model (src/limiter.c) and its Redis script (lua/) agree.
+"""Each algorithm's C model (src/core/limiter.c) and its Redis script (lua/) agree.
 
 The same request sequence goes to the assembled script in a real Redis and, at
 the Redis times the script reports, to the C models (build/limit_model); every

@@ -1,4 +1,4 @@
-"""Live overrides (src/overrides.c, src/ctl.c): blocks and limit changes written to Redis by
+"""Live overrides (src/policy/overrides.c, src/ctl/ctl.c): blocks and limit changes written to Redis by
 `spoa-ratelimit ctl`, applied by every agent without a reload, through real HAProxy and Redis."""
 
 import hashlib

@@ -1,5 +1,5 @@
 """Local quotas: the batch modes of the script (grants and reports), leases, pre-checks,
-coalescing and a lease held through a Redis outage (src/quota.c, lua/decide.lua)."""
+coalescing and a lease held through a Redis outage (src/policy/quota.c, lua/decide.lua)."""
 import datetime
 import hashlib
 import pathlib

@@ -1,4 +1,4 @@
-"""Secrets out of the main file (src/secret.c): `redis.password_file` against a Redis that
+"""Secrets out of the main file (src/core/secret.c): `redis.password_file` against a Redis that
 requires a password (and an ACL user), the file's checks (mode, size, content) at -c and at
 start, names resolved in $CREDENTIALS_DIRECTORY or next to the configuration, a reload that
 re-reads the file, the -c warning for a password written in the main file, `ctl`."""

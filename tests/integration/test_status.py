@@ -1,4 +1,4 @@
-"""The status page (src/status.c): /status and /status.json on the metrics listener, with the
+"""The status page (src/observe/status.c): /status and /status.json on the metrics listener, with the
 counts a test drove; the overrides shown beside the offenders; `spoa-ratelimit ctl status`;
 and the page in a real headless browser (Debian's chromium), with traffic flowing and then with
 Redis stopped, a screenshot of each kept beside the test's logs."""

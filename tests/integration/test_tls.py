@@ -1,4 +1,4 @@
-"""TLS to Redis (src/rconn.c, src/tls.c): a redis-server with --tls-port and a CA and
+"""TLS to Redis (src/store/rconn.c, src/net/tls.c): a redis-server with --tls-port and a CA and
 certificates made by the test with the openssl command. Decisions are exact over TLS; a
 wrong CA, a wrong name or an expired certificate is logged with the reason, answered by the
 ladder (degraded), never crashes the agent, and is recovered from once the server (or the

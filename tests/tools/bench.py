@@ -75,7 +75,7 @@ BIG = 10 ** 9
 LIMIT = "bench_second"
 KEY_PREFIX = "bench"
 ALG_GCRA = 1
-DEFAULT_COMMAND_TIMEOUT_MS = 5      # src/config.c: what the agents here run with
+DEFAULT_COMMAND_TIMEOUT_MS = 5      # src/config/config.c: what the agents here run with
 MULTI_D = 32                        # decisions a call in row M (the agent's batch_max)
 BENCH_KEYS = 1000                   # distinct API keys / Redis keys in the SPOP and -P runs
 
@@ -536,7 +536,7 @@ def captured_argv(h, args, aport, rport, timeout=5.0):
 
 
 def principal_key(api_key):
-    """The agent's Redis key of <api_key> for the bench limit (src/principal.c)."""
+    """The agent's Redis key of <api_key> for the bench limit (src/decide/principal.c)."""
     return "%s:{k:%s}:%s" % (KEY_PREFIX, hashlib.sha256(api_key.encode()).hexdigest()[:32],
                              LIMIT)
 
@@ -929,7 +929,7 @@ def run(h, args, agent_bin, script):
     print()
 
     a, b = gcra_params(args.model)
-    params = [ALG_GCRA, a, b, 0, 1]        # alg, a, b, shadow, cost: src/store.c cmd_send
+    params = [ALG_GCRA, a, b, 0, 1]        # alg, a, b, shadow, cost: src/store/store.c cmd_send
 
     # ---- A, B, C through HAProxy
     text = rh.HAPROXY_CFG.read_text()

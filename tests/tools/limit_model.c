@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Drives the C models of src/limiter.c from text, so tests can feed them the
+ * Drives the C models of src/core/limiter.c from text, so tests can feed them the
  * same requests (at the same Redis times) as the Redis script and compare
  * every field.
  *

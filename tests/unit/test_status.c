@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Unit tests of the status page (src/status.c) and of the request parser and
- * reply headers it relies on (src/http.c): hostile names and clients escaped
+ * Unit tests of the status page (src/observe/status.c) and of the request parser and
+ * reply headers it relies on (src/net/http.c): hostile names and clients escaped
  * in HTML and JSON; the page's Content-Security-Policy allowing exactly
  * its own script and style; request lines read as the server answers them.
  */

@@ -485,7 +485,7 @@ static void ovr_wake(void *arg)
 		struct decision *d = LIST_ELEM(l.next, struct decision, park);
 
 		list_del(&d->park);
-		a->pending--;
+		decision_call_back(a);
 		decision_begin(d);
 	}
 }
@@ -734,7 +734,7 @@ void agent_drain(struct agent *a)
 
 size_t agent_pending(const struct agent *a)
 {
-	return a->pending + quota_pending(a->quota);
+	return decision_calls_pending(a) + quota_pending(a->quota);
 }
 
 void agent_log_stats(const struct agent *a)

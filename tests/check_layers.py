@@ -21,6 +21,9 @@ of the repository), its purpose, and what it calls: layers ("0-3": modules of la
   "Calls" allows;
 - every module a row's "Calls" names is included by one of the row's files.
 
+A decision's life has one owner: no file but src/decide/decision.c ends a SPOP request
+(spoa_req_done()) or counts the store calls a decision is owed (the agent's pending).
+
 And no function of src/ or spoa/ is longer than FUNC_MAX lines, from its name to its
 closing brace (the house style puts a function's braces in the first column).
 
@@ -36,6 +39,10 @@ HEADING = "## Map of `src/`"
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 TOP = "src"
 FUNC_MAX = 120
+# what one file alone may do: (pattern, the file, what it is)
+OWNED = [(re.compile(r"\bspoa_req_done\s*\("), "src/decide/decision.c", "ends a SPOP request"),
+         (re.compile(r"\b(?:a|d->a)->pending\b"), "src/decide/decision.c",
+          "counts the store calls a decision is owed")]
 
 
 class Row:
@@ -181,6 +188,13 @@ def main():
                        % (row.name, name))
     for path in sorted(list((REPO / "src").rglob("*.c")) + list((REPO / "spoa").glob("*.c"))):
         long_functions(path, bad)
+    for path in sorted((REPO / "src").rglob("*.c")):
+        rel = str(path.relative_to(REPO))
+        for ln, line in enumerate(path.read_text().split("\n"), 1):
+            for pat, owner, what in OWNED:
+                if rel != owner and pat.search(line):
+                    bad.append("%s:%d: %s: only %s does (a decision's life has one owner)"
+                               % (rel, ln, what, owner))
     for line in bad:
         print("check-layers: " + line, file=sys.stderr)
     if not bad:

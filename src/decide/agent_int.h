@@ -91,7 +91,7 @@ struct agent {
 	struct decision *dfree;         /* owned: unused decisions, at most DFREE_MAX */
 	size_t ndfree;
 	size_t tcache_size;
-	size_t pending;                 /* decisions waiting for the store */
+	size_t pending;                 /* store calls owed a callback (decision.c alone) */
 	uint64_t outcomes[OUT_COUNT];
 	uint64_t degraded_by[STORE_COUNT];
 	uint64_t refunds;               /* charges taken back after a split denial */

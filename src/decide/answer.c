@@ -383,8 +383,7 @@ void deny_no_address(struct decision *d)
 		metrics_decision(d->a->ms, d->rs->anon.name, "-", MR_DENIED);
 		prom_hist_observe(&d->a->ms->decision_lat, mono() - d->t0);
 	}
-	spoa_req_done(req);
-	decision_free(d);
+	decision_end(d);
 }
 
 /*
@@ -433,8 +432,7 @@ bool deny_blocked(struct decision *d, bool keyed, const struct rule_tier *tier)
 		note_denied(a, "blocked", d->client);
 		prom_hist_observe(&a->ms->decision_lat, mono() - d->t0);
 	}
-	spoa_req_done(d->req);
-	decision_free(d);
+	decision_end(d);
 	return true;
 }
 
@@ -443,5 +441,5 @@ void allow_all(struct agent *a, struct spoa_req *req)
 {
 	a->outcomes[OUT_ALLOWED]++;
 	set_int(req, "allow", 1);
-	spoa_req_done(req);
+	decision_answer_request(req);
 }

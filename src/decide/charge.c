@@ -55,7 +55,7 @@ static void refund_done_cb(enum store_status st, const struct store_result *res,
 	struct agent *a = arg;
 
 	(void)res;
-	a->pending--;
+	decision_call_back(a);
 	if (st != STORE_OK)
 		a->refunds_lost++;
 }
@@ -112,9 +112,9 @@ void refund(struct decision *d)
 			memstore_decide(a->mem, &rq, now_us_real(), &rr);
 		else if (a->store) {
 			/* counted in pending: a drain waits for it */
-			a->pending++;
+			decision_call_sent(a);
 			if (store_decide(a->store, &rq, refund_done_cb, a) < 0) {
-				a->pending--;
+				decision_call_back(a);
 				a->refunds_lost++;
 			}
 		}
@@ -127,7 +127,7 @@ static void cand_refund_cb(enum store_status st, const struct store_result *res,
 
 	(void)st;
 	(void)res;
-	a->pending--;
+	decision_call_back(a);
 }
 
 /*
@@ -147,9 +147,9 @@ void cand_refund(struct decision *d, const struct part *pt)
 	if (a->mem) {
 		memstore_decide(a->mem, &rq, now_us_real(), &rr);
 	} else if (a->store) {
-		a->pending++;
+		decision_call_sent(a);
 		if (store_decide(a->store, &rq, cand_refund_cb, a) < 0)
-			a->pending--;
+			decision_call_back(a);
 	}
 }
 
@@ -159,7 +159,7 @@ static void post_done_cb(enum store_status st, const struct store_result *res, v
 	struct agent *a = d->a;
 
 	(void)res;
-	a->pending--;
+	decision_call_back(a);
 	if (st != STORE_OK)
 		a->post[POST_FAILED]++;
 	if (!--d->waiting)
@@ -222,10 +222,10 @@ void post_send(struct decision *d)
 				quota_report_now(a->quota, query_hash(&pt->q), &pt->q);
 			quota_note_charge(a->quota, query_hash(&pt->q), &pt->q, units);
 		}
-		a->pending++;
+		decision_call_sent(a);
 		d->waiting++;
 		if (store_decide(a->store, &q, post_done_cb, d) < 0) {
-			a->pending--;
+			decision_call_back(a);
 			d->waiting--;
 			a->post[POST_FAILED]++;
 		}

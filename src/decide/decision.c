@@ -1,8 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The decision object: taken from the agent's pool of unused decisions and
- * given back to it, its parts cleared; what a request costs a limit; the hash
- * that names a store query.
+ * The decision object and its life: taken from the agent's pool of unused
+ * decisions, its store calls counted while they are owed, parked while the
+ * overrides are not known yet, its request answered and given back to the
+ * pool; what a request costs a limit; the hash that names a store query.
+ *
+ * No other file counts the store calls owed (the drain waits for them) or
+ * ends a SPOP request: a decision ends with decision_end() (the ACK goes, the
+ * decision is freed), one whose request was answered before (a post-charge)
+ * with decision_free(), and a request answered with no decision made with
+ * decision_answer_request().
  *
  * DESIGN
  * Each decision holds a reference to the ruleset it started with, so a reload
@@ -17,6 +24,7 @@
 
 #include "agent_int.h"
 #include "hll.h"
+#include "spoa.h"
 #include "rules.h"
 #include "util.h"
 
@@ -59,6 +67,51 @@ struct decision *decision_new(struct agent *a)
 	return d;
 }
 
+/* A store call of <a>'s decisions sent: its callback is owed (a drain waits for it). */
+void decision_call_sent(struct agent *a)
+{
+	a->pending++;
+}
+
+/* A store call's callback came, or the call was answered at once and none will. */
+void decision_call_back(struct agent *a)
+{
+	a->pending--;
+}
+
+/* The store calls of <a>'s decisions whose callback is owed. */
+size_t decision_calls_pending(const struct agent *a)
+{
+	return a->pending;
+}
+
+/*
+ * <d> waits on a->parked for the first overrides load (or Redis gone): owed
+ * like a store call; agent.c's wake-up takes it off with decision_call_back().
+ */
+void decision_park(struct decision *d)
+{
+	list_append(&d->a->parked, &d->park);
+	decision_call_sent(d->a);
+}
+
+/* <d> answered: its ACK is queued (sent before the loop polls again), <d> freed. */
+void decision_end(struct decision *d)
+{
+	spoa_req_done(d->req);
+	decision_free(d);
+}
+
+/*
+ * A request answered with no decision made: nothing to decide, the store
+ * "allow", or a post-charge's message (answered before its charge is made).
+ */
+void decision_answer_request(struct spoa_req *req)
+{
+	spoa_req_done(req);
+}
+
+/* <d> freed, its request answered before (or none): back to the pool. */
 void decision_free(struct decision *d)
 {
 	struct agent *a = d->a;

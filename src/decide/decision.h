@@ -9,10 +9,18 @@
 struct agent;
 struct decision;
 struct rule_endpoint;
+struct spoa_req;
 struct store_query;
 
+/* a decision's life: every path that answers, waits or ends goes through these */
 struct decision *decision_new(struct agent *a);
+void decision_call_sent(struct agent *a);
+void decision_call_back(struct agent *a);
+size_t decision_calls_pending(const struct agent *a);
+void decision_park(struct decision *d);
+void decision_end(struct decision *d);
 void decision_free(struct decision *d);
+void decision_answer_request(struct spoa_req *req);
 void decisions_free_unused(struct agent *a);
 int64_t request_cost(const struct decision *d, const struct rule_endpoint *ep, size_t li);
 uint64_t query_hash(const struct store_query *q);

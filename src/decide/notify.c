@@ -223,7 +223,7 @@ static void post_begin(struct agent *a, struct spoa_req *req, struct spop_msg *m
 	int64_t tokens = 0;
 
 	read_args(m, &ra);
-	spoa_req_done(req);
+	decision_answer_request(req);
 	if (rs->cfg->store == STORE_KIND_ALLOW)
 		return;
 	if (ra.has_endpoint)
@@ -292,7 +292,7 @@ void notify_receive(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 	if (!found) {
 		/* nothing to decide: answer without a verdict, HAProxy lets it pass */
 		a->outcomes[OUT_IGNORED]++;
-		spoa_req_done(req);
+		decision_answer_request(req);
 		return;
 	}
 	read_args(&m, &ra);

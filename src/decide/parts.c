@@ -118,12 +118,11 @@ static void decision_finish(struct decision *d)
 	if (denied && charged)
 		refund(d);
 	respond(d);
-	spoa_req_done(d->req);
 	if (d->rs->cand)
 		cand_finish(d);
 	if (d->a->ms)
 		prom_hist_observe(&d->a->ms->decision_lat, mono() - d->t0);
-	decision_free(d);
+	decision_end(d);
 }
 
 static void part_done_cb(enum store_status st, const struct store_result *res, void *arg)
@@ -140,7 +139,7 @@ static void part_done_cb(enum store_status st, const struct store_result *res, v
 	} else if (st == STORE_OK) {
 		pt->st = STORE_ERROR;
 	}
-	d->a->pending--;
+	decision_call_back(d->a);
 	d->waiting--;
 	part_settle(d, pt);
 	decision_next(d);
@@ -175,7 +174,7 @@ static bool part_start(struct decision *d, struct part *pt)
 		return false;
 	}
 	d->waiting++;
-	a->pending++;
+	decision_call_sent(a);
 	pt->t_sent = mono();
 	pt->q.answer_by = d->answer_by;
 	if (a->quota && !pt->q.ncand) {
@@ -190,7 +189,7 @@ static bool part_start(struct decision *d, struct part *pt)
 			return true;
 		if (qp != QUOTA_BYPASS) {
 			pt->st = qp == QUOTA_LOCAL ? STORE_OK : st;
-			a->pending--;
+			decision_call_back(a);
 			d->waiting--;
 			return false;
 		}
@@ -198,7 +197,7 @@ static bool part_start(struct decision *d, struct part *pt)
 	ret = store_decide(a->store, &pt->q, part_done_cb, pt);
 	if (ret < 0) {
 		pt->st = (enum store_status)-ret;
-		a->pending--;
+		decision_call_back(a);
 		d->waiting--;
 		return false;
 	}

@@ -175,7 +175,7 @@ static void tier_lookup_cb(enum store_status st, const char *val, size_t len, vo
 	struct agent *a = d->a;
 	const struct rule_tier *tier = NULL;
 
-	a->pending--;
+	decision_call_back(a);
 	if (st == STORE_OK) {
 		/* a reload may have dropped (or resized) the cache meanwhile */
 		if (a->tcache) {
@@ -209,8 +209,7 @@ void decision_begin(struct decision *d)
 	const struct rule_tier *tier = d->sent_tier;
 
 	if (a->ovr && !ovr_settled(a->ovr) && !a->no_park && store_ready(a->store)) {
-		list_append(&a->parked, &d->park);
-		a->pending++;
+		decision_park(d);
 		ovr_kick(a->ovr); /* may wake us at once */
 		return;
 	}
@@ -239,12 +238,12 @@ void decision_begin(struct decision *d)
 							     strlen(slot->tier));
 		} else {
 			a->tier_misses++;
-			a->pending++;
+			decision_call_sent(a);
 			/* the field is the digest's hex: the principal after "k:" */
 			if (store_hget(a->store, rs->cfg->tier_hash, d->principal + 2, d->answer_by,
 				       tier_lookup_cb, d) == 0)
 				return;
-			a->pending--;
+			decision_call_back(a);
 		}
 	}
 	if (!tier && rs->cfg->unknown_keys == UNKNOWN_DEFAULT_TIER)

@@ -17,10 +17,10 @@
  *                    layers.
  *   store_cmd.c      commands: pool, deadlines, loop turns, queue under the
  *                    node's limit, parked commands, RESP written, replies
- *                    parsed, NOSCRIPT. Calls the node layer. Goes up through
- *                    struct cmd_ops: batch (every decision sent: batch_take()),
- *                    redirect (an error reply: cmd_redirect()), refresh
- *                    (CLUSTERDOWN: refresh_request()).
+ *                    parsed, NOSCRIPT; a decision for a single Redis put in
+ *                    its node's batch. Calls the node layer. Only replies go
+ *                    up, through struct cmd_ops: redirect (an error reply:
+ *                    cmd_redirect()), refresh (CLUSTERDOWN: refresh_request()).
  *   store_node.c     one Redis: connect, AUTH, ROLE, SCRIPT LOAD, reconnect,
  *                    names, Sentinels; breaker, error classes, adaptive limit.
  *                    Calls the transport, resolve.c, sentinel.c. Goes up
@@ -228,7 +228,6 @@ static const struct node_ops node_ops = {
 };
 
 static const struct cmd_ops cmd_ops = {
-	.batch = batch_take,
 	.redirect = cmd_redirect,
 	.refresh = refresh_request,
 };

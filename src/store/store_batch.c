@@ -2,8 +2,8 @@
 /*
  * Several decisions in one script call.
  *
- * A decision sent to a single Redis does not leave at once: it joins its
- * node's batch, and just before the loop polls (the store's flusher) each
+ * A decision sent to a single Redis does not leave at once: the command layer
+ * puts it in its node's batch (cmd_send()), and just before the loop polls (the store's flusher) each
  * node's batch goes out as script calls of up to STORE_BATCH_MAX decisions
  * (the script's multi form, see lua/decide.lua): one call overhead, one TIME
  * and one reply for all of them, on Redis' side the largest part of a cheap
@@ -34,28 +34,6 @@ struct batch_call {
 	unsigned count;
 	struct store_cmd *cmds[STORE_BATCH_MAX];
 };
-
-/* True when <c> may wait for its node's batch instead of leaving alone. */
-static bool batch_wants(const struct store_node *n, const struct store_cmd *c, bool eval)
-{
-	return n->s->batch_max > 1 && n->s->mode == MODE_SINGLE && c->kind == CMD_DECIDE &&
-	       !eval && !c->asking;
-}
-
-/*
- * The command layer sends <c> to <n> (cmd_ops.batch): a decision that may wait
- * joins <n>'s batch (the flusher sends it) and true is returned; false leaves
- * it to be written now.
- */
-bool batch_take(struct store_node *n, struct store_cmd *c, bool eval)
-{
-	if (!batch_wants(n, c, eval))
-		return false;
-	c->batched = true;
-	list_append(&n->batch, &c->park);
-	n->nbatch++;
-	return true;
-}
 
 static struct store_cmd *batch_pop(struct store_node *n)
 {

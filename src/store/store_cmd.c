@@ -9,7 +9,7 @@
  *    for the earliest head; waits measured against the loop's own turns.
  *  - Admission under the node's limit (cmd_submit()): sent now, or queued.
  *  - Sending: RESP written into the node's connection buffer, or a decision
- *    handed to the batch (cmd_ops.batch); the flusher sends both.
+ *    for a single Redis put in the node's batch; the flusher sends both.
  *  - Replies: parsed and range-checked (store_parse.c), NOSCRIPT re-sent
  *    once as EVAL, a redirection handed up (cmd_ops.redirect), the node's
  *    health told.
@@ -547,10 +547,26 @@ int cmd_write(struct store_node *n, struct store_cmd *c, bool eval)
 }
 
 /*
+ * A decision for a single Redis (EVALSHA, no ASKING) joins <n>'s batch, which
+ * the store's flusher sends as one script call (store_batch.c): true; false
+ * when <c> is to be written alone.
+ */
+static bool cmd_batch_take(struct store_node *n, struct store_cmd *c, bool eval)
+{
+	if (n->s->batch_max <= 1 || n->s->mode != MODE_SINGLE || c->kind != CMD_DECIDE || eval ||
+	    c->asking)
+		return false;
+	c->batched = true;
+	list_append(&n->batch, &c->park);
+	n->nbatch++;
+	return true;
+}
+
+/*
  * Sends <c> on <n>'s connection: written into its buffer now, or, for a
- * decision the batch takes (cmd_ops.batch: store_batch.c), added to it; the
- * flusher sends both before the loop polls. Returns 0 or -1. Never invokes
- * user callbacks.
+ * decision that may wait, put in its batch (cmd_batch_take()); the flusher
+ * sends both before the loop polls. Returns 0 or -1. Never invokes user
+ * callbacks.
  */
 static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval)
 {
@@ -558,7 +574,7 @@ static int cmd_send(struct store_node *n, struct store_cmd *c, bool eval)
 
 	if (!n->rc || n->state != ND_READY)
 		return -1;
-	if (!s->cmd_ops->batch(n, c, eval) && cmd_write(n, c, eval) != REDIS_OK)
+	if (!cmd_batch_take(n, c, eval) && cmd_write(n, c, eval) != REDIS_OK)
 		return -1;
 	if (!n->flush_pending) {
 		n->flush_pending = true;

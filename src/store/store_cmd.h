@@ -4,9 +4,10 @@
  * submission to its answer: the pool, deadlines and the loop turns they are
  * measured against, the queue under a node's limit, commands parked at a node
  * that connects, the RESP written, the replies read (NOSCRIPT re-sent as EVAL).
- * It calls the node layer below it; what it needs from the layers above (a
- * decision for the node's batch, a redirection followed, a topology refresh)
- * goes through struct cmd_ops, which store.c registers in store.cmd_ops.
+ * It calls the node layer below it, and fills a node's batch (store_batch.c
+ * writes it): sending flows one way, down. What a reply needs from the layers
+ * above (a redirection followed, a topology refresh) goes through struct
+ * cmd_ops, which store.c registers in store.cmd_ops.
  */
 #ifndef AGENT_STORE_CMD_H
 #define AGENT_STORE_CMD_H
@@ -22,10 +23,6 @@
 
 /* What the command layer asks of the layers above it. */
 struct cmd_ops {
-	/* Takes the decision <c> being sent to <n> (EVAL when <eval>) into <n>'s
-	 * batch, to be written by the flusher: true; false when it is written
-	 * now. Called for every command sent. Never invokes user callbacks. */
-	bool (*batch)(struct store_node *n, struct store_cmd *c, bool eval);
 	/* Follows the redirection <err> (MOVED, ASK) that <n> answered the live
 	 * command <c> with: true when it was one, <c> then re-sent, parked or
 	 * answered and freed; false when <err> is no redirection. May invoke user

@@ -25,6 +25,7 @@
 #include <ev.h>
 
 #include "agent_int.h"
+#include "answer.h"
 #include "blocked.h"
 #include "config.h"
 #include "decision.h"
@@ -89,11 +90,11 @@ static void publish(struct agent *a)
 		ms->c[MC_HTTP_EVICTED] = http_server_stats(a->http)->evicted;
 	for (i = 0; i <= SPOP_ST_RES; i++)
 		ms->spop_errors[i] = ss->errors[i];
-	ms->c[MC_REFUNDS] = a->refunds;
-	ms->c[MC_REFUNDS_LOST] = a->refunds_lost;
-	ms->c[MC_BLOCKED_HITS] = a->blocked_hits;
-	ms->c[MC_OVR_BLOCKED] = a->ovr_blocked;
-	ms->c[MC_OVR_LIMITED] = a->ovr_limited;
+	ms->c[MC_REFUNDS] = a->st.charge.refunds;
+	ms->c[MC_REFUNDS_LOST] = a->st.charge.refunds_lost;
+	ms->c[MC_BLOCKED_HITS] = a->st.blocked.hits;
+	ms->c[MC_OVR_BLOCKED] = a->st.answer.ovr_blocked;
+	ms->c[MC_OVR_LIMITED] = a->st.prepare.ovr_limited;
 	if (a->ovr) {
 		const struct ovr_stats *os = ovr_stats(a->ovr);
 
@@ -102,14 +103,14 @@ static void publish(struct agent *a)
 		ms->c[MC_OVR_SKIPPED] = os->skipped;
 		ms->c[MC_OVR_POLL_ERRORS] = os->poll_errors;
 	}
-	ms->c[MC_LOCAL_DECISIONS] = a->local_decisions;
-	ms->c[MC_INVALID_COSTS] = a->invalid_costs;
+	ms->c[MC_LOCAL_DECISIONS] = a->st.parts.local_decisions;
+	ms->c[MC_INVALID_COSTS] = a->st.notify.invalid_costs;
 	for (i = 0; i < POST_OUT_COUNT; i++)
-		ms->c[MC_POST_CHARGED + i] = a->post[i];
-	ms->c[MC_POST_CLAMPED] = a->post_clamped;
-	ms->c[MC_NO_ADDRESS] = a->no_address;
-	ms->c[MC_TIER_HITS] = a->tier_hits;
-	ms->c[MC_TIER_MISSES] = a->tier_misses;
+		ms->c[MC_POST_CHARGED + i] = a->st.charge.post[i];
+	ms->c[MC_POST_CLAMPED] = a->st.notify.post_clamped;
+	ms->c[MC_NO_ADDRESS] = a->st.prepare.no_address;
+	ms->c[MC_TIER_HITS] = a->st.prepare.tier_hits;
+	ms->c[MC_TIER_MISSES] = a->st.prepare.tier_misses;
 	if (a->store) {
 		const struct store_stats *st = store_stats(a->store);
 
@@ -166,11 +167,11 @@ static void publish(struct agent *a)
 			ms->c[MC_HEAP_FREE] = heap_free;
 		}
 	}
-	for (i = 0; i < a->ntopk; i++) {
-		struct met_top *mt = metrics_top(ms, a->topk[i].rule);
+	for (i = 0; i < a->st.answer.ntopk; i++) {
+		struct met_top *mt = metrics_top(ms, a->st.answer.topk[i].rule);
 
 		if (mt)
-			mt->n = topk_list(a->topk[i].t, mt->top, MET_TOP_SNAP);
+			mt->n = topk_list(a->st.answer.topk[i].t, mt->top, MET_TOP_SNAP);
 	}
 	metrics_sample(a->metrics, ms, (int64_t)time(NULL));
 }
@@ -745,15 +746,15 @@ void agent_log_stats(const struct agent *a)
 	    "stats: conns=%llu notify=%llu acks=%llu allowed=%llu denied=%llu degraded=%llu "
 	    "(down=%llu timeout=%llu busy=%llu error=%llu overload=%llu breaker=%llu) orphans=%llu",
 	    (unsigned long long)ss->conns_active, (unsigned long long)ss->notify,
-	    (unsigned long long)ss->acks, (unsigned long long)a->outcomes[OUT_ALLOWED],
-	    (unsigned long long)a->outcomes[OUT_DENIED],
-	    (unsigned long long)a->outcomes[OUT_DEGRADED],
-	    (unsigned long long)a->degraded_by[STORE_DOWN],
-	    (unsigned long long)a->degraded_by[STORE_TIMEOUT],
-	    (unsigned long long)a->degraded_by[STORE_BUSY],
-	    (unsigned long long)a->degraded_by[STORE_ERROR],
-	    (unsigned long long)a->degraded_by[STORE_OVERLOAD],
-	    (unsigned long long)a->degraded_by[STORE_BREAKER], (unsigned long long)ss->orphans);
+	    (unsigned long long)ss->acks, (unsigned long long)a->st.answer.outcomes[OUT_ALLOWED],
+	    (unsigned long long)a->st.answer.outcomes[OUT_DENIED],
+	    (unsigned long long)a->st.answer.outcomes[OUT_DEGRADED],
+	    (unsigned long long)a->st.answer.degraded_by[STORE_DOWN],
+	    (unsigned long long)a->st.answer.degraded_by[STORE_TIMEOUT],
+	    (unsigned long long)a->st.answer.degraded_by[STORE_BUSY],
+	    (unsigned long long)a->st.answer.degraded_by[STORE_ERROR],
+	    (unsigned long long)a->st.answer.degraded_by[STORE_OVERLOAD],
+	    (unsigned long long)a->st.answer.degraded_by[STORE_BREAKER], (unsigned long long)ss->orphans);
 }
 
 /*
@@ -785,8 +786,7 @@ void agent_free(struct agent *a)
 	ovr_free(a->ovr);
 	a->ovr = NULL;
 	spoa_server_disconnect_all(a->srv, SPOP_ST_NORMAL, "agent shutting down");
-	for (size_t i = 0; i < a->ntopk; i++)
-		topk_free(a->topk[i].t);
+	top_offenders_free(a);
 	spoa_server_free(a->srv);
 	memstore_free(a->mem);
 	memstore_free(a->local);

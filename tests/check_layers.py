@@ -24,6 +24,9 @@ of the repository), its purpose, and what it calls: layers ("0-3": modules of la
 A decision's life has one owner: no file but src/decide/decision.c ends a SPOP request
 (spoa_req_done()) or counts the store calls a decision is owed (the agent's pending).
 
+The agent's parts have one writer each: a part of the decision path's statistics,
+st.<name> (struct decide_stats), is written (=, ++, --, +=...) by src/decide/<name>.c alone.
+
 And no function of src/ or spoa/ is longer than FUNC_MAX lines, from its name to its
 closing brace (the house style puts a function's braces in the first column).
 
@@ -43,6 +46,10 @@ FUNC_MAX = 120
 OWNED = [(re.compile(r"\bspoa_req_done\s*\("), "src/decide/decision.c", "ends a SPOP request"),
          (re.compile(r"\b(?:a|d->a)->pending\b"), "src/decide/decision.c",
           "counts the store calls a decision is owed")]
+# a write of the decision path's statistics: the part written is group 1 or 2
+STAT_WRITE = re.compile(r"(?:\+\+|--)\s*[\w>.-]*\bst\.(\w+)\."
+                        r"|\bst\.(\w+)\.\w+(?:\[[^\]]*\]|\.\w+)*\s*"
+                        r"(?:\+\+|--|[-+*/%|&^]?=(?!=)|<<=|>>=)")
 
 
 class Row:
@@ -195,6 +202,14 @@ def main():
                 if rel != owner and pat.search(line):
                     bad.append("%s:%d: %s: only %s does (a decision's life has one owner)"
                                % (rel, ln, what, owner))
+    for path in sorted((REPO / "src").rglob("*.c")):
+        rel = str(path.relative_to(REPO))
+        for ln, line in enumerate(path.read_text().split("\n"), 1):
+            for m in STAT_WRITE.finditer(line):
+                part = m.group(1) or m.group(2)
+                if rel != "src/decide/%s.c" % part:
+                    bad.append("%s:%d: writes st.%s: only src/decide/%s.c does (each part of "
+                               "the agent has one writer)" % (rel, ln, part, part))
     for line in bad:
         print("check-layers: " + line, file=sys.stderr)
     if not bad:

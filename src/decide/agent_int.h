@@ -52,7 +52,7 @@ enum agent_outcome {
 	OUT_DENIED    = 1,      /* ... */
 	OUT_DEGRADED  = 2,      /* of the above, those Redis could not decide (some part
 				 * failed): the failure ladder answered, allowing or
-				 * denying; by reason in agent.degraded_by */
+				 * denying; by reason in st.answer.degraded_by */
 	OUT_IGNORED   = 3,      /* no message of ours in the NOTIFY */
 	OUT_COUNT               /* sentinel */
 };
@@ -76,6 +76,47 @@ enum post_outcome {
 	POST_OUT_COUNT          /* sentinel */
 };
 
+/*
+ * What the decision path counts, in one part per file of decide/: each part is
+ * written by the file it is named after (st.answer by answer.c, st.charge by
+ * charge.c, ...) and only read elsewhere; agent.c publishes them into the
+ * metrics and the shutdown line. An event another file sees goes through a
+ * function of the owner (ignore_request(), post_counted()). `make
+ * check-layers` holds every file to it.
+ */
+struct decide_stats {
+	struct {
+		uint64_t outcomes[OUT_COUNT];
+		uint64_t degraded_by[STORE_COUNT];
+		uint64_t ovr_blocked;   /* requests denied by a block override */
+		size_t ntopk;
+		struct {
+			char rule[MET_NAME];
+			struct topk *t; /* owned: freed by top_offenders_free() */
+		} topk[MET_TOP_RULES];  /* top offenders, by denying rule */
+	} answer;
+	struct {
+		uint64_t refunds;       /* charges taken back after a split denial */
+		uint64_t refunds_lost;  /* ... whose Redis call failed: the charge stays */
+		uint64_t post[POST_OUT_COUNT]; /* post-charges by outcome */
+	} charge;
+	struct {
+		uint64_t invalid_costs; /* costs from HAProxy out of range: charged COST_MAX */
+		uint64_t post_clamped;  /* response costs above post_charge.max: the max */
+	} notify;
+	struct {
+		uint64_t tier_hits, tier_misses;
+		uint64_t no_address;    /* anonymous requests without a source address */
+		uint64_t ovr_limited;   /* decisions with limits changed by an override */
+	} prepare;
+	struct {
+		uint64_t local_decisions; /* failed parts decided by local fallback limits */
+	} parts;
+	struct {
+		uint64_t hits;          /* queries answered by the blocked-key cache */
+	} blocked;
+};
+
 struct agent {
 	struct ev_loop *loop;           /* ref */
 	struct ruleset *rs;             /* one reference */
@@ -92,16 +133,7 @@ struct agent {
 	size_t ndfree;
 	size_t tcache_size;
 	size_t pending;                 /* store calls owed a callback (decision.c alone) */
-	uint64_t outcomes[OUT_COUNT];
-	uint64_t degraded_by[STORE_COUNT];
-	uint64_t refunds;               /* charges taken back after a split denial */
-	uint64_t refunds_lost;          /* ... whose Redis call failed: the charge stays */
-	uint64_t tier_hits, tier_misses;
-	uint64_t local_decisions;       /* failed parts decided by local fallback limits */
-	uint64_t invalid_costs;         /* costs from HAProxy out of range: charged COST_MAX */
-	uint64_t no_address;            /* anonymous requests without a source address */
-	uint64_t post[POST_OUT_COUNT];  /* post-charges by outcome */
-	uint64_t post_clamped;          /* response costs above post_charge.max: the max */
+	struct decide_stats st;         /* the decision path's: agent.c reads them */
 	struct metrics *metrics;        /* ref: shared region (owned by main) */
 	struct met_slot *ms;            /* ref: this process's slot */
 	struct http_server *http;       /* owned or NULL */
@@ -113,20 +145,12 @@ struct agent {
 		double at;              /* ev_now(): rendered then, 0: never */
 	} status_cache[2];
 	struct blocked_slot *blocked;   /* owned: BLOCKED_SLOTS, or NULL when disabled */
-	uint64_t blocked_hits;
 	struct overrides *ovr;          /* owned, NULL unless store "redis" and overrides.enabled */
-	uint64_t ovr_blocked;           /* requests denied by a block override */
-	uint64_t ovr_limited;           /* decisions with limits changed by an override */
 	struct list parked;             /* decisions waiting for the first overrides load */
 	bool no_park;                   /* stopping: nothing waits any more */
 	ev_timer publish;               /* copies gauges and top-K snapshots into ms */
 	double local_check;             /* mono(): next look for idle local fallback state */
 	double heap_check;              /* mono(): next sample of the heap's usage */
-	size_t ntopk;
-	struct {
-		char rule[MET_NAME];
-		struct topk *t;         /* owned */
-	} topk[MET_TOP_RULES];
 };
 
 /* One limit applied to a request. */

@@ -46,17 +46,17 @@ void note_denied(struct agent *a, const char *rule, const char *client)
 		return;
 	mt->denied++;
 	hll_add(&mt->hll, client, strlen(client));
-	for (i = 0; i < a->ntopk; i++)
-		if (strcmp(a->topk[i].rule, rule) == 0)
+	for (i = 0; i < a->st.answer.ntopk; i++)
+		if (strcmp(a->st.answer.topk[i].rule, rule) == 0)
 			break;
-	if (i == a->ntopk) {
-		if (a->ntopk == MET_TOP_RULES)
+	if (i == a->st.answer.ntopk) {
+		if (a->st.answer.ntopk == MET_TOP_RULES)
 			return;
-		snprintf(a->topk[i].rule, MET_NAME, "%s", rule);
-		a->topk[i].t = topk_new(64); /* K tracked; MET_TOP_K exported */
-		a->ntopk++;
+		snprintf(a->st.answer.topk[i].rule, MET_NAME, "%s", rule);
+		a->st.answer.topk[i].t = topk_new(64); /* K tracked; MET_TOP_K exported */
+		a->st.answer.ntopk++;
 	}
-	topk_add(a->topk[i].t, client, strlen(client), 1);
+	topk_add(a->st.answer.topk[i].t, client, strlen(client), 1);
 }
 
 static void set_str(struct spoa_req *req, const char *name, const char *s)
@@ -263,10 +263,10 @@ static void count_outcome(struct decision *d, const struct outcome *o)
 	struct agent *a = d->a;
 	const char *rule = o->l ? o->l->name : "-";
 
-	a->outcomes[o->allowed ? OUT_ALLOWED : OUT_DENIED]++;
+	a->st.answer.outcomes[o->allowed ? OUT_ALLOWED : OUT_DENIED]++;
 	if (o->degraded) {
-		a->outcomes[OUT_DEGRADED]++;
-		a->degraded_by[o->why]++;
+		a->st.answer.outcomes[OUT_DEGRADED]++;
+		a->st.answer.degraded_by[o->why]++;
 	}
 	if (!a->ms)
 		return;
@@ -378,7 +378,7 @@ void deny_no_address(struct decision *d)
 	set_int(req, "allow", 0);
 	set_int(req, "status", d->rs->cfg->deny_status);
 	set_int(req, "retry_after", 1);
-	d->a->outcomes[OUT_DENIED]++;
+	d->a->st.answer.outcomes[OUT_DENIED]++;
 	if (d->a->ms) {
 		metrics_decision(d->a->ms, d->rs->anon.name, "-", MR_DENIED);
 		prom_hist_observe(&d->a->ms->decision_lat, mono() - d->t0);
@@ -419,8 +419,8 @@ bool deny_blocked(struct decision *d, bool keyed, const struct rule_tier *tier)
 	set_int(d->req, "status", ovr_block_status(a->ovr, e));
 	set_int(d->req, "retry_after", ms_to_s(left, 1));
 	set_str(d->req, "rule", "blocked");
-	a->outcomes[OUT_DENIED]++;
-	a->ovr_blocked++;
+	a->st.answer.outcomes[OUT_DENIED]++;
+	a->st.answer.ovr_blocked++;
 	if (a->ms) {
 		/* counted against what was blocked: a key, or the address (whatever keys it
 		 * sends: random keys from one blocked address are one client) */
@@ -436,10 +436,25 @@ bool deny_blocked(struct decision *d, bool keyed, const struct rule_tier *tier)
 	return true;
 }
 
+/* <req> carries no message of ours: answered without a verdict, HAProxy lets it pass. */
+void ignore_request(struct agent *a, struct spoa_req *req)
+{
+	a->st.answer.outcomes[OUT_IGNORED]++;
+	decision_answer_request(req);
+}
+
+/* The top offenders' sketches freed (the agent goes). */
+void top_offenders_free(struct agent *a)
+{
+	for (size_t i = 0; i < a->st.answer.ntopk; i++)
+		topk_free(a->st.answer.topk[i].t);
+	a->st.answer.ntopk = 0;
+}
+
 /* The store "allow": <req> is allowed with no limit consulted. */
 void allow_all(struct agent *a, struct spoa_req *req)
 {
-	a->outcomes[OUT_ALLOWED]++;
+	a->st.answer.outcomes[OUT_ALLOWED]++;
 	set_int(req, "allow", 1);
 	decision_answer_request(req);
 }

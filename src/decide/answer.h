@@ -15,5 +15,7 @@ void respond(struct decision *d);
 void deny_no_address(struct decision *d);
 bool deny_blocked(struct decision *d, bool keyed, const struct rule_tier *tier);
 void allow_all(struct agent *a, struct spoa_req *req);
+void ignore_request(struct agent *a, struct spoa_req *req);
+void top_offenders_free(struct agent *a);
 
 #endif /* AGENT_ANSWER_H */

@@ -94,6 +94,6 @@ bool blocked_get(struct agent *a, struct part *pt)
 		v->retry_ms = v->retry_ms > elapsed ? v->retry_ms - elapsed : (v->retry_ms ? 1 : 0);
 		v->reset_ms = v->reset_ms > elapsed ? v->reset_ms - elapsed : 0;
 	}
-	a->blocked_hits++;
+	a->st.blocked.hits++;
 	return true;
 }

@@ -57,7 +57,7 @@ static void refund_done_cb(enum store_status st, const struct store_result *res,
 	(void)res;
 	decision_call_back(a);
 	if (st != STORE_OK)
-		a->refunds_lost++;
+		a->st.charge.refunds_lost++;
 }
 
 /*
@@ -102,12 +102,12 @@ void refund(struct decision *d)
 		 * (a pre-check) or charged as part of a lease that gets it back */
 		if (a->quota && pt->w.local && quota_undo(a->quota, pt->h, &pt->q, pt->w.local,
 							       pt->w.lease_end)) {
-			a->refunds++;
+			a->st.charge.refunds++;
 			continue;
 		}
 		if (!refund_query(pt, 0, pt->q.n - pt->q.ncand, &rq))
 			continue;
-		a->refunds++;
+		a->st.charge.refunds++;
 		if (a->mem)
 			memstore_decide(a->mem, &rq, now_us_real(), &rr);
 		else if (a->store) {
@@ -115,7 +115,7 @@ void refund(struct decision *d)
 			decision_call_sent(a);
 			if (store_decide(a->store, &rq, refund_done_cb, a) < 0) {
 				decision_call_back(a);
-				a->refunds_lost++;
+				a->st.charge.refunds_lost++;
 			}
 		}
 	}
@@ -161,7 +161,7 @@ static void post_done_cb(enum store_status st, const struct store_result *res, v
 	(void)res;
 	decision_call_back(a);
 	if (st != STORE_OK)
-		a->post[POST_FAILED]++;
+		a->st.charge.post[POST_FAILED]++;
 	if (!--d->waiting)
 		decision_free(d);
 }
@@ -208,7 +208,7 @@ void post_send(struct decision *d)
 			continue;
 		sent = true;
 		refund = q.cost[0] < 0;
-		a->post[refund ? POST_REFUNDED : POST_CHARGED]++;
+		a->st.charge.post[refund ? POST_REFUNDED : POST_CHARGED]++;
 		if (a->mem) {
 			memstore_decide(a->mem, &q, now_us_real(), &rr);
 			continue;
@@ -227,11 +227,17 @@ void post_send(struct decision *d)
 		if (store_decide(a->store, &q, post_done_cb, d) < 0) {
 			decision_call_back(a);
 			d->waiting--;
-			a->post[POST_FAILED]++;
+			a->st.charge.post[POST_FAILED]++;
 		}
 	}
 	if (!sent)
-		a->post[POST_UNCHANGED]++;
+		a->st.charge.post[POST_UNCHANGED]++;
 	if (!d->waiting)
 		decision_free(d);
+}
+
+/* Counts a post-charge's outcome <o> seen before any charge (notify.c: no cost, a bad one). */
+void post_counted(struct agent *a, enum post_outcome o)
+{
+	a->st.charge.post[o]++;
 }

@@ -3,11 +3,11 @@
 #ifndef AGENT_CHARGE_H
 #define AGENT_CHARGE_H
 
-struct decision;
-struct part;
+#include "agent_int.h"
 
 void refund(struct decision *d);
 void cand_refund(struct decision *d, const struct part *pt);
 void post_send(struct decision *d);
+void post_counted(struct agent *a, enum post_outcome o);
 
 #endif /* AGENT_CHARGE_H */

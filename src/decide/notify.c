@@ -20,6 +20,7 @@
 
 #include "agent_int.h"
 #include "answer.h"
+#include "charge.h"
 #include "decision.h"
 #include "prepare.h"
 #include "principal.h"
@@ -236,20 +237,20 @@ static void post_begin(struct agent *a, struct spoa_req *req, struct spop_msg *m
 										  : &ra.charge;
 	switch (post_tokens(v, pc, &tokens)) {
 	case PV_ABSENT:
-		a->post[POST_ABSENT]++;
+		post_counted(a, POST_ABSENT);
 		return;
 	case PV_INVALID:
-		a->post[POST_INVALID]++;
+		post_counted(a, POST_INVALID);
 		return;
 	case PV_CLAMPED:
-		a->post_clamped++;
+		a->st.notify.post_clamped++;
 		break;
 	case PV_OK:
 		break;
 	}
 	if (ra.cost_invalid) {
 		/* the request was charged the maximum for its bad cost: that stands */
-		a->post[POST_INVALID]++;
+		post_counted(a, POST_INVALID);
 		return;
 	}
 	d = decision_start(a, NULL, &ra, ep);
@@ -291,8 +292,7 @@ void notify_receive(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 	}
 	if (!found) {
 		/* nothing to decide: answer without a verdict, HAProxy lets it pass */
-		a->outcomes[OUT_IGNORED]++;
-		decision_answer_request(req);
+		ignore_request(a, req);
 		return;
 	}
 	read_args(&m, &ra);
@@ -301,7 +301,7 @@ void notify_receive(struct spoa_req *req, struct spop_rd *msgs, void *arg)
 		return;
 	}
 	if (ra.cost_invalid)
-		a->invalid_costs++;
+		a->st.notify.invalid_costs++;
 	d = decision_start(a, req, &ra,
 			   ruleset_endpoint(rs, ra.route.p, ra.route.len, ra.method.p,
 					    ra.method.len, ra.path.p, ra.path.len));

@@ -90,7 +90,7 @@ static void fallback(struct decision *d, struct part *pt)
 	}
 	if (!lr.allowed)
 		pt->res.allowed = false;
-	a->local_decisions++;
+	a->st.parts.local_decisions++;
 }
 
 /* Every part answered: refund if needed, answer HAProxy, free. */

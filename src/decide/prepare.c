@@ -130,7 +130,7 @@ static void decision_run(struct decision *d, const struct rule_tier *tier)
 	} else {
 		tier = &rs->anon;
 		if (!principal_ip(rs, &d->ip, principal, sizeof(principal))) {
-			d->a->no_address++;
+			d->a->st.prepare.no_address++;
 			if (rs->cfg->no_address == NO_ADDRESS_DENY) {
 				deny_no_address(d);
 				return;
@@ -157,7 +157,7 @@ static void decision_run(struct decision *d, const struct rule_tier *tier)
 	if (rs->cand)
 		cand_add(d, tier, principal, ov);
 	if (d->overridden)
-		d->a->ovr_limited++;
+		d->a->st.prepare.ovr_limited++;
 	decision_next(d);
 }
 
@@ -231,13 +231,13 @@ void decision_begin(struct decision *d)
 
 		if (slot->expires > ev_now(a->loop) &&
 		    memcmp(slot->digest, d->digest, sizeof(d->digest)) == 0) {
-			a->tier_hits++;
+			a->st.prepare.tier_hits++;
 			tier = ruleset_tier_find(rs, slot->tier, strlen(slot->tier));
 			if (rs->cand)
 				d->ctier = ruleset_tier_find(rs->cand, slot->tier,
 							     strlen(slot->tier));
 		} else {
-			a->tier_misses++;
+			a->st.prepare.tier_misses++;
 			decision_call_sent(a);
 			/* the field is the digest's hex: the principal after "k:" */
 			if (store_hget(a->store, rs->cfg->tier_hash, d->principal + 2, d->answer_by,

@@ -473,22 +473,13 @@ static void heartbeat_setup(struct agent *a, const struct ruleset *rs)
 static void ovr_wake(void *arg)
 {
 	struct agent *a = arg;
+	struct decision *d;
 	struct list l;
 
-	if (list_empty(&a->parked))
-		return;
-	/* taken off first: a decision that must wait again goes back on a->parked */
-	l = a->parked;
-	l.next->prev = &l;
-	l.prev->next = &l;
-	list_init(&a->parked);
-	while (!list_empty(&l)) {
-		struct decision *d = LIST_ELEM(l.next, struct decision, park);
-
-		list_del(&d->park);
-		decision_call_back(a);
+	/* taken off first: a decision that must wait again is parked again */
+	decisions_unpark(a, &l);
+	while ((d = decision_unparked(a, &l)))
 		decision_begin(d);
-	}
 }
 
 /* Counts a reload for the metrics. */
@@ -531,7 +522,7 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 	a->dcache = principal_cache_new();
 	a->loop = loop;
 	a->rs = rs;
-	list_init(&a->parked);
+	decisions_init(a);
 	a->srv = spoa_server_new(loop, &o, &h);
 	a->metrics = opts->metrics;
 	if (a->metrics) {
@@ -773,7 +764,7 @@ void agent_free(struct agent *a)
 	status_body_unref(a->status_cache[0].body);
 	status_body_unref(a->status_cache[1].body);
 	/* decisions still waiting for the overrides go to the store, which answers them */
-	a->no_park = true;
+	decisions_stop(a);
 	ovr_wake(a);
 	/* first answer what is still in flight (the failure ladder decides, ACKs go
 	 * out on the open connections), then say goodbye */

@@ -22,7 +22,8 @@ of the repository), its purpose, and what it calls: layers ("0-3": modules of la
 - every module a row's "Calls" names is included by one of the row's files.
 
 A decision's life has one owner: no file but src/decide/decision.c ends a SPOP request
-(spoa_req_done()) or counts the store calls a decision is owed (the agent's pending).
+(spoa_req_done()) or reads or writes the decisions' pool (struct decision_pool: the
+unused decisions, the store calls owed, the parked list).
 
 The agent's parts have one writer each: a part of the decision path's statistics,
 st.<name> (struct decide_stats), is written (=, ++, --, +=...) by src/decide/<name>.c alone.
@@ -44,8 +45,8 @@ TOP = "src"
 FUNC_MAX = 120
 # what one file alone may do: (pattern, the file, what it is)
 OWNED = [(re.compile(r"\bspoa_req_done\s*\("), "src/decide/decision.c", "ends a SPOP request"),
-         (re.compile(r"\b(?:a|d->a)->pending\b"), "src/decide/decision.c",
-          "counts the store calls a decision is owed")]
+         (re.compile(r"->decisions\.\w"), "src/decide/decision.c",
+          "reads or writes the decisions' pool (unused, owed, parked)")]
 # a write of the decision path's statistics: the part written is group 1 or 2
 STAT_WRITE = re.compile(r"(?:\+\+|--)\s*[\w>.-]*\bst\.(\w+)\."
                         r"|\bst\.(\w+)\.\w+(?:\[[^\]]*\]|\.\w+)*\s*"

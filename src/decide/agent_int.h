@@ -117,6 +117,18 @@ struct decide_stats {
 	} blocked;
 };
 
+/*
+ * The decisions' pool and what they wait for: read and written by decision.c
+ * alone (`make check-layers` says so), the others call its decision_*().
+ */
+struct decision_pool {
+	struct decision *free;          /* owned: unused decisions, at most DFREE_MAX */
+	size_t nfree;
+	size_t pending;                 /* store calls owed a callback: what a drain waits for */
+	struct list parked;             /* decisions waiting for the first overrides load */
+	bool stopping;                  /* the agent goes: nothing waits any more */
+};
+
 struct agent {
 	struct ev_loop *loop;           /* ref */
 	struct ruleset *rs;             /* one reference */
@@ -129,10 +141,8 @@ struct agent {
 	uint64_t gateways;              /* live agents in the last heartbeat, 0 = none yet */
 	struct tier_slot *tcache;       /* owned: tier cache, tcache_size slots */
 	struct digest_slot *dcache;     /* owned: DCACHE_SLOTS, API key -> its digest */
-	struct decision *dfree;         /* owned: unused decisions, at most DFREE_MAX */
-	size_t ndfree;
 	size_t tcache_size;
-	size_t pending;                 /* store calls owed a callback (decision.c alone) */
+	struct decision_pool decisions; /* decision.c's alone */
 	struct decide_stats st;         /* the decision path's: agent.c reads them */
 	struct metrics *metrics;        /* ref: shared region (owned by main) */
 	struct met_slot *ms;            /* ref: this process's slot */
@@ -146,8 +156,6 @@ struct agent {
 	} status_cache[2];
 	struct blocked_slot *blocked;   /* owned: BLOCKED_SLOTS, or NULL when disabled */
 	struct overrides *ovr;          /* owned, NULL unless store "redis" and overrides.enabled */
-	struct list parked;             /* decisions waiting for the first overrides load */
-	bool no_park;                   /* stopping: nothing waits any more */
 	ev_timer publish;               /* copies gauges and top-K snapshots into ms */
 	double local_check;             /* mono(): next look for idle local fallback state */
 	double heap_check;              /* mono(): next sample of the heap's usage */
@@ -210,14 +218,14 @@ struct decision {
 					 * denied the request (its ACK's `shadow`): not charged
 					 * for it, so neither charged nor refunded now */
 	const struct rule_tier *sent_tier; /* ref: rs, the tier HAProxy sent, if known */
-	struct list park;               /* on a->parked while it waits for the overrides */
+	struct list park;               /* on the pool's parked while it waits for the overrides */
 	const struct rule_tier *tier;   /* ref: rs, the tier applied */
 	const char *tier_name;          /* ref: rs, for metrics */
 	char client[64];                /* fp:<hex> or address prefix, for top offenders */
 	double t0;                      /* when the NOTIFY arrived (mono) */
 	double answer_by;               /* mono(): Redis answers by then or the ladder
 					 * does (ANSWER_SHARE of HAProxy's budget), 0 = none */
-	struct decision *next_free;     /* in agent.dfree while unused */
+	struct decision *next_free;     /* in the pool's free while unused */
 	bool allowed;                   /* the answer respond() gave ... */
 	const struct rule_limit *rule;  /* ... and the limit it reported, or NULL */
 	/* the candidate policy, rs->cand: see "Candidate policy" below */

@@ -52,12 +52,12 @@ static void part_clear(struct part *pt)
 /* A new decision, all zero but for the key buffers of its parts and ap[], cap[]. */
 struct decision *decision_new(struct agent *a)
 {
-	struct decision *d = a->dfree;
+	struct decision *d = a->decisions.free;
 	size_t i;
 
 	if (d) {
-		a->dfree = d->next_free;
-		a->ndfree--;
+		a->decisions.free = d->next_free;
+		a->decisions.nfree--;
 	} else {
 		d = xmalloc(sizeof(*d));
 	}
@@ -70,29 +70,78 @@ struct decision *decision_new(struct agent *a)
 /* A store call of <a>'s decisions sent: its callback is owed (a drain waits for it). */
 void decision_call_sent(struct agent *a)
 {
-	a->pending++;
+	a->decisions.pending++;
 }
 
 /* A store call's callback came, or the call was answered at once and none will. */
 void decision_call_back(struct agent *a)
 {
-	a->pending--;
+	a->decisions.pending--;
 }
 
 /* The store calls of <a>'s decisions whose callback is owed. */
 size_t decision_calls_pending(const struct agent *a)
 {
-	return a->pending;
+	return a->decisions.pending;
+}
+
+/* <a>'s pool ready: nothing unused, nothing owed, nothing parked. */
+void decisions_init(struct agent *a)
+{
+	list_init(&a->decisions.parked);
+}
+
+/* The agent goes: from now on no decision waits for the overrides. */
+void decisions_stop(struct agent *a)
+{
+	a->decisions.stopping = true;
+}
+
+/* May a decision of <a> wait for the first overrides load (decision_park())? */
+bool decision_may_park(const struct agent *a)
+{
+	return !a->decisions.stopping;
 }
 
 /*
- * <d> waits on a->parked for the first overrides load (or Redis gone): owed
- * like a store call; agent.c's wake-up takes it off with decision_call_back().
+ * <d> waits on the parked list for the first overrides load (or Redis gone):
+ * owed like a store call, until decision_unparked() gives it back.
  */
 void decision_park(struct decision *d)
 {
-	list_append(&d->a->parked, &d->park);
+	list_append(&d->a->decisions.parked, &d->park);
 	decision_call_sent(d->a);
+}
+
+/*
+ * The parked decisions of <a> taken off, into <l> (empty when none): a
+ * decision that must wait again goes back on the parked list, not on <l>.
+ */
+void decisions_unpark(struct agent *a, struct list *l)
+{
+	struct list *p = &a->decisions.parked;
+
+	if (list_empty(p)) {
+		list_init(l);
+		return;
+	}
+	*l = *p;
+	l->next->prev = l;
+	l->prev->next = l;
+	list_init(p);
+}
+
+/* The next decision of <l> (filled by decisions_unpark()), no longer owed, or NULL. */
+struct decision *decision_unparked(struct agent *a, struct list *l)
+{
+	struct decision *d;
+
+	if (list_empty(l))
+		return NULL;
+	d = LIST_ELEM(l->next, struct decision, park);
+	list_del(&d->park);
+	decision_call_back(a);
+	return d;
 }
 
 /* <d> answered: its ACK is queued (sent before the loop polls again), <d> freed. */
@@ -117,10 +166,10 @@ void decision_free(struct decision *d)
 	struct agent *a = d->a;
 
 	ruleset_unref(d->rs);
-	if (a->ndfree < DFREE_MAX) {
-		d->next_free = a->dfree;
-		a->dfree = d;
-		a->ndfree++;
+	if (a->decisions.nfree < DFREE_MAX) {
+		d->next_free = a->decisions.free;
+		a->decisions.free = d;
+		a->decisions.nfree++;
 	} else {
 		free(d);
 	}
@@ -128,13 +177,13 @@ void decision_free(struct decision *d)
 
 void decisions_free_unused(struct agent *a)
 {
-	while (a->dfree) {
-		struct decision *d = a->dfree;
+	while (a->decisions.free) {
+		struct decision *d = a->decisions.free;
 
-		a->dfree = d->next_free;
+		a->decisions.free = d->next_free;
 		free(d);
 	}
-	a->ndfree = 0;
+	a->decisions.nfree = 0;
 }
 
 /* What this request costs limit <li> (an index in its ruleset's limits) of endpoint <ep>. */

@@ -200,7 +200,7 @@ static void tier_lookup_cb(enum store_status st, const char *val, size_t len, vo
  * Decides <d>, whose arguments were read: a block override answers at once;
  * else the tier (looked up in Redis if needed), then decision_run(). Right
  * after start, while the overrides in force are not known yet and Redis is
- * ready, it waits for them on a->parked (one or two round trips).
+ * ready, it waits for them, parked (one or two round trips).
  */
 void decision_begin(struct decision *d)
 {
@@ -208,7 +208,7 @@ void decision_begin(struct decision *d)
 	const struct ruleset *rs = d->rs;
 	const struct rule_tier *tier = d->sent_tier;
 
-	if (a->ovr && !ovr_settled(a->ovr) && !a->no_park && store_ready(a->store)) {
+	if (a->ovr && !ovr_settled(a->ovr) && decision_may_park(a) && store_ready(a->store)) {
 		decision_park(d);
 		ovr_kick(a->ovr); /* may wake us at once */
 		return;

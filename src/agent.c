@@ -519,7 +519,7 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 	char err[256];
 	size_t i;
 
-	a->dcache = principal_cache_new();
+	principal_cache_new(a);
 	a->loop = loop;
 	a->rs = rs;
 	decisions_init(a);
@@ -602,9 +602,9 @@ fail:
 	spoa_server_free(a->srv);
 	memstore_free(a->mem);
 	memstore_free(a->local);
-	free(a->tcache);
-	free(a->dcache);
-	free(a->blocked);
+	tier_cache_free(a);
+	principal_cache_free(a);
+	blocked_free(a);
 	free(a);
 	return -1;
 }
@@ -781,10 +781,10 @@ void agent_free(struct agent *a)
 	spoa_server_free(a->srv);
 	memstore_free(a->mem);
 	memstore_free(a->local);
-	free(a->tcache);
-	free(a->dcache);
+	tier_cache_free(a);
+	principal_cache_free(a);
 	decisions_free_unused(a);
-	free(a->blocked);
+	blocked_free(a);
 	ruleset_unref(a->rs);
 	free(a);
 }

@@ -26,7 +26,8 @@ A decision's life has one owner: no file but src/decide/decision.c ends a SPOP r
 unused decisions, the store calls owed, the parked list).
 
 The agent's parts have one writer each: a part of the decision path's statistics,
-st.<name> (struct decide_stats), is written (=, ++, --, +=...) by src/decide/<name>.c alone.
+st.<name> (struct decide_stats), is written (=, ++, --, +=...) by src/decide/<name>.c alone;
+a cache of the decision path (struct decide_caches) is read and written by its file alone.
 
 And no function of src/ or spoa/ is longer than FUNC_MAX lines, from its name to its
 closing brace (the house style puts a function's braces in the first column).
@@ -47,6 +48,10 @@ FUNC_MAX = 120
 OWNED = [(re.compile(r"\bspoa_req_done\s*\("), "src/decide/decision.c", "ends a SPOP request"),
          (re.compile(r"->decisions\.\w"), "src/decide/decision.c",
           "reads or writes the decisions' pool (unused, owed, parked)")]
+# the decision path's caches: which file alone reads and writes each
+CACHES = {"tier": "src/decide/prepare.c", "tier_size": "src/decide/prepare.c",
+          "digest": "src/decide/principal.c", "blocked": "src/decide/blocked.c"}
+CACHE_USE = re.compile(r"->caches\.(\w+)")
 # a write of the decision path's statistics: the part written is group 1 or 2
 STAT_WRITE = re.compile(r"(?:\+\+|--)\s*[\w>.-]*\bst\.(\w+)\."
                         r"|\bst\.(\w+)\.\w+(?:\[[^\]]*\]|\.\w+)*\s*"
@@ -152,6 +157,26 @@ def long_functions(path, bad):
         i += 1
 
 
+def owners(path, bad):
+    """What one file alone may do (OWNED), and the agent's parts each file writes, in <path>."""
+    rel = str(path.relative_to(REPO))
+    for ln, line in enumerate(path.read_text().split("\n"), 1):
+        for pat, owner, what in OWNED:
+            if rel != owner and pat.search(line):
+                bad.append("%s:%d: %s: only %s does (a decision's life has one owner)"
+                           % (rel, ln, what, owner))
+        for m in STAT_WRITE.finditer(line):
+            part = m.group(1) or m.group(2)
+            if rel != "src/decide/%s.c" % part:
+                bad.append("%s:%d: writes st.%s: only src/decide/%s.c does (each part of "
+                           "the agent has one writer)" % (rel, ln, part, part))
+        for m in CACHE_USE.finditer(line):
+            owner = CACHES.get(m.group(1), "no file (no such cache)")
+            if rel != owner:
+                bad.append("%s:%d: uses caches.%s: only %s does (each part of the agent "
+                           "has one writer)" % (rel, ln, m.group(1), owner))
+
+
 def main():
     bad = []
     folders, rows, files = read_map(DOC.read_text(), bad)
@@ -197,20 +222,7 @@ def main():
     for path in sorted(list((REPO / "src").rglob("*.c")) + list((REPO / "spoa").glob("*.c"))):
         long_functions(path, bad)
     for path in sorted((REPO / "src").rglob("*.c")):
-        rel = str(path.relative_to(REPO))
-        for ln, line in enumerate(path.read_text().split("\n"), 1):
-            for pat, owner, what in OWNED:
-                if rel != owner and pat.search(line):
-                    bad.append("%s:%d: %s: only %s does (a decision's life has one owner)"
-                               % (rel, ln, what, owner))
-    for path in sorted((REPO / "src").rglob("*.c")):
-        rel = str(path.relative_to(REPO))
-        for ln, line in enumerate(path.read_text().split("\n"), 1):
-            for m in STAT_WRITE.finditer(line):
-                part = m.group(1) or m.group(2)
-                if rel != "src/decide/%s.c" % part:
-                    bad.append("%s:%d: writes st.%s: only src/decide/%s.c does (each part of "
-                               "the agent has one writer)" % (rel, ln, part, part))
+        owners(path, bad)
     for line in bad:
         print("check-layers: " + line, file=sys.stderr)
     if not bad:

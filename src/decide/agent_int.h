@@ -129,6 +129,18 @@ struct decision_pool {
 	bool stopping;                  /* the agent goes: nothing waits any more */
 };
 
+/*
+ * The decision path's caches, each created, emptied, written and freed by the
+ * file of decide/ that uses it (`make check-layers` says so): agent.c calls
+ * their functions at setup, on a reload and when it goes.
+ */
+struct decide_caches {
+	struct tier_slot *tier;         /* prepare.c: the tier cache, tier_size slots */
+	size_t tier_size;               /* prepare.c */
+	struct digest_slot *digest;     /* principal.c: DCACHE_SLOTS, API key -> its digest */
+	struct blocked_slot *blocked;   /* blocked.c: BLOCKED_SLOTS, or NULL when disabled */
+};
+
 struct agent {
 	struct ev_loop *loop;           /* ref */
 	struct ruleset *rs;             /* one reference */
@@ -139,9 +151,7 @@ struct agent {
 	struct quota *quota;            /* owned, NULL unless store "redis": local quotas */
 	struct heartbeat *hb;           /* owned, NULL unless store "redis": live gateways */
 	uint64_t gateways;              /* live agents in the last heartbeat, 0 = none yet */
-	struct tier_slot *tcache;       /* owned: tier cache, tcache_size slots */
-	struct digest_slot *dcache;     /* owned: DCACHE_SLOTS, API key -> its digest */
-	size_t tcache_size;
+	struct decide_caches caches;    /* each written by the decide/ file it names */
 	struct decision_pool decisions; /* decision.c's alone */
 	struct decide_stats st;         /* the decision path's: agent.c reads them */
 	struct metrics *metrics;        /* ref: shared region (owned by main) */
@@ -154,7 +164,6 @@ struct agent {
 		struct status_body *body; /* ... this, lent to the replies (NULL: empty) */
 		double at;              /* ev_now(): rendered then, 0: never */
 	} status_cache[2];
-	struct blocked_slot *blocked;   /* owned: BLOCKED_SLOTS, or NULL when disabled */
 	struct overrides *ovr;          /* owned, NULL unless store "redis" and overrides.enabled */
 	ev_timer publish;               /* copies gauges and top-K snapshots into ms */
 	double local_check;             /* mono(): next look for idle local fallback state */

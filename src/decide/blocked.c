@@ -38,11 +38,17 @@ struct blocked_slot {
 void blocked_setup(struct agent *a, const struct ruleset *rs)
 {
 	if (!rs->cfg->blocked_cache)
-		FREE_AND_NULL(a->blocked);
-	else if (!a->blocked)
-		a->blocked = xcalloc(BLOCKED_SLOTS, sizeof(*a->blocked));
+		FREE_AND_NULL(a->caches.blocked);
+	else if (!a->caches.blocked)
+		a->caches.blocked = xcalloc(BLOCKED_SLOTS, sizeof(*a->caches.blocked));
 	else
-		memset(a->blocked, 0, BLOCKED_SLOTS * sizeof(*a->blocked));
+		memset(a->caches.blocked, 0, BLOCKED_SLOTS * sizeof(*a->caches.blocked));
+}
+
+/* The cache freed (the agent goes). */
+void blocked_free(struct agent *a)
+{
+	FREE_AND_NULL(a->caches.blocked);
 }
 
 /*
@@ -56,14 +62,14 @@ void blocked_put(struct agent *a, const struct part *pt)
 	int64_t wait = 0;
 	size_t i;
 
-	if (!a->blocked || pt->res.allowed || pt->q.ncand)
+	if (!a->caches.blocked || pt->res.allowed || pt->q.ncand)
 		return;
 	for (i = 0; i < pt->res.n; i++)
 		if (!pt->res.v[i].allowed && !pt->q.params[i].shadow && pt->res.v[i].retry_ms > wait)
 			wait = pt->res.v[i].retry_ms;
 	if (wait < 1)
 		return;
-	b = &a->blocked[pt->h % BLOCKED_SLOTS];
+	b = &a->caches.blocked[pt->h % BLOCKED_SLOTS];
 	b->h = pt->h;
 	b->at = mono();
 	b->until = b->at + wait / 1000.;
@@ -80,9 +86,9 @@ bool blocked_get(struct agent *a, struct part *pt)
 
 	/* whether Redis answers now or not: the denial is a fact Redis computed,
 	 * and nothing but a refund or a reload could end it before its time */
-	if (!a->blocked || pt->q.ncand) /* the candidate decides every request in Redis */
+	if (!a->caches.blocked || pt->q.ncand) /* the candidate decides every request in Redis */
 		return false;
-	b = &a->blocked[pt->h % BLOCKED_SLOTS];
+	b = &a->caches.blocked[pt->h % BLOCKED_SLOTS];
 	now = mono();
 	if (b->h != pt->h || b->until <= now || b->res.n != pt->q.n)
 		return false;

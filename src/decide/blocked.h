@@ -10,6 +10,7 @@ struct part;
 struct ruleset;
 
 void blocked_setup(struct agent *a, const struct ruleset *rs);
+void blocked_free(struct agent *a);
 void blocked_put(struct agent *a, const struct part *pt);
 bool blocked_get(struct agent *a, struct part *pt);
 

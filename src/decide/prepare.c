@@ -166,7 +166,7 @@ static struct tier_slot *tier_slot(struct agent *a, const uint8_t *digest)
 	uint64_t h;
 
 	memcpy(&h, digest, sizeof(h));
-	return &a->tcache[h % a->tcache_size];
+	return &a->caches.tier[h % a->caches.tier_size];
 }
 
 static void tier_lookup_cb(enum store_status st, const char *val, size_t len, void *arg)
@@ -178,7 +178,7 @@ static void tier_lookup_cb(enum store_status st, const char *val, size_t len, vo
 	decision_call_back(a);
 	if (st == STORE_OK) {
 		/* a reload may have dropped (or resized) the cache meanwhile */
-		if (a->tcache) {
+		if (a->caches.tier) {
 			struct tier_slot *slot = tier_slot(a, d->digest);
 
 			memcpy(slot->digest, d->digest, sizeof(slot->digest));
@@ -226,7 +226,7 @@ void decision_begin(struct decision *d)
 			 : rs->cfg->unknown_keys == UNKNOWN_DEFAULT_TIER ? &rs->tiers[rs->default_tier]
 									 : &rs->anon))
 		return;
-	if (!tier && rs->cfg->tier_hash && a->store && a->tcache) {
+	if (!tier && rs->cfg->tier_hash && a->store && a->caches.tier) {
 		struct tier_slot *slot = tier_slot(a, d->digest);
 
 		if (slot->expires > ev_now(a->loop) &&
@@ -254,17 +254,24 @@ void decision_begin(struct decision *d)
 void tier_cache_setup(struct agent *a, const struct ruleset *rs)
 {
 	if (!rs->cfg->tier_hash) {
-		FREE_AND_NULL(a->tcache);
-		a->tcache_size = 0;
+		FREE_AND_NULL(a->caches.tier);
+		a->caches.tier_size = 0;
 		return;
 	}
-	if (a->tcache && a->tcache_size == rs->cfg->tier_cache_size) {
+	if (a->caches.tier && a->caches.tier_size == rs->cfg->tier_cache_size) {
 		/* a reload may change tiers: cached answers are re-checked by name, but
 		 * drop them anyway so new hash contents are seen at once */
-		memset(a->tcache, 0, a->tcache_size * sizeof(*a->tcache));
+		memset(a->caches.tier, 0, a->caches.tier_size * sizeof(*a->caches.tier));
 		return;
 	}
-	free(a->tcache);
-	a->tcache_size = rs->cfg->tier_cache_size;
-	a->tcache = xcalloc(a->tcache_size, sizeof(*a->tcache));
+	free(a->caches.tier);
+	a->caches.tier_size = rs->cfg->tier_cache_size;
+	a->caches.tier = xcalloc(a->caches.tier_size, sizeof(*a->caches.tier));
+}
+
+/* The tier cache freed (the agent goes). */
+void tier_cache_free(struct agent *a)
+{
+	FREE_AND_NULL(a->caches.tier);
+	a->caches.tier_size = 0;
 }

@@ -9,5 +9,6 @@ struct ruleset;
 
 void decision_begin(struct decision *d);
 void tier_cache_setup(struct agent *a, const struct ruleset *rs);
+void tier_cache_free(struct agent *a);
 
 #endif /* AGENT_PREPARE_H */

@@ -46,10 +46,16 @@ struct digest_slot {
 	uint64_t fp_id;                 /* ... the key of this id */
 };
 
-/* An empty digest cache (DCACHE_SLOTS slots), freed with free(). */
-struct digest_slot *principal_cache_new(void)
+/* <a>'s digest cache created, empty (DCACHE_SLOTS slots). */
+void principal_cache_new(struct agent *a)
 {
-	return xcalloc(DCACHE_SLOTS, sizeof(struct digest_slot));
+	a->caches.digest = xcalloc(DCACHE_SLOTS, sizeof(struct digest_slot));
+}
+
+/* <a>'s digest cache freed (the agent goes). */
+void principal_cache_free(struct agent *a)
+{
+	FREE_AND_NULL(a->caches.digest);
 }
 
 /* Writes "<prefix>:{<principal><sep><limit><sfx>" into <k>, truncated like snprintf. */
@@ -158,7 +164,7 @@ void principal_key(struct decision *d, const char *key, size_t key_len)
 	uint8_t md[SHA256_LEN];
 
 	if (key_len && key_len <= DCACHE_KEY)
-		ds = &d->a->dcache[hll_hash(key, key_len) % DCACHE_SLOTS];
+		ds = &d->a->caches.digest[hll_hash(key, key_len) % DCACHE_SLOTS];
 	if (ds == &one || ds->len != key_len || memcmp(ds->key, key, key_len) != 0) {
 		sha256(key, key_len, md);
 		memcpy(ds->digest, md, sizeof(ds->digest));

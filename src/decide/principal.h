@@ -7,12 +7,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct agent;
 struct decision;
-struct digest_slot;
 struct ruleset;
 struct spop_data;
 
-struct digest_slot *principal_cache_new(void);
+void principal_cache_new(struct agent *a);
+void principal_cache_free(struct agent *a);
 void limit_key(char *k, size_t cap, const char *prefix, const char *principal, const char *sep,
 	       const char *name, const char *sfx);
 bool principal_ip(const struct ruleset *rs, const struct spop_data *ip, char *out, size_t outlen);

@@ -27,7 +27,9 @@ unused decisions, the store calls owed, the parked list).
 
 The agent's parts have one writer each: a part of the decision path's statistics,
 st.<name> (struct decide_stats), is written (=, ++, --, +=...) by src/decide/<name>.c alone;
-a cache of the decision path (struct decide_caches) is read and written by its file alone.
+a cache of the decision path (struct decide_caches) is read and written by its file alone;
+the top's own fields of the agent are written by src/agent.c alone (checked in the files that
+see struct agent: those that include decide/agent_int.h).
 
 And no function of src/ or spoa/ is longer than FUNC_MAX lines, from its name to its
 closing brace (the house style puts a function's braces in the first column).
@@ -52,6 +54,12 @@ OWNED = [(re.compile(r"\bspoa_req_done\s*\("), "src/decide/decision.c", "ends a 
 CACHES = {"tier": "src/decide/prepare.c", "tier_size": "src/decide/prepare.c",
           "digest": "src/decide/principal.c", "blocked": "src/decide/blocked.c"}
 CACHE_USE = re.compile(r"->caches\.(\w+)")
+# the agent's fields that src/agent.c alone writes (the others read them)
+TOP_FIELDS = ("loop|rs|srv|store|mem|local|quota|hb|gateways|ovr|metrics|ms|http|status_cache"
+              "|publish|local_check|heap_check")
+TOP_WRITE = re.compile(r"(?:\+\+|--)\s*(?:\ba|d->a)->(%s)\b"
+                       r"|(?:\ba|d->a)->(%s)(?:\[[^\]]*\]|\.\w+)*\s*"
+                       r"(?:\+\+|--|[-+*/%%|&^]?=(?!=)|<<=|>>=)" % (TOP_FIELDS, TOP_FIELDS))
 # a write of the decision path's statistics: the part written is group 1 or 2
 STAT_WRITE = re.compile(r"(?:\+\+|--)\s*[\w>.-]*\bst\.(\w+)\."
                         r"|\bst\.(\w+)\.\w+(?:\[[^\]]*\]|\.\w+)*\s*"
@@ -159,8 +167,9 @@ def long_functions(path, bad):
 
 def owners(path, bad):
     """What one file alone may do (OWNED), and the agent's parts each file writes, in <path>."""
-    rel = str(path.relative_to(REPO))
-    for ln, line in enumerate(path.read_text().split("\n"), 1):
+    rel, text = str(path.relative_to(REPO)), path.read_text()
+    agent = '#include "agent_int.h"' in text
+    for ln, line in enumerate(text.split("\n"), 1):
         for pat, owner, what in OWNED:
             if rel != owner and pat.search(line):
                 bad.append("%s:%d: %s: only %s does (a decision's life has one owner)"
@@ -170,6 +179,9 @@ def owners(path, bad):
             if rel != "src/decide/%s.c" % part:
                 bad.append("%s:%d: writes st.%s: only src/decide/%s.c does (each part of "
                            "the agent has one writer)" % (rel, ln, part, part))
+        for m in TOP_WRITE.finditer(line) if agent and rel != "src/agent.c" else ():
+            bad.append("%s:%d: writes the agent's %s: only src/agent.c does (each part of the "
+                       "agent has one writer)" % (rel, ln, m.group(1) or m.group(2)))
         for m in CACHE_USE.finditer(line):
             owner = CACHES.get(m.group(1), "no file (no such cache)")
             if rel != owner:

@@ -141,7 +141,15 @@ struct decide_caches {
 	struct blocked_slot *blocked;   /* blocked.c: BLOCKED_SLOTS, or NULL when disabled */
 };
 
+/*
+ * The agent, in parts that each have one writer. The top's own fields, first,
+ * are written by agent.c alone (setup, reload, the heartbeat's count, what it
+ * publishes and serves) and only read by decide/: the objects of the wings
+ * below, which the decisions call. Then the decision path's three parts:
+ * its caches, its pool of decisions, its statistics (see above).
+ */
 struct agent {
+	/* the top's: agent.c writes them */
 	struct ev_loop *loop;           /* ref */
 	struct ruleset *rs;             /* one reference */
 	struct spoa_server *srv;        /* owned */
@@ -151,11 +159,10 @@ struct agent {
 	struct quota *quota;            /* owned, NULL unless store "redis": local quotas */
 	struct heartbeat *hb;           /* owned, NULL unless store "redis": live gateways */
 	uint64_t gateways;              /* live agents in the last heartbeat, 0 = none yet */
-	struct decide_caches caches;    /* each written by the decide/ file it names */
-	struct decision_pool decisions; /* decision.c's alone */
-	struct decide_stats st;         /* the decision path's: agent.c reads them */
+	struct overrides *ovr;          /* owned, NULL unless store "redis" and overrides.enabled */
 	struct metrics *metrics;        /* ref: shared region (owned by main) */
-	struct met_slot *ms;            /* ref: this process's slot */
+	struct met_slot *ms;            /* ref: this process's slot (its counters are
+					 * written through it by whoever counts) */
 	struct http_server *http;       /* owned or NULL */
 	/* the status page and /status.json as last rendered: served again for
 	 * STATUS_CACHE_S, so that scrapes cannot take the loop from decisions */
@@ -164,10 +171,13 @@ struct agent {
 		struct status_body *body; /* ... this, lent to the replies (NULL: empty) */
 		double at;              /* ev_now(): rendered then, 0: never */
 	} status_cache[2];
-	struct overrides *ovr;          /* owned, NULL unless store "redis" and overrides.enabled */
 	ev_timer publish;               /* copies gauges and top-K snapshots into ms */
 	double local_check;             /* mono(): next look for idle local fallback state */
 	double heap_check;              /* mono(): next sample of the heap's usage */
+	/* the decision path's */
+	struct decide_caches caches;    /* each used by the decide/ file it names */
+	struct decision_pool decisions; /* decision.c's alone */
+	struct decide_stats st;         /* st.<file> written by decide/<file>.c; agent.c reads */
 };
 
 /* One limit applied to a request. */

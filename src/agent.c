@@ -8,13 +8,18 @@
  * DESIGN
  * What a decision does is in the files below this one (agent_int.h lists
  * them in the order of the decision's path): the SPOP server calls notify.c's
- * notify_receive() for every NOTIFY. What needs the whole agent stays here. A
- * reload swaps the ruleset while each decision keeps the one it started with;
- * settings that need a restart (listeners, store) keep their old values. A
- * drain stops accepting connections while decisions in flight complete.
- * Freeing the agent first lets the store answer what is left (the failure
- * ladder completes those decisions and their ACKs are sent), then says
- * goodbye to HAProxy.
+ * notify_receive() for every NOTIFY. What needs the whole agent stays here.
+ * Of struct agent (agent_int.h), this file writes the top's own fields only:
+ * the decision path's caches, pool of decisions and statistics belong to the
+ * files of decide/, reached through their functions (the statistics are read
+ * here, to be published).
+ *
+ * A reload swaps the ruleset while each decision keeps the one it started
+ * with; settings that need a restart (listeners, store) keep their old
+ * values. A drain stops accepting connections while decisions in flight
+ * complete. Freeing the agent first lets the store answer what is left (the
+ * failure ladder completes those decisions and their ACKs are sent), then
+ * says goodbye to HAProxy.
  */
 #include "agent.h"
 

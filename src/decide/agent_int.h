@@ -21,6 +21,12 @@
  * A file never calls one above it. What comes back from below (a NOTIFY from
  * the SPOP server, the store's answers, a tier looked up, the overrides
  * loaded) comes through a callback registered by the file that waits for it.
+ *
+ * The agent is in parts, each with one writer (`make check-layers` holds the
+ * files to it): the top's own fields, written by agent.c; the decisions' pool
+ * (struct decision_pool), decision.c's; the caches (struct decide_caches),
+ * each its file's; the statistics (struct decide_stats), st.<file> written by
+ * decide/<file>.c and read by agent.c, which publishes them.
  */
 #ifndef AGENT_AGENT_INT_H
 #define AGENT_AGENT_INT_H

@@ -9,7 +9,8 @@
  * ends a SPOP request: a decision ends with decision_end() (the ACK goes, the
  * decision is freed), one whose request was answered before (a post-charge)
  * with decision_free(), and a request answered with no decision made with
- * decision_answer_request().
+ * decision_answer_request(). The pool (struct decision_pool: the unused
+ * decisions, the store calls owed, the parked list) is this file's alone.
  *
  * DESIGN
  * Each decision holds a reference to the ruleset it started with, so a reload

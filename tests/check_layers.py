@@ -61,8 +61,8 @@ TOP_WRITE = re.compile(r"(?:\+\+|--)\s*(?:\ba|d->a)->(%s)\b"
                        r"|(?:\ba|d->a)->(%s)(?:\[[^\]]*\]|\.\w+)*\s*"
                        r"(?:\+\+|--|[-+*/%%|&^]?=(?!=)|<<=|>>=)" % (TOP_FIELDS, TOP_FIELDS))
 # a write of the decision path's statistics: the part written is group 1 or 2
-STAT_WRITE = re.compile(r"(?:\+\+|--)\s*[\w>.-]*\bst\.(\w+)\."
-                        r"|\bst\.(\w+)\.\w+(?:\[[^\]]*\]|\.\w+)*\s*"
+STAT_WRITE = re.compile(r"(?:\+\+|--)\s*[\w>.-]*->st\.(\w+)\."
+                        r"|->st\.(\w+)\.\w+(?:\[[^\]]*\]|\.\w+)*\s*"
                         r"(?:\+\+|--|[-+*/%|&^]?=(?!=)|<<=|>>=)")
 
 

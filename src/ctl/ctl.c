@@ -303,12 +303,18 @@ static int ctl_addr(const char *addr, char *ip, size_t iplen, int *port, const c
 		fprintf(stderr, "redis %s: %s\n", addr, e ? gai_strerror(e) : "no address");
 		return -1;
 	}
-	if (res->ai_family == AF_INET6)
-		inet_ntop(AF_INET6, &((struct sockaddr_in6 *)res->ai_addr)->sin6_addr, ip,
-			  (socklen_t)iplen);
-	else
-		inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, ip,
-			  (socklen_t)iplen);
+	/* copied out: the address is a struct sockaddr, not aligned for the larger ones */
+	if (res->ai_family == AF_INET6) {
+		struct sockaddr_in6 s6;
+
+		memcpy(&s6, res->ai_addr, sizeof(s6));
+		inet_ntop(AF_INET6, &s6.sin6_addr, ip, (socklen_t)iplen);
+	} else {
+		struct sockaddr_in s4;
+
+		memcpy(&s4, res->ai_addr, sizeof(s4));
+		inet_ntop(AF_INET, &s4.sin_addr, ip, (socklen_t)iplen);
+	}
 	freeaddrinfo(res);
 	return 0;
 }

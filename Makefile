@@ -150,17 +150,17 @@ $(BUILD)/test_spop: tests/unit/test_spop.c $(LIBSPOA)
 $(BUILD)/test_limiter: tests/unit/test_limiter.c $(BUILD)/src/core/limiter.o $(BUILD)/src/core/digest.o \
                        $(BUILD)/src/core/util.o
 	@echo "  LD      $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka -lm
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out %.h,$^) -lcmocka -lm
 
 $(BUILD)/test_memstore: tests/unit/test_memstore.c $(BUILD)/src/store/memstore.o $(BUILD)/src/core/limiter.o \
                         $(BUILD)/src/core/util.o $(BUILD)/src/core/hll.o
 	@echo "  LD      $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka -lm
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out %.h,$^) -lcmocka -lm
 
 $(BUILD)/test_obs: tests/unit/test_obs.c $(BUILD)/src/net/http.o $(BUILD)/src/observe/prom.o \
                    $(BUILD)/src/observe/topk.o $(BUILD)/src/core/hll.o $(BUILD)/src/core/util.o $(BUILD)/src/core/log.o
 	@echo "  LD      $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lev -lcmocka -lm
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out %.h,$^) -lev -lcmocka -lm
 
 $(BUILD)/test_normalize: tests/unit/test_normalize.c $(BUILD)/src/core/normalize.o $(BUILD)/src/policy/rules.o \
                          $(BUILD)/src/config/config.o $(BUILD)/src/core/limiter.o $(BUILD)/src/core/util.o \
@@ -168,23 +168,23 @@ $(BUILD)/test_normalize: tests/unit/test_normalize.c $(BUILD)/src/core/normalize
                          $(BUILD)/src/config/config_read.o $(BUILD)/src/config/config_policy.o $(BUILD)/src/net/tls.o \
                          $(BUILD)/src/core/digest.o
 	@echo "  LD      $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(SSL_LIBS) -lcmocka -lm
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(PKG_LIBS) $(SSL_LIBS) -lcmocka -lm
 
 # the parser lives with the agent's runtime: link every agent object but main()
 $(BUILD)/test_overrides: tests/unit/test_overrides.c $(filter-out $(BUILD)/src/main.o,$(AGENT_OBJ)) \
                          $(LIBSPOA)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LIBS) -lcmocka
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(LIBS) -lcmocka
 
 # the status page with the metrics' view and the HTTP parser it is served by
 $(BUILD)/test_status: tests/unit/test_status.c $(filter-out $(BUILD)/src/main.o,$(AGENT_OBJ)) \
                       $(LIBSPOA)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LIBS) -lcmocka
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(LIBS) -lcmocka
 
 $(MODEL): tests/tools/limit_model.c $(BUILD)/src/core/limiter.o
 	@echo "  LD      $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lm
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out %.h,$^) -lm
 
 $(BUILD)/spop-load: tests/tools/spop_load.c $(LIBSPOA)
 	@echo "  LD      $@"
@@ -196,22 +196,22 @@ $(BUILD)/fuzz_config_replay: tests/fuzz/fuzz_config.c tests/fuzz/replay.c $(BUIL
                              $(BUILD)/src/core/secret.o $(BUILD)/src/config/config_read.o \
                              $(BUILD)/src/config/config_policy.o $(BUILD)/src/net/tls.o $(BUILD)/src/core/digest.o
 	@echo "  LD      $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(SSL_LIBS) -lm
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(PKG_LIBS) $(SSL_LIBS) -lm
 
 $(BUILD)/fuzz_resp_replay: tests/fuzz/fuzz_resp.c tests/fuzz/replay.c $(BUILD)/src/store/store_reply.o
 	@echo "  LD      $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS)
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(PKG_LIBS)
 
 $(BUILD)/fuzz_reply_parse_replay: tests/fuzz/fuzz_reply_parse.c tests/fuzz/replay.c \
                                   $(BUILD)/src/store/store_reply.o $(BUILD)/src/store/reply_parse.o \
                                   $(BUILD)/src/store/store_parse.o
 	@echo "  LD      $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(PKG_LIBS)
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(PKG_LIBS)
 
 $(BUILD)/fuzz_http_replay: tests/fuzz/fuzz_http.c tests/fuzz/replay.c $(BUILD)/src/net/http.o \
                            $(BUILD)/src/core/log.o $(BUILD)/src/core/util.o
 	@echo "  LD      $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lev -lm
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out %.h,$^) -lev -lm
 
 $(REPLAY): tests/fuzz/fuzz_spop_frame.c tests/fuzz/replay.c $(LIBSPOA)
 	@echo "  LD      $@"

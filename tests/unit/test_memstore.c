@@ -712,7 +712,7 @@ static void test_memstore_keys_compared_by_bytes(void **state)
 static void test_memstore_random_keys_100k(void **state)
 {
 	struct memstore *m = memstore_new(4096);
-	struct limit_params p[4];
+	struct limit_params p[ALG_COUNT - 1];           /* every algorithm, by id - 1 */
 	uint64_t seed = 42;
 	int64_t now = T0;
 	int i, alg;
@@ -731,7 +731,7 @@ static void test_memstore_random_keys_100k(void **state)
 			len = rnd_below(&seed, STORE_KEY_MAX); /* 0..191 bytes, then the NUL */
 			for (c = 0; c < len; c++)
 				q.keys[k][c] = (char)(1 + rnd_below(&seed, 255));
-			q.params[k] = p[rnd_below(&seed, 4)];
+			q.params[k] = p[rnd_below(&seed, ALG_COUNT - 1)];
 			q.cost[k] = random_cost(&seed);
 		}
 		now += (int64_t)rnd_below(&seed, 200);

@@ -226,6 +226,14 @@ def log_lines(a, pattern):
     return out
 
 
+def replaced(a, victim):
+    """The two worker pids once <victim> is gone and its successor runs, else None. One read of
+    the list: two reads can straddle the master's reaping of the victim (the first sees
+    [victim, other], the second [other]) and call a worker replaced that is not yet started."""
+    pids = a.worker_pids()
+    return pids if len(pids) == 2 and victim not in pids else None
+
+
 # Hourly limits: nothing refills during a test, however slow the machine.
 HOURLY = {
     "key_rpm": {"rate": 5, "period": "1h"},
@@ -538,8 +546,7 @@ def test_rolling_worker_restart_through_haproxy(stack):
         for k in range(2):
             victim = sorted(a.worker_pids())[0]
             os.kill(victim, signal.SIGTERM)
-            wait_until(lambda: len(a.worker_pids()) == 2 and victim not in a.worker_pids(),
-                       5, 0.02, "worker %d replaced" % victim)
+            wait_until(lambda: replaced(a, victim), 5, 0.02, "worker %d replaced" % victim)
             n = len(results)
             wait_until(lambda: len(results) >= n + 50, 10, 0.02, "traffic after the restart")
     finally:
@@ -581,8 +588,7 @@ def test_workers_sigkill_replaced_sighup_sigterm(stack):
         r = get()
         assert r.status == 200, r
         errors += not decided(r)
-    new = wait_until(lambda: (lambda p: p if len(p) == 2 and victim not in p else None)(
-        a.worker_pids()), 5, 0.05, "the killed worker replaced")
+    new = wait_until(lambda: replaced(a, victim), 5, 0.05, "the killed worker replaced")
     assert old[1] in new
     log = a.proc.log_text()
     assert "(pid %d) killed by signal 9" % victim in log, log[-2000:]
@@ -632,8 +638,7 @@ def test_worker_restarted_after_reload_runs_reloaded_config(agent, redis):
     assert rates() == {"7"}
     victim = a.worker_pids()[0]
     os.kill(victim, signal.SIGKILL)
-    wait_until(lambda: len(a.worker_pids()) == 2 and victim not in a.worker_pids(), 5, 0.05,
-               "worker replaced")
+    wait_until(lambda: replaced(a, victim), 5, 0.05, "worker replaced")
     wait_until(lambda: decided_fresh_conns(a), 10, 0.1, "both workers decide with Redis")
     # every connection, whichever worker takes it, must get the reloaded limit
     assert rates(24) == {"7"}

@@ -13,7 +13,7 @@
 #       SUITE: bookworm (Debian 12) or trixie (Debian 13), the release DEB was
 #       built for. Makes (or takes from the cache) the bare root of the
 #       release with tests/matrix/root.sh (make and ca-certificates only: the
-#       root of the matrix's debian13-fresh leg) and runs the check in it.
+#       root of the matrix's debian13 leg) and runs the check in it.
 #
 # Root only (tests/matrix/root.sh). The root is thrown away afterwards: nothing
 # of the machine is changed but the cache of roots.

@@ -6,7 +6,8 @@
 --
 -- KEYS[i]          state of limit i; all keys of one call share a hash tag
 -- ARGV[5(i-1)+1]   algorithm of limit i: 1 gcra, 2 fixed window, 3 sliding
---                  log, 4 sliding window counter
+--                  log, 4 sliding window counter, 5 fixed window on calendar
+--                  months, 6 concurrency (its cost is a slot: see its file)
 -- ARGV[5(i-1)+2]   parameter a of the algorithm (see its file), an integer >= 1
 -- ARGV[5(i-1)+3]   parameter b of the algorithm, an integer >= 0 (both below
 --                  2^53, and a GCRA's as src/core/limiter.h bounds them)
@@ -78,7 +79,7 @@
 -- The algorithms by id: ALG[2 id - 1] checks, ALG[2 id] commits.
 local ALG = { gcra_check, gcra_commit, fixed_window_check, fixed_window_commit,
 	sliding_log_check, sliding_log_commit, sliding_window_check, sliding_window_commit,
-	fixed_month_check, fixed_month_commit }
+	fixed_month_check, fixed_month_commit, concurrency_check, concurrency_commit }
 
 -- Checks the <n> limits of <lim> (5 per limit: id, a, b, shadow, cost; keys
 -- KEYS[kb + 1..kb + n]) at <now> for <units> units. Fills <res>, 9 per limit:
@@ -148,7 +149,7 @@ local function decide(ALG, check, kb, n, ab, na, now, lim, res, cache)
 		local id
 		if s == '1' then id = 1 elseif s == '2' then id = 2 elseif s == '3' then id = 3
 		elseif s == '4' then id = 4 else id = tonumber(s) end
-		if id ~= 1 and id ~= 2 and id ~= 3 and id ~= 4 and id ~= 5 then
+		if id ~= 1 and id ~= 2 and id ~= 3 and id ~= 4 and id ~= 5 and id ~= 6 then
 			return redis.error_reply('unknown algorithm ' .. tostring(s))
 		end
 		local sa, sb = argv[o + 2], argv[o + 3]

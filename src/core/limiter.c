@@ -29,7 +29,7 @@ static int64_t ceil_ms(int64_t us)
 }
 
 static const char *const alg_names[ALG_COUNT] = {"none", "gcra", "fixed_window", "sliding_log",
-						 "sliding_window", "fixed_window"};
+						 "sliding_window", "fixed_window", "concurrency"};
 
 /* The algorithm called <name> ("token_bucket" is GCRA), or -1. */
 int limit_alg_parse(const char *name)
@@ -39,7 +39,7 @@ int limit_alg_parse(const char *name)
 	if (strcmp(name, "token_bucket") == 0)
 		return ALG_GCRA;
 	for (i = 1; i < ALG_COUNT; i++)
-		if (strcmp(name, alg_names[i]) == 0)
+		if (i != ALG_FIXED_MONTH && i != ALG_CONCURRENCY && strcmp(name, alg_names[i]) == 0)
 			return i;
 	return -1;
 }
@@ -138,6 +138,11 @@ int limit_params_init(struct limit_params *p, int alg, uint64_t rate, uint64_t p
 		ret = -1;
 	}
 	period_us = period_ms * 1000;
+	if (alg == ALG_CONCURRENCY) { /* <rate> slots, leases of <period_ms> */
+		p->a = period_us ? (int64_t)period_us : 1;
+		p->b = rate > (uint64_t)LIMIT_COUNT_MAX ? LIMIT_COUNT_MAX : (int64_t)rate;
+		return ret;
+	}
 	if (alg != ALG_GCRA) {
 		p->a = period_us && alg != ALG_FIXED_MONTH ? (int64_t)period_us : 1;
 		p->b = rate > (uint64_t)LIMIT_COUNT_MAX ? LIMIT_COUNT_MAX : (int64_t)rate;
@@ -324,6 +329,76 @@ static void check_sliding(const struct limit_params *p, const struct limit_state
 	c->n3 = prev;
 }
 
+/*
+ * Concurrency (lua/concurrency.lua): the slots held are those whose lease
+ * ends after <now>; taking slot <cost> again (a repeated request) counts it
+ * once. The commit drops the ended leases, then adds (or renews) the slot,
+ * or gives it back.
+ */
+static size_t conc_find(const struct limit_state *st, int64_t slot, int64_t now)
+{
+	size_t i;
+
+	for (i = 0; i + 1 < st->nlog; i += 2)
+		if (st->log[i] == slot && st->log[i + 1] > now)
+			return i;
+	return SIZE_MAX;
+}
+
+static void check_conc(const struct limit_params *p, const struct limit_state *st, int64_t now,
+		       int64_t cost, struct check *c)
+{
+	int64_t life = p->a, limit = p->b, held = 0, earliest = INT64_MAX, mine = 0, w;
+	size_t i;
+
+	for (i = 0; i + 1 < st->nlog; i += 2) {
+		if (st->log[i + 1] <= now)
+			continue;
+		held++;
+		if (st->log[i + 1] < earliest)
+			earliest = st->log[i + 1];
+	}
+	if (cost != 0)
+		mine = conc_find(st, cost < 0 ? -cost : cost, now) != SIZE_MAX;
+	if (cost > 0) {
+		c->ok = held - mine + 1 <= limit;
+		c->rem_c = clamp0(limit - (held - mine + 1));
+	} else {
+		c->ok = cost < 0 || held <= limit;
+		c->rem_c = clamp0(limit - (held - mine));
+	}
+	c->rem_u = clamp0(limit - held);
+	w = held ? earliest - now : life;
+	w = w < CONC_RETRY_MAX_US ? w : CONC_RETRY_MAX_US;
+	c->retry = c->ok ? 0 : w;
+	c->reset_u = c->rem_u ? 0 : w;
+	c->reset_c = c->rem_c ? 0 : w;
+}
+
+static void apply_conc(const struct limit_params *p, struct limit_state *st, int64_t now,
+		       int64_t cost)
+{
+	size_t i, j = 0;
+
+	for (i = 0; i + 1 < st->nlog; i += 2) { /* the ended leases, and the slot */
+		if (st->log[i + 1] <= now || (cost && st->log[i] == (cost < 0 ? -cost : cost)))
+			continue;
+		st->log[j++] = st->log[i];
+		st->log[j++] = st->log[i + 1];
+	}
+	st->nlog = j;
+	if (cost <= 0)
+		return;
+	if (st->nlog + 2 > st->caplog) {
+		st->caplog = st->caplog ? 2 * st->caplog : 16;
+		st->log = realloc(st->log, st->caplog * sizeof(*st->log));
+		if (!st->log)
+			abort();
+	}
+	st->log[st->nlog++] = cost;
+	st->log[st->nlog++] = now + p->a;
+}
+
 static void apply(const struct limit_params *p, struct limit_state *st, int64_t now,
 		  int64_t cost, const struct check *c)
 {
@@ -359,6 +434,9 @@ static void apply(const struct limit_params *p, struct limit_state *st, int64_t 
 		st->x = c->n1;
 		st->y = clampm(clamp0(c->n2), LIMIT_COUNT_MAX);
 		st->z = c->n3;
+		break;
+	case ALG_CONCURRENCY:
+		apply_conc(p, st, now, cost);
 		break;
 	default:
 		break;
@@ -404,6 +482,9 @@ static bool decide(const struct limit_params *p, struct limit_state *st, size_t 
 			break;
 		case ALG_SLIDING_WINDOW:
 			check_sliding(&p[i], &st[i], now_us, ci, &c[i]);
+			break;
+		case ALG_CONCURRENCY:
+			check_conc(&p[i], &st[i], now_us, ci, &c[i]);
 			break;
 		default:
 			c[i].ok = true;

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The rate-limit algorithms as pure functions: GCRA (token bucket), fixed
- * window, sliding log and sliding window counter. They are the reference
+ * window, sliding log and sliding window counter, and the concurrency limit
+ * (slots of requests in flight, each a lease). They are the reference
  * models that lua/ is tested against operation for operation (same integer
  * and double arithmetic in the same order), and the engine of in-process
  * stores.
@@ -21,6 +22,7 @@ enum limit_alg {
 	ALG_SLIDING_LOG    = 3,    /* a = window (us), b = limit */
 	ALG_SLIDING_WINDOW = 4,    /* a = window (us), b = limit */
 	ALG_FIXED_MONTH    = 5,    /* fixed_window on calendar months (UTC): a = 1, b = limit */
+	ALG_CONCURRENCY    = 6,    /* requests in flight: a = a slot's lease (us), b = slots */
 	ALG_COUNT                  /* sentinel */
 };
 
@@ -76,6 +78,20 @@ enum limit_alg {
 #define LOG_RATE_MAX    1000
 #define LOG_ADD_MAX     100
 
+/*
+ * Concurrency: a request holds a slot, a number the agent draws (1 to
+ * CONC_SLOT_MAX, unique among the fleet's slots held), from its admission to
+ * its response, and at most max_duration: every slot is a lease that ends by
+ * itself (a gateway that died, a client gone before its response). The cost
+ * of a concurrency limit is the slot: > 0 takes it, < 0 gives it back, 0
+ * reports. A denied request's Retry-After is when the oldest lease ends, at
+ * most CONC_RETRY_MAX_US (a slot is usually given back long before).
+ */
+#define CONC_SLOT_MAX           ((INT64_C(1) << 50) - 1)
+#define CONC_RETRY_MAX_US       INT64_C(1000000)
+#define CONC_LEASE_MIN_MS       100
+#define CONC_LEASE_MAX_MS       (86400 * 1000)
+
 /* One limit as the script sees it. */
 struct limit_params {
 	uint8_t alg;            /* enum limit_alg */
@@ -95,7 +111,8 @@ struct limit_verdict {
 /* The state of one limit in the C model (what Redis keeps in its key). */
 struct limit_state {
 	int64_t x, y, z;        /* gcra: tat (us), fraction (ticks); windows: index, count, previous */
-	int64_t *log;           /* owned: sliding log timestamps, oldest first */
+	int64_t *log;           /* owned: sliding log timestamps, oldest first; concurrency:
+				 * pairs of slot and lease end (us), in the order taken */
 	size_t nlog, caplog;
 };
 

@@ -268,3 +268,64 @@ def test_report_takes_debt(redis, alg):
     turned = replies[1][2] // period != replies[8][2] // period
     if not (alg == "sliding_window" and turned):
         assert replies[9][0] == (0 if alg == "sliding_log" else 1), replies[9]
+
+
+CONC = 6
+
+
+def test_concurrency_matches_model(redis):
+    """Concurrency (algorithm 6): slots taken (cost = the slot), given back (minus the
+    slot), taken twice, reported (0), and leases ending by themselves, in random order
+    with a rate limit beside it: script and model agree on every field."""
+    rnd = random.Random(11)
+    sha = redis.cmd("SCRIPT", "LOAD", script())
+    limits = [(CONC, 150000, 3, 0), (GCRA, 20000, 100000 * 10, 0)]
+    keys = ["rl:{cc}:conc", "rl:{cc}:rate"]
+    held, replies, calls = [], [], []
+    next_slot = 1 << 40
+    for _ in range(150):
+        r = rnd.random()
+        if r < 0.5:
+            next_slot += rnd.choice((1, 7, 1 << 20))
+            slot = next_slot
+        elif r < 0.75 and held:
+            slot = -held.pop(rnd.randrange(len(held)))
+        elif r < 0.85 and held:
+            slot = rnd.choice(held)  # taken again: counted once, lease renewed
+        else:
+            slot = 0
+        cost = [slot, 1 if slot > 0 else 0]
+        rep = run_script(redis, sha, keys, limits, cost)
+        if slot > 0 and rep[0] == 1 and slot not in held:
+            held.append(slot)
+        replies.append(rep)
+        calls.append((rep[2], cost))
+        time.sleep(rnd.choice((0.0, 0.0, 0.003, 0.02, 0.08)))
+    compare(replies, run_model(limits, calls))
+    verdicts = [r[3] for r, c in zip(replies, calls) if c[1][0] > 0]
+    assert 0 in verdicts and 1 in verdicts, "slots both granted and refused"
+    retries = [r[5] for r in replies if r[0] == 0]
+    assert retries and all(1 <= x <= 1000 for x in retries), retries
+
+
+def test_concurrency_lease_ends_and_slot_returns(redis):
+    """A slot never given back frees itself when its lease ends (Redis time); one
+    given back frees at once; the key expires after the last lease."""
+    sha = redis.cmd("SCRIPT", "LOAD", script())
+    limits = [(CONC, 300000, 2, 0)]
+    key = ["rl:{cl}:conc"]
+    assert run_script(redis, sha, key, limits, 101)[0] == 1
+    assert run_script(redis, sha, key, limits, 102)[0] == 1
+    denied = run_script(redis, sha, key, limits, 103)
+    assert denied[0] == 0 and denied[4] == 0 and 1 <= denied[5] <= 300, denied
+    again = run_script(redis, sha, key, limits, 101)  # a repeated take: counted once
+    assert again[0] == 1 and again[4] == 0, again
+    assert run_script(redis, sha, key, limits, -102)[0] == 1
+    assert run_script(redis, sha, key, limits, 103)[0] == 1, "a slot given back is free"
+    assert run_script(redis, sha, key, limits, 104)[0] == 0
+    t0 = time.monotonic()
+    while run_script(redis, sha, key, limits, 105)[0] == 0:
+        assert time.monotonic() - t0 < 2.0, "a lease of 300 ms never ended"
+        time.sleep(0.02)
+    assert 0.2 < time.monotonic() - t0 < 1.0
+    assert 0 < int(redis.cmd("PTTL", key[0])) <= 301

@@ -1,0 +1,57 @@
+-- Concurrency: at most <b> requests in flight for a key, each holding a slot,
+-- a member of a sorted set whose score is when its lease ends (us, Redis
+-- time). A slot is a number the agent draws, unique among the fleet's held
+-- slots; every slot is a lease that ends by itself (a gateway that died, a
+-- client gone before its response).
+--   a = a slot's lease, max_duration (us), b = limit (slots)
+-- The cost is the slot: > 0 takes slot <cost> (taking it again, a repeated
+-- request, counts it once and renews its lease), < 0 gives slot -<cost>
+-- back, 0 only reports. The slots held are those whose lease ends after now;
+-- the commit drops the ended ones. A denial's retry is when the oldest lease
+-- ends, at most 1 s (CONC_RETRY_MAX_US: a slot is usually given back long
+-- before). As check_conc() and apply_conc() in src/core/limiter.c.
+local function concurrency_check(key, now, cost, life, limit)
+	local fmt = string.format
+	local after = '(' .. fmt('%d', now)
+	local held = redis.call('ZCOUNT', key, after, '+inf')
+	local mine = 0
+	if cost ~= 0 then
+		local slot = cost
+		if slot < 0 then slot = -slot end
+		local s = redis.call('ZSCORE', key, fmt('%d', slot))
+		if s and s + 0 > now then mine = 1 end
+	end
+	local ok, rem_c = 1, 0
+	if cost > 0 then
+		if held - mine + 1 > limit then ok = 0 end
+		rem_c = limit - (held - mine + 1)
+	else
+		if cost == 0 and held > limit then ok = 0 end
+		rem_c = limit - (held - mine)
+	end
+	if rem_c < 0 then rem_c = 0 end
+	local rem_u = limit - held
+	if rem_u < 0 then rem_u = 0 end
+	local w = life
+	if held > 0 then
+		local first = redis.call('ZRANGEBYSCORE', key, after, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+		w = first[2] - now
+	end
+	if w > 1000000 then w = 1000000 end
+	local retry, reset_c, reset_u = 0, 0, 0
+	if ok == 0 then retry = w end
+	if rem_u == 0 then reset_u = w end
+	if rem_c == 0 then reset_c = w end
+	return ok, rem_c, rem_u, retry, reset_c, reset_u, 0, 0
+end
+
+local function concurrency_commit(key, now, cost, life)
+	local fmt = string.format
+	redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt('%d', now))
+	if cost > 0 then
+		redis.call('ZADD', key, fmt('%d', now + life), fmt('%d', cost))
+		redis.call('PEXPIRE', key, fmt('%d', math.ceil(life / 1000) + 1))
+	elseif cost < 0 then
+		redis.call('ZREM', key, fmt('%d', -cost))
+	end
+end

@@ -16,10 +16,63 @@
 #include "store.h"
 #include "util.h"
 
+/* on_failure: what the limit does while Redis cannot decide */
+static void load_on_failure(struct loader *ld, const config_setting_t *s, struct cfg_limit *l)
+{
+	/* the default never leaves a limit unenforced while Redis is away */
+	char *alg = get_str(ld, s, "on_failure", "local");
+
+	if (strcmp(alg, "open") == 0)
+		l->on_failure = FAIL_OPEN;
+	else if (strcmp(alg, "closed") == 0)
+		l->on_failure = FAIL_CLOSED;
+	else if (strcmp(alg, "local") == 0)
+		l->on_failure = FAIL_LOCAL;
+	else
+		add_err(ld, line_of(config_setting_get_member(s, "on_failure")),
+			"limit '%s': on_failure '%s': use \"open\", \"closed\" or \"local\"",
+			l->name, alg);
+	free(alg);
+}
+
+/*
+ * A concurrency limit, `concurrency = N` (slots: requests in flight) with
+ * `max_duration` (each slot's lease, "60s" by default): kept as rate = N and
+ * period = the lease. The rate settings mean nothing to it and are refused.
+ */
+static void load_concurrency(struct loader *ld, const config_setting_t *s, struct cfg_limit *l)
+{
+	static const char *const rate_only[] = {"algorithm", "rate", "period", "burst",
+						"accuracy_budget", NULL};
+	const config_setting_t *m;
+	unsigned v = 0;
+	size_t i;
+
+	l->alg = ALG_CONCURRENCY;
+	for (i = 0; rate_only[i]; i++)
+		if ((m = config_setting_get_member(s, rate_only[i])))
+			add_err(ld, line_of(m),
+				"limit '%s': '%s' is for rate limits; a concurrency limit takes "
+				"'concurrency' (requests in flight) and 'max_duration' (a slot's "
+				"lease) only: make it a limit of its own and list both in the tier",
+				l->name, rate_only[i]);
+	get_uint(ld, s, "concurrency", 1, 1000000, &v);
+	l->rate = v;
+	v = 60000;
+	get_duration(ld, s, "max_duration", CONC_LEASE_MIN_MS, CONC_LEASE_MAX_MS, &v);
+	l->period_ms = v;
+	l->burst = l->rate;
+	get_bool(ld, s, "shadow", &l->shadow);
+	v = 0;
+	get_uint(ld, s, "local_rate", 1, 1000000, &v);
+	l->local_rate = v;
+}
+
 static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_limit *l)
 {
 	static const char *const known[] = {"algorithm", "rate", "period", "burst", "shadow",
-					    "on_failure", "local_rate", "accuracy_budget", NULL};
+					    "on_failure", "local_rate", "accuracy_budget",
+					    "concurrency", "max_duration", NULL};
 	const config_setting_t *m;
 	unsigned v;
 	char *alg;
@@ -34,6 +87,15 @@ static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_
 	check_known(ld, s, "a limit", known);
 	if (!name_ok(l->name))
 		add_err(ld, l->line, "limit name '%s': use at most 64 of [A-Za-z0-9_.-]", l->name);
+	if (config_setting_get_member(s, "concurrency")) {
+		load_concurrency(ld, s, l);
+		load_on_failure(ld, s, l);
+		return;
+	}
+	if ((m = config_setting_get_member(s, "max_duration")))
+		add_err(ld, line_of(m),
+			"limit '%s': 'max_duration' is a concurrency limit's (with 'concurrency = N')",
+			l->name);
 	alg = get_str(ld, s, "algorithm", "gcra");
 	l->alg = limit_alg_parse(alg);
 	if (l->alg < 0)
@@ -43,19 +105,7 @@ static void load_limit(struct loader *ld, const config_setting_t *s, struct cfg_
 			l->name, alg);
 	free(alg);
 	get_bool(ld, s, "shadow", &l->shadow);
-	/* the default never leaves a limit unenforced while Redis is away */
-	alg = get_str(ld, s, "on_failure", "local");
-	if (strcmp(alg, "open") == 0)
-		l->on_failure = FAIL_OPEN;
-	else if (strcmp(alg, "closed") == 0)
-		l->on_failure = FAIL_CLOSED;
-	else if (strcmp(alg, "local") == 0)
-		l->on_failure = FAIL_LOCAL;
-	else
-		add_err(ld, line_of(config_setting_get_member(s, "on_failure")),
-			"limit '%s': on_failure '%s': use \"open\", \"closed\" or \"local\"",
-			l->name, alg);
-	free(alg);
+	load_on_failure(ld, s, l);
 	v = 0;
 	get_uint(ld, s, "local_rate", 1, 1000000000LL, &v);
 	l->local_rate = v;
@@ -688,4 +738,11 @@ void load_candidate(struct loader *ld, const config_setting_t *root)
 			"ones from the enforced policy, %zu and %zu from the candidate: each "
 			"call decides at most %d limits of both together",
 			ep, eg, cp, cg, STORE_MAX_LIMITS);
+	for (size_t i = 0; i < c->nlimits; i++)
+		if (c->limits[i].alg == ALG_CONCURRENCY)
+			add_err(ld, c->limits[i].line,
+				"candidate: limit '%s' is a concurrency limit, which a candidate "
+				"policy cannot try yet (its slots would need giving back); try it "
+				"in the enforced policy with shadow = true",
+				c->limits[i].name);
 }

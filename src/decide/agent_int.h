@@ -105,6 +105,8 @@ struct decide_stats {
 		uint64_t refunds;       /* charges taken back after a split denial */
 		uint64_t refunds_lost;  /* ... whose Redis call failed: the charge stays */
 		uint64_t post[POST_OUT_COUNT]; /* post-charges by outcome */
+		uint64_t released;      /* concurrency slots given back (responses) */
+		uint64_t release_lost;  /* ... whose Redis call failed: the lease ends it */
 	} charge;
 	struct {
 		uint64_t invalid_costs; /* costs from HAProxy out of range: charged COST_MAX */
@@ -133,6 +135,8 @@ struct decision_pool {
 	size_t pending;                 /* store calls owed a callback: what a drain waits for */
 	struct list parked;             /* decisions waiting for the first overrides load */
 	bool stopping;                  /* the agent goes: nothing waits any more */
+	uint64_t slot_base;             /* this process's concurrency slots: a random high part */
+	uint64_t slot_seq;              /* ... and a sequence (decision_slot()) */
 };
 
 /*
@@ -215,6 +219,8 @@ struct part {
 	double t_sent;                  /* mono() when the query left */
 	bool has[STORE_MAX_LIMITS];     /* a verdict exists for this slot */
 	double cap;                     /* local quota budget in units (all gateways), 0 = exact */
+	bool conc;                      /* holds a concurrency limit: exact (no local quota), its
+					 * denials not cached (a slot given back ends them) */
 	struct quota_waiter w;          /* while it waits on its key's Redis call */
 };
 
@@ -238,7 +244,11 @@ struct decision {
 	bool overridden;                /* some limit has a limit override's parameters */
 	bool keyed;                     /* an API key was sent */
 	bool post;                      /* a post-charge, not a decision: no answer, no req */
-	int64_t post_cost;              /* post: the request's cost, known from its response */
+	int64_t post_cost;              /* post: the request's cost, known from its response,
+					 * or -1: none (a slot given back, nothing charged) */
+	int64_t slot;                   /* the concurrency slot the request takes (its
+					 * concurrency limits' cost; decision_slot()), or the
+					 * one a post-charge gives back; 0 = none */
 	const struct rule_limit *post_shadow; /* post: the shadow limit that would have
 					 * denied the request (its ACK's `shadow`): not charged
 					 * for it, so neither charged nor refunded now */

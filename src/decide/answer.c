@@ -169,6 +169,8 @@ static int64_t requests_left(const struct decision *d, size_t i, const struct li
 {
 	int64_t cost = d->parts[d->ap[i].part].q.cost[d->ap[i].slot];
 
+	if (cost > 0 && d->ap[i].l->lp.alg == ALG_CONCURRENCY)
+		return v->remaining; /* its cost is a slot: one a request */
 	if (cost > 0)
 		return v->remaining / cost;
 	return d->charges ? INT64_MAX : v->remaining;
@@ -337,6 +339,8 @@ void respond(struct decision *d)
 	}
 	if (o.allowed && (d->ep ? d->ep->post : &d->rs->cfg->post)->from != POST_FROM_CHARGE)
 		set_int(req, "post", 1); /* HAProxy sends this response's size or time */
+	if (o.allowed && d->slot)
+		set_int(req, "slot", d->slot); /* given back with the response (rl-res) */
 	set_policy(d);
 	if (!o.any || !o.l)
 		return;

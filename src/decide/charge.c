@@ -37,6 +37,14 @@
  * that report (else it would be cut at a full bucket, then the report charge
  * the request in full). A limit a reload removed since keeps its charge: see
  * doc/configuration.md, "Post-charges".
+ *
+ * Concurrency slots. A request admitted with a concurrency limit holds a slot
+ * (its ACK's `slot`) until the same response message gives it back: one call
+ * per part of minus the slot for its concurrency limits, to Redis (or the
+ * memory store), and to the local fallback count, which may hold it if Redis
+ * was down when it was taken. A release Redis did not take is counted; the
+ * slot's lease (max_duration) ends it. A post-charge never charges a
+ * concurrency limit: its cost is a slot, not tokens.
  */
 #include "charge.h"
 
@@ -153,6 +161,70 @@ void cand_refund(struct decision *d, const struct part *pt)
 	}
 }
 
+static void release_done_cb(enum store_status st, const struct store_result *res, void *arg)
+{
+	struct decision *d = arg;
+	struct agent *a = d->a;
+
+	(void)res;
+	decision_call_back(a);
+	if (st != STORE_OK)
+		a->st.charge.release_lost++;
+	if (!--d->waiting)
+		decision_free(d);
+}
+
+/*
+ * Gives back slot d->slot of post-charge <d>'s concurrency limits, part by
+ * part: to Redis (counted in d->waiting) or the memory store, and to the local
+ * fallback count.
+ */
+static void release_send(struct decision *d)
+{
+	struct agent *a = d->a;
+	struct store_query q, lq;
+	struct store_result rr;
+	size_t i;
+	int p;
+
+	for (p = 0; p < NPARTS; p++) {
+		store_query_init(&q);
+		store_query_init(&lq);
+		for (i = 0; i < d->n; i++) {
+			const struct applied *ap = &d->ap[i];
+			const struct part *pt = &d->parts[ap->part];
+
+			if (ap->part != p || ap->l->lp.alg != ALG_CONCURRENCY ||
+			    request_cost(d, d->ep, (size_t)(ap->l - d->rs->limits)) <= 0)
+				continue;
+			memcpy(q.keys[q.n], pt->q.keys[ap->slot], sizeof(q.keys[0]));
+			q.params[q.n] = pt->q.params[ap->slot];
+			q.cost[q.n++] = -d->slot;
+			memcpy(lq.keys[lq.n], pt->q.keys[ap->slot], sizeof(lq.keys[0]));
+			lq.params[lq.n] = ap->local_lp;
+			lq.cost[lq.n++] = -d->slot;
+		}
+		if (!q.n)
+			continue;
+		a->st.charge.released++;
+		if (a->local)
+			memstore_decide(a->local, &lq, now_us_real(), &rr);
+		if (a->mem) {
+			memstore_decide(a->mem, &q, now_us_real(), &rr);
+			continue;
+		}
+		if (!a->store)
+			continue;
+		decision_call_sent(a);
+		d->waiting++;
+		if (store_decide(a->store, &q, release_done_cb, d) < 0) {
+			decision_call_back(a);
+			d->waiting--;
+			a->st.charge.release_lost++;
+		}
+	}
+}
+
 static void post_done_cb(enum store_status st, const struct store_result *res, void *arg)
 {
 	struct decision *d = arg;
@@ -180,7 +252,10 @@ void post_send(struct decision *d)
 	size_t i;
 	int p;
 
-	for (p = 0; p < NPARTS; p++) {
+	d->waiting = 1; /* until every call below is sent */
+	if (d->slot)
+		release_send(d);
+	for (p = 0; p < NPARTS && d->post_cost >= 0; p++) {
 		struct part *pt = &d->parts[p];
 		int64_t units = 0;
 
@@ -195,7 +270,8 @@ void post_send(struct decision *d)
 			int64_t pre = pt->q.cost[ap->slot];
 
 			if (ap->part != p || (d->ep && d->ep->limit_cost[idx] >= 0) ||
-			    d->post_cost == pre || ap->l == d->post_shadow)
+			    d->post_cost == pre || ap->l == d->post_shadow ||
+			    ap->l->lp.alg == ALG_CONCURRENCY)
 				continue;
 			memcpy(q.keys[q.n], pt->q.keys[ap->slot], sizeof(q.keys[0]));
 			q.params[q.n] = pt->q.params[ap->slot];
@@ -230,9 +306,9 @@ void post_send(struct decision *d)
 			a->st.charge.post[POST_FAILED]++;
 		}
 	}
-	if (!sent)
+	if (!sent && d->post_cost >= 0)
 		a->st.charge.post[POST_UNCHANGED]++;
-	if (!d->waiting)
+	if (!--d->waiting)
 		decision_free(d);
 }
 

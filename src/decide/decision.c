@@ -22,9 +22,12 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include "agent_int.h"
 #include "hll.h"
+#include "limiter.h"
 #include "spoa.h"
 #include "rules.h"
 #include "util.h"
@@ -34,6 +37,9 @@
  * is ~10 KB, mostly its store queries' key buffers, which need no clearing.
  */
 #define DFREE_MAX 256
+
+/* The random high bits of a process's concurrency slots (decisions_init()). */
+#define CONC_SLOT_BITS_RANDOM 22
 
 /* A cleared part: its scalars; its arrays are written up to their counts before use. */
 static void part_clear(struct part *pt)
@@ -86,10 +92,41 @@ size_t decision_calls_pending(const struct agent *a)
 	return a->decisions.pending;
 }
 
-/* <a>'s pool ready: nothing unused, nothing owed, nothing parked. */
+/*
+ * <a>'s pool ready: nothing unused, nothing owed, nothing parked; its
+ * concurrency slots drawn from a random base (CONC_SLOT_BITS_RANDOM high
+ * bits, the rest a sequence), so that the fleet's processes hold distinct
+ * slots (two processes share a base once in 2^22 pairs, and even then their
+ * sequences must meet while both slots are held).
+ */
 void decisions_init(struct agent *a)
 {
+	uint32_t r = 0;
+
 	list_init(&a->decisions.parked);
+	if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != sizeof(r))
+		r = (uint32_t)getpid() ^ (uint32_t)(now_us_real() & 0xffffffff);
+	a->decisions.slot_base = (uint64_t)(r & ((1u << CONC_SLOT_BITS_RANDOM) - 1))
+				 << (50 - CONC_SLOT_BITS_RANDOM);
+	a->decisions.slot_seq = 0;
+}
+
+/*
+ * The concurrency slot of <d>'s request, drawn at the first call (1 to
+ * CONC_SLOT_MAX: the random base and the process's sequence, which wraps
+ * after 2^28 slots, hours at the highest rates, long after any lease).
+ */
+int64_t decision_slot(struct decision *d)
+{
+	struct decision_pool *p = &d->a->decisions;
+
+	if (!d->slot) {
+		p->slot_seq = (p->slot_seq + 1) & ((UINT64_C(1) << (50 - CONC_SLOT_BITS_RANDOM)) - 1);
+		if (!p->slot_seq)
+			p->slot_seq = 1;
+		d->slot = (int64_t)(p->slot_base | p->slot_seq);
+	}
+	return d->slot;
 }
 
 /* The agent goes: from now on no decision waits for the overrides. */

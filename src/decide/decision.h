@@ -30,6 +30,7 @@ void decision_free(struct decision *d);
 void decision_answer_request(struct spoa_req *req);
 void decisions_free_unused(struct agent *a);
 int64_t request_cost(const struct decision *d, const struct rule_endpoint *ep, size_t li);
+int64_t decision_slot(struct decision *d);
 uint64_t query_hash(const struct store_query *q);
 
 #endif /* AGENT_DECISION_H */

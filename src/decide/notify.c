@@ -54,6 +54,8 @@ struct req_args {
 	int64_t charged;                /* the cost its ACK named (`charged`), -1 when not sent */
 	struct spop_str shadow;         /* the shadow limit its ACK named (`shadow`), or empty */
 	struct spop_data charge, bytes, time; /* NULL type when absent */
+	int64_t slot;                   /* the concurrency slot its ACK named (`slot`), or 0 */
+	bool degraded;                  /* its ACK said degraded: nothing to charge in Redis */
 };
 
 /* How a response's cost reads (post_tokens()). */
@@ -105,6 +107,12 @@ static void read_args(struct spop_msg *m, struct req_args *ra)
 			/* what we said in the request's ACK; anything else: as if not sent */
 			if (spop_data_int(&v, &i) && i >= 0 && i <= COST_MAX)
 				ra->charged = i;
+		} else if (spop_str_eq(&name, "slot")) {
+			/* what we said in the request's ACK; anything else: no slot */
+			if (spop_data_int(&v, &i) && i > 0 && i <= CONC_SLOT_MAX)
+				ra->slot = i;
+		} else if (spop_str_eq(&name, "degraded")) {
+			ra->degraded = spop_data_int(&v, &i) && i != 0;
 		} else if (spop_str_eq(&name, "shadow")) {
 			if (str)
 				ra->shadow = v.v.s;
@@ -211,7 +219,10 @@ static enum post_value post_tokens(const struct spop_data *v, const struct cfg_p
 /*
  * The post-charge message <m> of <req>: answered at once, then the cost read
  * and, if there is one, charged through a decision of its own (the request's
- * principal, tier and limits) that answers nobody.
+ * principal, tier and limits) that answers nobody. The same decision gives
+ * back the request's concurrency slot (`slot`), cost or none; a request the
+ * failure ladder answered (`degraded`) is charged nothing more, its slot is
+ * given back all the same (it may be held in Redis or in the local count).
  */
 static void post_begin(struct agent *a, struct spoa_req *req, struct spop_msg *m)
 {
@@ -235,27 +246,32 @@ static void post_begin(struct agent *a, struct spoa_req *req, struct spop_msg *m
 	pc = ep ? ep->post : &rs->cfg->post;
 	v = pc->from == POST_FROM_BYTES ? &ra.bytes : pc->from == POST_FROM_TIME ? &ra.time
 										  : &ra.charge;
-	switch (post_tokens(v, pc, &tokens)) {
+	switch (ra.degraded ? PV_ABSENT : post_tokens(v, pc, &tokens)) {
 	case PV_ABSENT:
 		post_counted(a, POST_ABSENT);
-		return;
+		tokens = -1;
+		break;
 	case PV_INVALID:
 		post_counted(a, POST_INVALID);
-		return;
+		tokens = -1;
+		break;
 	case PV_CLAMPED:
 		a->st.notify.post_clamped++;
 		break;
 	case PV_OK:
 		break;
 	}
-	if (ra.cost_invalid) {
+	if (ra.cost_invalid && tokens >= 0) {
 		/* the request was charged the maximum for its bad cost: that stands */
 		post_counted(a, POST_INVALID);
-		return;
+		tokens = -1;
 	}
+	if (tokens < 0 && !ra.slot)
+		return;
 	d = decision_start(a, NULL, &ra, ep);
 	d->post = true;
 	d->post_cost = tokens;
+	d->slot = ra.slot;
 	/* the endpoint's cost when the request was charged, not after a reload since */
 	if (d->cost < 0 && ra.charged >= 0)
 		d->cost = ra.charged;

@@ -135,7 +135,8 @@ static void part_done_cb(enum store_status st, const struct store_result *res, v
 		prom_hist_observe(&d->a->ms->redis_lat, mono() - pt->t_sent);
 	if (st == STORE_OK && res->n == pt->q.n) {
 		pt->res = *res;
-		blocked_put(d->a, pt);
+		if (!pt->conc)
+			blocked_put(d->a, pt);
 	} else if (st == STORE_OK) {
 		pt->st = STORE_ERROR;
 	}
@@ -163,21 +164,22 @@ static bool part_start(struct decision *d, struct part *pt)
 
 	pt->d = d;
 	pt->h = query_hash(&pt->q);
-	if (blocked_get(a, pt)) {
+	if (!pt->conc && blocked_get(a, pt)) {
 		pt->st = STORE_OK;
 		return false;
 	}
 	if (a->mem) {
 		memstore_decide(a->mem, &pt->q, now_us_real(), &pt->res);
 		pt->st = STORE_OK;
-		blocked_put(a, pt);
+		if (!pt->conc)
+			blocked_put(a, pt);
 		return false;
 	}
 	d->waiting++;
 	decision_call_sent(a);
 	pt->t_sent = mono();
 	pt->q.answer_by = d->answer_by;
-	if (a->quota && !pt->q.ncand) {
+	if (a->quota && !pt->q.ncand && !pt->conc) {
 		enum store_status st = STORE_ERROR;
 		enum quota_path qp;
 

@@ -57,6 +57,13 @@ static void add_limits(struct decision *d, int p, const struct rule_tier *t, con
 		const struct rule_limit *l = &d->rs->limits[t->idx[i]];
 		int64_t cost = request_cost(d, d->ep, t->idx[i]);
 
+		if (l->lp.alg == ALG_CONCURRENCY) {
+			/* its cost is the request's slot (a post-charge gives it back:
+			 * charge.c); a request that costs it nothing takes none */
+			cost = cost > 0 && !d->post ? decision_slot(d) : 0;
+			pt->conc = true;
+		}
+
 		limit_key(pt->q.keys[pt->q.n], sizeof(pt->q.keys[0]), d->rs->cfg->redis.key_prefix,
 			  principal, "}:", l->name, sfx);
 		pt->q.params[pt->q.n] = l->lp;
@@ -79,7 +86,7 @@ static void add_limits(struct decision *d, int p, const struct rule_tier *t, con
 				d->overridden = true;
 			}
 		}
-		if (!l->shadow && cost > 0) {
+		if (!l->shadow && cost > 0 && !pt->conc) {
 			double c = l->budget * (double)d->ap[d->n].rate / (double)cost;
 
 			pt->cap = pt->cap < 0 || c < pt->cap ? c : pt->cap;

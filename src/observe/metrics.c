@@ -694,6 +694,13 @@ static const struct family families[] = {
 	FAM_SUM("spoa_ratelimit_refunds_lost_total", PROM_COUNTER,
 		"Refunds whose Redis call failed (shed, timed out, Redis down): the charge stays.",
 		MC_REFUNDS_LOST),
+	FAM_SUM("spoa_ratelimit_concurrency_released_total", PROM_COUNTER,
+		"Concurrency slots given back by responses (the post-charge message's slot).",
+		MC_CONC_RELEASED),
+	FAM_SUM("spoa_ratelimit_concurrency_release_lost_total", PROM_COUNTER,
+		"Slots given back whose Redis call failed: held until their lease (max_duration) "
+		"ends.",
+		MC_CONC_RELEASE_LOST),
 	FAM_SUM("spoa_ratelimit_local_decisions_total", PROM_COUNTER,
 		"Decisions made by local fallback limits while Redis failed.",
 		MC_LOCAL_DECISIONS),

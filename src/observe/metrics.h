@@ -44,6 +44,8 @@ enum met_counter {
 	MC_ORPHANS,
 	MC_REFUNDS,
 	MC_REFUNDS_LOST,        /* refunds whose Redis call failed (shed, timeout, down) */
+	MC_CONC_RELEASED,       /* concurrency slots given back by responses */
+	MC_CONC_RELEASE_LOST,   /* ... whose Redis call failed: the lease ends them */
 	MC_LOCAL_DECISIONS,
 	MC_TIER_HITS,
 	MC_TIER_MISSES,

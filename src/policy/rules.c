@@ -50,12 +50,22 @@ static void tier_compile(struct ruleset *rs, const struct cfg_tier *ct, struct r
  * A bucket that holds more (or less) than q says so in a vendor parameter,
  * rl-burst (the drafts define no burst parameter and ask for a prefix on
  * others), so that a remaining count above q is explained by the policy.
+ * A concurrency limit (<w> = 0: no window) is q requests in flight, the
+ * quota unit the drafts name for it:
+ *   structured: "<name>";q=<q>;qu="concurrent-requests"
+ *   draft 7:    <q>;qu="concurrent-requests"
  */
 int rule_policy_item(enum header_dialect h, char *buf, size_t len, bool first, const char *name,
 		     uint64_t q, uint64_t w, uint64_t burst)
 {
 	int n;
 
+	if (!w)
+		return h == HDR_DRAFT7
+			       ? snprintf(buf, len, "%s%llu;qu=\"concurrent-requests\"",
+					  first ? "" : ", ", (unsigned long long)q)
+			       : snprintf(buf, len, "%s\"%s\";q=%llu;qu=\"concurrent-requests\"",
+					  first ? "" : ", ", name, (unsigned long long)q);
 	if (h == HDR_DRAFT7)
 		n = snprintf(buf, len, "%s%llu;w=%llu", first ? "" : ", ", (unsigned long long)q,
 			     (unsigned long long)w);
@@ -120,7 +130,7 @@ static size_t ack_size(struct ruleset *rs)
 	n += setvar_int_size("allow") + setvar_int_size("degraded") + setvar_int_size("status") +
 	     setvar_int_size("retry_after") + setvar_int_size("limit") +
 	     setvar_int_size("remaining") + setvar_int_size("reset") + setvar_int_size("post") +
-	     setvar_int_size("charged");
+	     setvar_int_size("charged") + setvar_int_size("slot");
 	return n + ACK_SLACK;
 }
 
@@ -188,7 +198,8 @@ struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen)
 		l->name = cl->name;
 		l->rate = cl->rate;
 		l->capacity = cl->alg == ALG_GCRA ? cl->burst : cl->rate;
-		l->period_s = (cl->period_ms + 999) / 1000;
+		/* 0 for a concurrency limit: no window (its period is a slot's lease) */
+		l->period_s = cl->alg == ALG_CONCURRENCY ? 0 : (cl->period_ms + 999) / 1000;
 		rule_limit_params(cfg, cl, cl->rate, cl->burst, &l->lp, &l->local_lp);
 		l->shadow = cl->shadow;
 		l->on_failure = cl->on_failure;

@@ -19,7 +19,8 @@ struct rule_limit {
 	const char *name;               /* ref: cfg */
 	uint64_t rate;                  /* tokens per period */
 	uint64_t capacity;              /* most tokens it holds: burst (gcra), else rate */
-	uint64_t period_s;              /* period in whole seconds, at least 1 (for headers) */
+	uint64_t period_s;              /* period in whole seconds, at least 1 (for headers);
+					 * 0 for a concurrency limit */
 	struct limit_params lp;         /* as sent to the script */
 	bool shadow;                    /* never denies */
 	int on_failure;                 /* enum fail_policy */

@@ -15,7 +15,7 @@
  *
  * Expiry. When a decision charges a limit (cost > 0, 0 or a refund) its entry
  * expires at now + reset_ms (at least 1 ms), the verdict's "fully available
- * again" time: the TTL rule of lua/ (each script sets the key's PX to its
+ * again" time (a concurrency limit's: the end of its last lease): the TTL rule of lua/ (each script sets the key's PX to its
  * reset time, rounded up). From that instant the state is equivalent to a
  * zero state for every algorithm (GCRA: tat <= now; windows: the stored
  * window index is too old; sliding log: every timestamp has left the window),
@@ -361,6 +361,25 @@ static int64_t expiry_after(int64_t now_us, int64_t reset_ms)
 }
 
 /*
+ * When a charged entry's state becomes the zero state: now + reset_ms, but
+ * for a concurrency limit the end of its last lease (its reset says when a
+ * slot frees, not when every slot has), as the script's PEXPIRE.
+ */
+static int64_t charged_expiry(const struct limit_params *p, const struct limit_state *st,
+			      int64_t now_us, int64_t reset_ms)
+{
+	int64_t end = now_us + 1000;
+	size_t k;
+
+	if (p->alg != ALG_CONCURRENCY)
+		return expiry_after(now_us, reset_ms);
+	for (k = 1; k < st->nlog; k += 2)
+		if (st->log[k] > end)
+			end = st->log[k];
+	return end;
+}
+
+/*
  * Creates an empty table holding at most <max_keys> entries (clamped to
  * 1..MEMSTORE_MAX_KEYS). The slot array (16 bytes times 4/3 max_keys rounded
  * up to a power of two) and the heap (16 bytes times max_keys) are allocated
@@ -553,10 +572,13 @@ static void decide_policy(struct memstore *m, const struct store_query *q, int64
 				ent[i]->st = st[w];
 				if (charged)
 					heap_update(m, ent[i],
-						    expiry_after(now_us, res->v[w].reset_ms));
+						    charged_expiry(&q->params[w], &st[w], now_us,
+								   res->v[w].reset_ms));
 			} else if (charged && q->cost[w] > 0) {
 				entry_insert(m, h[i], q->keys[i], len[i], &st[w],
-					     expiry_after(now_us, res->v[w].reset_ms), now_us);
+					     charged_expiry(&q->params[w], &st[w], now_us,
+							    res->v[w].reset_ms),
+					     now_us);
 			} else {
 				limit_state_release(&st[w]);
 			}

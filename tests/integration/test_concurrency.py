@@ -1,0 +1,298 @@
+"""Concurrency limits: requests in flight per client, across gateways.
+
+A limit `concurrency = N` holds each admitted request to a slot in Redis (a lease of
+max_duration, Redis time) until HAProxy's response message (rl-res) gives it back. End to
+end through real HAProxy gateways (haproxy/haproxy.cfg, haproxy/spoe-ratelimit.conf), real
+agents and a real Redis, in front of a test application that holds each request and counts
+the requests in flight per key.
+"""
+
+import http.server
+import re
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import HAProxy, StubApp, parse_sf_list, wait_until
+from test_ops import Prom
+
+CONC = {"concurrency": 5, "max_duration": "2s"}
+CFG = dict(
+    limits={"inflight": CONC, "rate": {"rate": 100000, "period": "1s"}},
+    tiers={"free": {"limits": ["inflight", "rate"]}},
+    default_tier="free",
+    anonymous={"limits": ["rate"]},
+)
+
+
+class HoldApp(StubApp):
+    """GET /hold?k=KEY&ms=N: holds the request N ms, counting KEY's requests in flight
+    (now, the most at once, and the time-weighted sum of in-flight seconds)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.now, self.most, self.served = {}, {}, {}
+        self.area, self.since = {}, {}
+        app = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                q = dict(kv.partition("=")[::2] for kv in self.path.partition("?")[2].split("&")
+                         if kv)
+                key, ms = q.get("k", "-"), int(q.get("ms", "0"))
+                app.enter(key, +1)
+                try:
+                    time.sleep(ms / 1000.0)
+                finally:
+                    app.enter(key, -1)
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *a):
+                pass
+
+        super().__init__(Handler)
+
+    def enter(self, key, d):
+        with self.lock:
+            t = time.monotonic()
+            n = self.now.get(key, 0)
+            self.area[key] = self.area.get(key, 0.0) + n * (t - self.since.get(key, t))
+            self.since[key] = t
+            self.now[key] = n + d
+            self.most[key] = max(self.most.get(key, 0), n + d)
+            if d < 0:
+                self.served[key] = self.served.get(key, 0) + 1
+
+
+@pytest.fixture
+def app():
+    a = HoldApp()
+    yield a
+    a.close()
+
+
+def metric(a, name, **labels):
+    status, body = a.http("/metrics")
+    assert status == 200
+    return Prom(body).get(name, **labels) or 0
+
+
+def slots_in_redis(redis, key="fleet"):
+    """The slots a key holds in Redis (its sorted set), leases ended or not."""
+    keys = [k for k in redis.cmd("KEYS", "rl:*:inflight") or []]
+    return sum(int(redis.cmd("ZCARD", k)) for k in keys)
+
+
+def hammer(gateways, key, hold_ms, seconds, clients):
+    """<clients> threads, each sending requests for <key> in a loop through the gateways
+    (client i on gateway i mod n) for <seconds>. Returns (statuses, 429 responses)."""
+    statuses, denials, lock = {}, [], threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def run(i):
+        g = gateways[i % len(gateways)]
+        while time.monotonic() < stop:
+            r = g.request("/hold?k=%s&ms=%d" % (key, hold_ms), api_key=key, timeout=10)
+            with lock:
+                statuses[r.status] = statuses.get(r.status, 0) + 1
+                if r.status == 429 and len(denials) < 5:
+                    denials.append(r)
+            if r.status == 429:
+                time.sleep(0.005)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 30)
+    return statuses, denials
+
+
+def test_four_gateways_hold_a_key_to_its_slots(redis, agent, procs, tmp, app):
+    """4 gateways (an agent each), one key with concurrency = 5, 40 clients: the
+    application never sees more than 5 of the key's requests at once, and sees close to
+    5 most of the time (slots are given back with each response)."""
+    agents = [agent(redis=redis, metrics=True, name="agent%d" % i, **CFG) for i in range(4)]
+    gws = [HAProxy(procs, tmp, a.address, app.address, name="haproxy%d" % i)
+           for i, a in enumerate(agents)]
+    hold, seconds = 0.2, 6.0
+    t0 = time.monotonic()
+    statuses, denials = hammer(gws, "fleet", int(hold * 1000), seconds, 40)
+    elapsed = time.monotonic() - t0
+    assert app.most.get("fleet", 0) <= 5, (app.most, statuses)
+    assert statuses.get(200, 0) > 0 and statuses.get(429, 0) > 0, statuses
+    assert set(statuses) <= {200, 429}, statuses
+    # occupancy: the mean in flight over the run, against the 5 the key may hold
+    mean = app.area["fleet"] / elapsed
+    print("concurrency: most %d, mean in flight %.2f of 5, served %d in %.1f s "
+          "(%.2f of 5 / %.1f s), statuses %r"
+          % (app.most["fleet"], mean, app.served["fleet"], elapsed,
+             app.served["fleet"] * hold / elapsed / 5, hold, statuses))
+    assert mean >= 0.75 * 5, (mean, statuses)
+    r = denials[0]
+    assert r.h("Retry-After") == "1", r
+    pol = r.h("RateLimit-Policy")
+    assert '"inflight";q=5;qu="concurrent-requests"' in pol, pol
+    rl = dict(parse_sf_list(r.h("RateLimit")))
+    assert rl["inflight"]["r"] == 0, rl
+    # every admitted request's slot was given back: none left once the clients are done
+    wait_until(lambda: slots_in_redis(redis) == 0, 5, what="every slot given back")
+    released = sum(metric(a, "spoa_ratelimit_concurrency_released_total") for a in agents)
+    assert released == statuses[200], (released, statuses)
+    assert sum(metric(a, "spoa_ratelimit_concurrency_release_lost_total")
+               for a in agents) == 0
+
+
+def test_one_slot_taken_and_given_back_request_after_request(redis, agent, procs, tmp, app):
+    """concurrency = 1: requests one after the other all pass (each gives its slot
+    back), a second one in flight is refused, and the policy tells the client so."""
+    a = agent(redis=redis, metrics=True, **dict(CFG, limits={
+        "inflight": {"concurrency": 1, "max_duration": "10s"},
+        "rate": {"rate": 100000, "period": "1s"}}))
+    g = HAProxy(procs, tmp, a.address, app.address)
+    for _ in range(10):
+        r = g.request("/hold?k=one&ms=1", api_key="one")
+        assert r.status == 200, r
+        assert '"inflight";q=1;qu="concurrent-requests"' in r.h("RateLimit-Policy"), r
+    result = {}
+    t = threading.Thread(target=lambda: result.update(
+        r=g.request("/hold?k=one&ms=1500", api_key="one", timeout=10)))
+    t.start()
+    wait_until(lambda: app.now.get("one", 0) == 1, 5, what="the long request held")
+    r = g.request("/hold?k=one&ms=1", api_key="one")
+    assert r.status == 429, r
+    assert r.h("Retry-After") == "1", r
+    t.join(10)
+    assert result["r"].status == 200
+    wait_until(lambda: g.request("/hold?k=one&ms=1", api_key="one").status == 200, 3,
+               what="the slot given back with the long response")
+    assert app.most["one"] == 1
+
+
+def test_slots_of_a_dead_gateway_end_with_their_lease(redis, agent, procs, tmp, app):
+    """A gateway and its agent killed (SIGKILL) with the key's slots held: nothing gives
+    them back, their leases (max_duration = 2 s) do; the key's full concurrency is back
+    within max_duration + 1 s, and not before the leases end."""
+    a = agent(redis=redis, name="doomed", **CFG)
+    g = HAProxy(procs, tmp, a.address, app.address, name="doomed-haproxy")
+    def held():
+        try:
+            g.request("/hold?k=dead&ms=8000", api_key="dead", timeout=10)
+        except OSError:
+            pass  # its gateway is killed under it
+
+    threads = [threading.Thread(target=held) for _ in range(5)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: app.now.get("dead", 0) == 5, 5, what="5 requests held")
+    t_held = time.monotonic()
+    g.proc.kill()
+    a.proc.kill()
+    b = agent(redis=redis, name="survivor", **CFG)
+    h = HAProxy(procs, tmp, b.address, app.address, name="survivor-haproxy")
+    assert h.request("/hold?k=dead&ms=1", api_key="dead").status == 429
+    while h.request("/hold?k=dead&ms=1", api_key="dead").status != 200:
+        assert time.monotonic() - t_held < 2.0 + 1.0 + 0.5, "slots never freed"
+        time.sleep(0.02)
+    recovered = time.monotonic() - t_held
+    # all 5 free again: 5 requests in flight at once pass
+    results = []
+    ts = [threading.Thread(target=lambda: results.append(
+        h.request("/hold?k=dead&ms=500", api_key="dead", timeout=10).status))
+        for _ in range(5)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(10)
+    print("slots of a dead gateway free again %.3f s after they were all held "
+          "(max_duration 2 s)" % recovered)
+    assert 1.5 <= recovered <= 3.0, recovered
+    assert results == [200] * 5, results
+    for t in threads:
+        t.join(10)
+
+
+def test_a_client_that_disconnects_loses_no_slot_beyond_its_lease(redis, agent, procs, tmp,
+                                                                   app):
+    """Clients that close their connection mid-request: their slots are back within
+    max_duration + 1 s (the response, or else the lease, gives them back)."""
+    a = agent(redis=redis, **CFG)
+    g = HAProxy(procs, tmp, a.address, app.address)
+    socks = []
+    for _ in range(5):
+        s = socket.create_connection(g.front, timeout=5)
+        s.sendall(b"GET /hold?k=gone&ms=6000 HTTP/1.1\r\nHost: x\r\nX-Api-Key: gone\r\n\r\n")
+        socks.append(s)
+    wait_until(lambda: app.now.get("gone", 0) == 5, 5, what="5 requests held")
+    t_gone = time.monotonic()
+    for s in socks:
+        s.close()
+    assert g.request("/hold?k=gone&ms=1", api_key="gone").status == 429
+    wait_until(lambda: g.request("/hold?k=gone&ms=1", api_key="gone").status == 200, 4,
+               interval=0.02, what="a slot back after its lease")
+    recovered = time.monotonic() - t_gone
+    print("slots of disconnected clients free again after %.3f s (max_duration 2 s)"
+          % recovered)
+    assert recovered <= 3.0, recovered
+
+
+def test_redis_down_local_count_holds_each_gateway(redis, agent, procs, tmp, app):
+    """Redis stopped under load: no failed request, and the local count (the fallback's
+    concurrency divided by the gateways: fallback.gateways = 2 here) holds this gateway
+    to its share, 3 of 5; each response gives its local slot back."""
+    a = agent(redis=redis, metrics=True, fallback={"gateways": 2}, **CFG)
+    g = HAProxy(procs, tmp, a.address, app.address)
+    assert g.request("/hold?k=down&ms=1", api_key="down").status == 200
+    redis.stop()
+    statuses, _ = hammer([g], "down", 150, 3.0, 10)
+    assert set(statuses) <= {200, 429}, statuses
+    assert statuses.get(200, 0) >= 10 and statuses.get(429, 0) > 0, statuses
+    assert app.most["down"] <= 3, app.most
+    for _ in range(5):  # one after the other: each gives its local slot back
+        assert g.request("/hold?k=down&ms=1", api_key="down").status == 200
+    assert metric(a, "spoa_ratelimit_concurrency_released_total") >= statuses[200]
+
+
+@pytest.mark.parametrize("body,message", [
+    ('inflight = { concurrency = 5; rate = 10; period = "1s"; };',
+     "'rate' is for rate limits"),
+    ('inflight = { concurrency = 5; algorithm = "gcra"; };', "'algorithm' is for rate limits"),
+    ('inflight = { concurrency = 5; max_duration = "10ms"; };', "'max_duration' must be"),
+    ('inflight = { concurrency = 0; };', "'concurrency' must be between 1"),
+    ('inflight = { rate = 5; period = "1s"; max_duration = "1s"; };',
+     "'max_duration' is a concurrency limit's"),
+    ('inflight = { algorithm = "concurrency"; rate = 5; period = "1s"; };',
+     "unknown algorithm 'concurrency'"),
+])
+def test_check_refuses_bad_concurrency_limits(tmp, agent_bin, body, message):
+    cfg = tmp / "bad.conf"
+    cfg.write_text('listen = "127.0.0.1:1"; store = "memory";\nlimits = { %s };\n'
+                   'tiers = { free = { limits = ["inflight"]; }; };\n'
+                   'anonymous = { limits = ["inflight"]; };\n' % body)
+    out = subprocess.run([agent_bin, "-c", "-f", str(cfg)], capture_output=True, text=True,
+                         timeout=10)
+    assert out.returncode != 0, out
+    assert message in out.stderr + out.stdout, out
+
+
+def test_check_refuses_a_candidate_concurrency_limit(tmp, agent_bin):
+    cfg = tmp / "cand.conf"
+    cfg.write_text('listen = "127.0.0.1:1"; store = "memory";\n'
+                   'limits = { r = { rate = 5; period = "1s"; }; };\n'
+                   'tiers = { free = { limits = ["r"]; }; };\n'
+                   'anonymous = { limits = ["r"]; };\n'
+                   'candidate = { limits = { c = { concurrency = 3; }; };\n'
+                   '  tiers = { free = { limits = ["c"]; }; };\n'
+                   '  anonymous = { limits = ["c"]; }; };\n')
+    out = subprocess.run([agent_bin, "-c", "-f", str(cfg)], capture_output=True, text=True,
+                         timeout=10)
+    assert out.returncode != 0, out
+    assert "is a concurrency limit, which a candidate" in out.stderr + out.stdout, out

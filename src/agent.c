@@ -32,6 +32,7 @@
 #include "agent_int.h"
 #include "answer.h"
 #include "blocked.h"
+#include "charge.h"
 #include "config.h"
 #include "decision.h"
 #include "heartbeat.h"
@@ -725,7 +726,13 @@ const struct ruleset *agent_rules(const struct agent *a)
 /* Stops accepting connections; decisions in flight still complete. */
 void agent_drain(struct agent *a)
 {
+	size_t given;
+
 	spoa_server_stop_accepting(a->srv);
+	/* the concurrency slots our requests still hold go back before we go */
+	given = slots_give_back(a);
+	if (given)
+		LOG(LOG_NOTICE, "drain: gave back %zu concurrency slots still held", given);
 	/* what pre-checks admitted is reported before we go */
 	if (a->quota)
 		quota_flush(a->quota);
@@ -792,6 +799,7 @@ void agent_free(struct agent *a)
 	principal_cache_free(a);
 	decisions_free_unused(a);
 	blocked_free(a);
+	slots_free(a);
 	ruleset_unref(a->rs);
 	free(a);
 }

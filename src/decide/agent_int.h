@@ -47,6 +47,7 @@
 #include "store.h"
 
 struct blocked_slot;
+struct held_slot;
 struct digest_slot;
 struct tier_slot;
 struct status_body;
@@ -105,8 +106,9 @@ struct decide_stats {
 		uint64_t refunds;       /* charges taken back after a split denial */
 		uint64_t refunds_lost;  /* ... whose Redis call failed: the charge stays */
 		uint64_t post[POST_OUT_COUNT]; /* post-charges by outcome */
-		uint64_t released;      /* concurrency slots given back (responses) */
+		uint64_t released;      /* concurrency slots given back (responses, a clean stop) */
 		uint64_t release_lost;  /* ... whose Redis call failed: the lease ends it */
+		uint64_t untracked;     /* slots held past HELD_MAX: not given back at a stop */
 	} charge;
 	struct {
 		uint64_t invalid_costs; /* costs from HAProxy out of range: charged COST_MAX */
@@ -149,6 +151,9 @@ struct decide_caches {
 	size_t tier_size;               /* prepare.c */
 	struct digest_slot *digest;     /* principal.c: DCACHE_SLOTS, API key -> its digest */
 	struct blocked_slot *blocked;   /* blocked.c: BLOCKED_SLOTS, or NULL when disabled */
+	struct held_slot **held;        /* charge.c: HELD_BUCKETS chains of the concurrency
+					 * slots this process's requests hold, or NULL */
+	size_t nheld;                   /* charge.c: their number, at most HELD_MAX */
 };
 
 /*

@@ -45,9 +45,18 @@
  * was down when it was taken. A release Redis did not take is counted; the
  * slot's lease (max_duration) ends it. A post-charge never charges a
  * concurrency limit: its cost is a slot, not tokens.
+ *
+ * An agent that stops cleanly gives back the slots its requests still hold:
+ * each admitted request's slot is kept (its concurrency limits' keys and
+ * parameters) until its response gives it back or its lease ends, at most
+ * HELD_MAX of them (beyond, counted, their leases end them); the drain waits
+ * for those calls. A response that reaches another process of the agent gives
+ * the slot back there; the copy kept here ends with its lease.
  */
 #include "charge.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "agent_int.h"
@@ -161,6 +170,177 @@ void cand_refund(struct decision *d, const struct part *pt)
 	}
 }
 
+#define HELD_BUCKETS 16384     /* chains of the held slots' table (a power of two) */
+#define HELD_MAX     65536     /* slots kept at most: ~130 bytes each with one limit */
+
+/* A concurrency slot a request this process admitted holds (caches.held). */
+struct held_slot {
+	struct held_slot *next;         /* owned: the next in its chain */
+	int64_t slot;
+	double until;                   /* mono(): when its lease ends */
+	size_t n;                       /* its concurrency limits */
+	struct {
+		struct limit_params lp, local_lp;
+		char *key;              /* owned */
+	} l[];
+};
+
+static void held_free(struct held_slot *h)
+{
+	for (size_t i = 0; i < h->n; i++)
+		free(h->l[i].key);
+	free(h);
+}
+
+/* Takes slot <slot> out of <a>'s table: returned (the caller frees it), or NULL. */
+static struct held_slot *held_take(struct agent *a, int64_t slot)
+{
+	struct held_slot **p;
+
+	if (!a->caches.held)
+		return NULL;
+	for (p = &a->caches.held[(uint64_t)slot & (HELD_BUCKETS - 1)]; *p; p = &(*p)->next) {
+		if ((*p)->slot == slot) {
+			struct held_slot *h = *p;
+
+			*p = h->next;
+			a->caches.nheld--;
+			return h;
+		}
+	}
+	return NULL;
+}
+
+/*
+ * <d> was admitted holding slot d->slot: kept until its response gives it
+ * back (post_send()) or its lease ends, so that a clean stop gives it back.
+ * The ended leases of its chain go meanwhile.
+ */
+void slots_note_held(struct decision *d)
+{
+	struct agent *a = d->a;
+	struct held_slot **p, *h;
+	double now = mono(), until = 0;
+	size_t i, n = 0;
+
+	for (i = 0; i < d->n; i++)
+		if (d->ap[i].l->lp.alg == ALG_CONCURRENCY &&
+		    d->parts[d->ap[i].part].q.cost[d->ap[i].slot] == d->slot) {
+			double u = now + (double)d->ap[i].l->lp.a / 1e6;
+
+			until = u > until ? u : until;
+			n++;
+		}
+	if (!n)
+		return;
+	if (!a->caches.held)
+		a->caches.held = xcalloc(HELD_BUCKETS, sizeof(*a->caches.held));
+	p = &a->caches.held[(uint64_t)d->slot & (HELD_BUCKETS - 1)];
+	while (*p) {
+		if ((*p)->until <= now) {
+			h = *p;
+			*p = h->next;
+			a->caches.nheld--;
+			held_free(h);
+		} else {
+			p = &(*p)->next;
+		}
+	}
+	if (a->caches.nheld >= HELD_MAX) {
+		a->st.charge.untracked++;
+		return;
+	}
+	h = xmalloc(sizeof(*h) + n * sizeof(h->l[0]));
+	h->slot = d->slot;
+	h->until = until;
+	h->n = 0;
+	for (i = 0; i < d->n; i++) {
+		const struct part *pt = &d->parts[d->ap[i].part];
+
+		if (d->ap[i].l->lp.alg != ALG_CONCURRENCY || pt->q.cost[d->ap[i].slot] != d->slot)
+			continue;
+		h->l[h->n].lp = pt->q.params[d->ap[i].slot];
+		h->l[h->n].local_lp = d->ap[i].local_lp;
+		h->l[h->n++].key = xstrdup(pt->q.keys[d->ap[i].slot]);
+	}
+	h->next = a->caches.held[(uint64_t)d->slot & (HELD_BUCKETS - 1)];
+	a->caches.held[(uint64_t)d->slot & (HELD_BUCKETS - 1)] = h;
+	a->caches.nheld++;
+}
+
+/* Slots kept in <a>'s table (some may have ended since). */
+size_t slots_held(const struct agent *a)
+{
+	return a->caches.nheld;
+}
+
+static void give_back_cb(enum store_status st, const struct store_result *res, void *arg)
+{
+	struct agent *a = arg;
+
+	(void)res;
+	decision_call_back(a);
+	if (st != STORE_OK)
+		a->st.charge.release_lost++;
+}
+
+/*
+ * The agent stops cleanly: every slot its requests still hold (lease not
+ * ended) is given back, one call a slot, counted in the calls the drain
+ * waits for; the table is emptied. Returns the number given back.
+ */
+size_t slots_give_back(struct agent *a)
+{
+	struct store_result rr;
+	double now = mono();
+	size_t b, i, given = 0;
+
+	for (b = 0; a->caches.held && b < HELD_BUCKETS; b++) {
+		while (a->caches.held[b]) {
+			struct held_slot *h = a->caches.held[b];
+			struct store_query q;
+
+			a->caches.held[b] = h->next;
+			a->caches.nheld--;
+			if (h->until > now) {
+				store_query_init(&q);
+				for (i = 0; i < h->n; i++) {
+					snprintf(q.keys[q.n], sizeof(q.keys[0]), "%s", h->l[i].key);
+					q.params[q.n] = h->l[i].lp;
+					q.cost[q.n++] = -h->slot;
+				}
+				a->st.charge.released++;
+				given++;
+				if (a->mem) {
+					memstore_decide(a->mem, &q, now_us_real(), &rr);
+				} else if (a->store) {
+					decision_call_sent(a);
+					if (store_decide(a->store, &q, give_back_cb, a) < 0) {
+						decision_call_back(a);
+						a->st.charge.release_lost++;
+					}
+				}
+			}
+			held_free(h);
+		}
+	}
+	return given;
+}
+
+/* The held slots' table freed (the agent goes), its slots not given back. */
+void slots_free(struct agent *a)
+{
+	for (size_t b = 0; a->caches.held && b < HELD_BUCKETS; b++)
+		while (a->caches.held[b]) {
+			struct held_slot *h = a->caches.held[b];
+
+			a->caches.held[b] = h->next;
+			held_free(h);
+		}
+	FREE_AND_NULL(a->caches.held);
+	a->caches.nheld = 0;
+}
+
 static void release_done_cb(enum store_status st, const struct store_result *res, void *arg)
 {
 	struct decision *d = arg;
@@ -253,8 +433,13 @@ void post_send(struct decision *d)
 	int p;
 
 	d->waiting = 1; /* until every call below is sent */
-	if (d->slot)
+	if (d->slot) {
+		struct held_slot *h = held_take(a, d->slot);
+
+		if (h)
+			held_free(h);
 		release_send(d);
+	}
 	for (p = 0; p < NPARTS && d->post_cost >= 0; p++) {
 		struct part *pt = &d->parts[p];
 		int64_t units = 0;

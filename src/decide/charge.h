@@ -9,5 +9,9 @@ void refund(struct decision *d);
 void cand_refund(struct decision *d, const struct part *pt);
 void post_send(struct decision *d);
 void post_counted(struct agent *a, enum post_outcome o);
+void slots_note_held(struct decision *d);
+size_t slots_give_back(struct agent *a);
+size_t slots_held(const struct agent *a);
+void slots_free(struct agent *a);
 
 #endif /* AGENT_CHARGE_H */

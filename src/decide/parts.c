@@ -118,6 +118,8 @@ static void decision_finish(struct decision *d)
 	if (denied && charged)
 		refund(d);
 	respond(d);
+	if (d->allowed && d->slot)
+		slots_note_held(d);
 	if (d->rs->cand)
 		cand_finish(d);
 	if (d->a->ms)

@@ -100,6 +100,7 @@ static void publish(struct agent *a)
 	ms->c[MC_REFUNDS_LOST] = a->st.charge.refunds_lost;
 	ms->c[MC_CONC_RELEASED] = a->st.charge.released;
 	ms->c[MC_CONC_RELEASE_LOST] = a->st.charge.release_lost;
+	ms->c[MC_CONC_HELD] = slots_held(a);
 	ms->c[MC_BLOCKED_HITS] = a->st.blocked.hits;
 	ms->c[MC_OVR_BLOCKED] = a->st.answer.ovr_blocked;
 	ms->c[MC_OVR_LIMITED] = a->st.prepare.ovr_limited;

@@ -268,9 +268,30 @@ void slots_note_held(struct decision *d)
 	a->caches.nheld++;
 }
 
-/* Slots kept in <a>'s table (some may have ended since). */
-size_t slots_held(const struct agent *a)
+/*
+ * Slots kept in <a>'s table, those whose lease ended dropped first (one pass
+ * over HELD_BUCKETS chains: called once a publish). A slot a response gave
+ * back through another process of the agent stays until its lease ends.
+ */
+size_t slots_held(struct agent *a)
 {
+	double now = mono();
+
+	for (size_t b = 0; a->caches.held && a->caches.nheld && b < HELD_BUCKETS; b++) {
+		struct held_slot **p = &a->caches.held[b];
+
+		while (*p) {
+			if ((*p)->until <= now) {
+				struct held_slot *h = *p;
+
+				*p = h->next;
+				a->caches.nheld--;
+				held_free(h);
+			} else {
+				p = &(*p)->next;
+			}
+		}
+	}
 	return a->caches.nheld;
 }
 

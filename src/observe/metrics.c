@@ -701,6 +701,10 @@ static const struct family families[] = {
 		"Slots given back whose Redis call failed: held until their lease (max_duration) "
 		"ends.",
 		MC_CONC_RELEASE_LOST),
+	FAM_SUM("spoa_ratelimit_concurrency_slots_held", PROM_GAUGE,
+		"Concurrency slots the requests this agent admitted hold (given back by their "
+		"responses, or by a clean stop).",
+		MC_CONC_HELD),
 	FAM_SUM("spoa_ratelimit_local_decisions_total", PROM_COUNTER,
 		"Decisions made by local fallback limits while Redis failed.",
 		MC_LOCAL_DECISIONS),

@@ -46,6 +46,7 @@ enum met_counter {
 	MC_REFUNDS_LOST,        /* refunds whose Redis call failed (shed, timeout, down) */
 	MC_CONC_RELEASED,       /* concurrency slots given back by responses */
 	MC_CONC_RELEASE_LOST,   /* ... whose Redis call failed: the lease ends them */
+	MC_CONC_HELD,           /* gauge: slots this process's requests hold (kept for a stop) */
 	MC_LOCAL_DECISIONS,
 	MC_TIER_HITS,
 	MC_TIER_MISSES,

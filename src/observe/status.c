@@ -618,6 +618,11 @@ static void panel_denials(struct model *m, const struct met_view *v,
 	field(p, "baseline_share", "Denied, the minutes before (share)", c_num(dj.base));
 	field(p, "red_from", "Red from (share, last minute)", c_num(dj.bound));
 	field(p, "blocked", "Denied by a block override", c_u64(v->sum[MC_OVR_BLOCKED]));
+	field(p, "concurrency_held", "Concurrency slots held", c_u64(v->sum[MC_CONC_HELD]));
+	field(p, "concurrency_released", "Concurrency slots given back",
+	      c_u64(v->sum[MC_CONC_RELEASED]));
+	field(p, "concurrency_release_lost", "... lost (their lease ends them)",
+	      c_u64(v->sum[MC_CONC_RELEASE_LOST]));
 	offenders_tables(p, v, si, false);
 	/* far above their own recent level: an attack, or a limit too tight */
 	p->alert = dj.red;

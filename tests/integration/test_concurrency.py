@@ -9,6 +9,7 @@ the requests in flight per key.
 
 import hashlib
 import http.server
+import json
 import re
 import socket
 import subprocess
@@ -163,6 +164,10 @@ def test_one_slot_taken_and_given_back_request_after_request(redis, agent, procs
         r = g.request("/hold?k=one&ms=1", api_key="one")
         assert r.status == 200, r
         assert '"inflight";q=1;qu="concurrent-requests"' in r.h("RateLimit-Policy"), r
+    # the slots held before (the test agent's readiness probe holds one for its lease)
+    time.sleep(1.2)
+    base = metric(a, "spoa_ratelimit_concurrency_slots_held")
+    assert base in (0, 1), base
     result = {}
     t = threading.Thread(target=lambda: result.update(
         r=g.request("/hold?k=one&ms=1500", api_key="one", timeout=10)))
@@ -171,11 +176,26 @@ def test_one_slot_taken_and_given_back_request_after_request(redis, agent, procs
     r = g.request("/hold?k=one&ms=1", api_key="one")
     assert r.status == 429, r
     assert r.h("Retry-After") == "1", r
+    # the quota route: no slot left, said by the concurrency limit
+    q = json.loads(g.request("/rate_limit", api_key="one").body)
+    assert q["rule"] == "inflight" and q["remaining"] == 0 and q["limit"] == 1, q
+    assert '"inflight";q=1;qu="concurrent-requests"' in q["policy"], q
+    # the slot held, on /metrics and the status page
+    wait_until(lambda: metric(a, "spoa_ratelimit_concurrency_slots_held") == base + 1, 5,
+               what="one slot more held in the metrics")
+    time.sleep(0.3)  # the page is rendered at most every 0.25 s
+    status, body = a.http("/status.json")
+    assert status == 200
+    assert json.loads(body)["denials"]["concurrency_held"] == base + 1, body[:2000]
     t.join(10)
     assert result["r"].status == 200
     wait_until(lambda: g.request("/hold?k=one&ms=1", api_key="one").status == 200, 3,
                what="the slot given back with the long response")
     assert app.most["one"] == 1
+    q = json.loads(g.request("/rate_limit", api_key="one").body)
+    assert q["remaining"] == 1, q
+    wait_until(lambda: metric(a, "spoa_ratelimit_concurrency_slots_held") == base, 5,
+               what="the long request's slot no longer held in the metrics")
 
 
 def test_slots_of_a_dead_gateway_end_with_their_lease(redis, agent, procs, tmp, app):

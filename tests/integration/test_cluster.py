@@ -621,3 +621,39 @@ def test_acl_user_without_cluster_permission(agent, redis_cluster):
     log = a.proc.log_text()
     assert "single Redis (NOPERM" in log and "sent MOVED: cluster mode" in log
     assert log.count("connected, script") == 3
+
+
+def test_concurrency_slots_live_in_the_principals_slot(agent, redis_cluster):
+    """Concurrency limits on a Redis Cluster: each key's slots are a sorted set in its
+    principal's hash slot, on the master that owns it, taken in the same call as its rate
+    limit; a response message gives a slot back on that master."""
+    cl = redis_cluster()
+    limits = {"inflight": {"concurrency": 2, "max_duration": "30s"},
+              "key_h": {"rate": 100, "period": "1h"}, "anon_h": LIMITS["anon_h"]}
+    a = agent(redis=cl, **dict(CFG, limits=limits, tiers={"free": {"limits":
+                                                               ["inflight", "key_h"]}}))
+    keys = ["conc-%d" % i for i in range(12)]
+    owners = {cl.owner(key_slot(principal_tag(k))).port for k in keys}
+    assert len(owners) == 3, owners
+    with sc.SpopClient(a.addr, timeout=10) as c:
+        c.hello()
+        sid = 1
+        for k in keys:
+            got = decide_n(c, sid, k, 3)
+            sid += 6
+            assert [v["allow"] for v in got] == [1, 1, 0], (k, got)
+            assert not any(v.get("degraded") for v in got), got
+            assert got[2]["rule"] == "inflight" and got[2]["retry_after"] == 1, got
+            node = cl.owner(key_slot(principal_tag(k)))
+            assert node.cmd("ZCARD", redis_key(k, "inflight")) == 2, k
+            # the response of the first request gives its slot back
+            args = [("key", k), ("tier", None), ("ip", sc.ipaddress.ip_address("127.0.0.1")),
+                    ("slot", got[0]["slot"])]
+            c.request(sid, 1, [("rl-res", args)])
+            sid += 2
+            wait_until(lambda: node.cmd("ZCARD", redis_key(k, "inflight")) == 1, 5,
+                       what="a slot given back on its master")
+            assert c.request(sid, 1, [sc.rl_message(key=k)])["allow"] == 1
+            sid += 2
+    log = a.proc.log_text()
+    assert "MOVED" not in log and "CROSSSLOT" not in log, log[-3000:]

@@ -151,6 +151,12 @@ def test_four_gateways_hold_a_key_to_its_slots(redis, agent, procs, tmp, app):
     assert released == statuses[200], (released, statuses)
     assert sum(metric(a, "spoa_ratelimit_concurrency_release_lost_total")
                for a in agents) == 0
+    # the denials by rule and client: the key on /top under its concurrency limit
+    status, body = agents[0].http("/top")
+    assert status == 200, body
+    rules = {r["rule"]: r for r in json.loads(body)["rules"]}
+    assert rules["inflight"]["denied"] > 0 and rules["inflight"]["distinct_clients"] == 1, rules
+    assert [e["client"] for e in rules["inflight"]["top"]][0].startswith("fp:"), rules
 
 
 def test_one_slot_taken_and_given_back_request_after_request(redis, agent, procs, tmp, app):

@@ -32,16 +32,20 @@ local function concurrency_check(key, now, cost, life, limit)
 	if rem_c < 0 then rem_c = 0 end
 	local rem_u = limit - held
 	if rem_u < 0 then rem_u = 0 end
-	local w = life
-	if held > 0 then
-		local first = redis.call('ZRANGEBYSCORE', key, after, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-		w = first[2] - now
-	end
-	if w > 1000000 then w = 1000000 end
 	local retry, reset_c, reset_u = 0, 0, 0
-	if ok == 0 then retry = w end
-	if rem_u == 0 then reset_u = w end
-	if rem_c == 0 then reset_c = w end
+	if ok == 0 or rem_u == 0 or rem_c == 0 then
+		-- when the oldest lease ends (at most 1 s): asked only when it is said
+		local w = life
+		if held > 0 then
+			local first = redis.call('ZRANGEBYSCORE', key, after, '+inf', 'WITHSCORES',
+				'LIMIT', 0, 1)
+			w = first[2] - now
+		end
+		if w > 1000000 then w = 1000000 end
+		if ok == 0 then retry = w end
+		if rem_u == 0 then reset_u = w end
+		if rem_c == 0 then reset_c = w end
+	end
 	return ok, rem_c, rem_u, retry, reset_c, reset_u, 0, 0
 end
 

@@ -24,6 +24,9 @@ Rows:
   D  the agent with store = "allow", the same load.
   E  the agent deciding against Redis, the same load. Before it, the argv of one of its
      EVALSHA calls is captured with MONITOR and checked against the argv P sends.
+  K  row E with a concurrency limit beside the rate limit: a slot taken in each decision's
+     call and given back by the response message, which spop-load -L sends after each ACK
+     naming a slot, as HAProxy does; Redis script calls per decision against row E's.
   T  row E over TLS (a Redis of its own with --tls-port).
   W  /status.json asked 1,000 times a second by two threads, on the agent of row E's
      setup: first alone (its idle CPU measured before and subtracted), on fresh connections
@@ -571,7 +574,48 @@ def run_exact_agent(h, args, agent_bin, rport, red, sha, params):
                                 "send:\n    agent: %s\n    bench: %s" % (got, want))
         print("    agent's call (MONITOR): %s" % " ".join(
             t if len(t) < 48 else t[:12] + "..." for t in got))
-        return paced_row(h, args, "E", "agent exact", ag, aport, red)
+        calls0 = script_calls(rport)
+        row = paced_row(h, args, "E", "agent exact", ag, aport, red)
+        row["calls"] = (script_calls(rport) - calls0) / max(1, row["n"])
+        print("               script calls per decision %.3f" % row["calls"])
+        return row
+    finally:
+        h.stop(ag)
+
+
+def script_calls(port):
+    """EVALSHA calls Redis has served (INFO commandstats)."""
+    info = rh.redis_cmd(port, "INFO", "commandstats")
+    info = info.decode() if isinstance(info, bytes) else info
+    m = re.search(r"cmdstat_evalsha:calls=(\d+)", info)
+    return int(m.group(1)) if m else 0
+
+
+def run_concurrency_agent(h, args, agent_bin, rport, red):
+    """Row K: row E with a concurrency limit beside the rate limit (one slot a request,
+    taken in the decision's call, given back by the response message: spop-load -L sends
+    it as HAProxy does). Its Redis script calls per decision against row E's."""
+    print("[K] agent + Redis, exact, rate + concurrency limits, slots given back: "
+          "spop-load -c4 -p32 -r %d -d %d -L" % (args.rate, args.duration))
+    cfg = agent_config("redis", rport)
+    cfg["limits"]["inflight"] = {"concurrency": 1000000, "max_duration": "10s"}
+    cfg["tiers"]["bench"]["limits"] = [LIMIT, "inflight"]
+    ag, aport, _ = rh.start_agent(h, agent_bin, cfg, "agent-K")
+    try:
+        time.sleep(0.3)
+        calls0 = script_calls(rport)
+        meter = CpuMeter({"agent": ag, "redis": red})
+        meter.start()
+        res = spop_load(h, args, "spop-load-K", aport, args.rate, args.duration, extra=["-L"])
+        row = spop_row("K", "agent exact + concurrency", res, meter.stop(), args.duration)
+        row["calls"] = (script_calls(rport) - calls0) / max(1, row["n"])
+        print_spop("paced", row)
+        print("               slots given back %d of %d allowed; script calls per decision "
+              "%.3f" % (res.get("release_acks", 0), res.get("allowed", 0), row["calls"]))
+        why = degraded_by(rh.agent_stats(h, ag))
+        if why:
+            print("               degraded by %s" % why)
+        return row
     finally:
         h.stop(ag)
 
@@ -961,6 +1005,8 @@ def run(h, args, agent_bin, script):
     seed_sha = rh.redis_cmd(rport, "SCRIPT", "LOAD", SEED_LUA)
     rows["E"] = run_exact_agent(h, args, agent_bin, rport, red, sha, params)
     print()
+    rows["K"] = run_concurrency_agent(h, args, agent_bin, rport, red)
+    print()
     rows["T"] = run_tls_agent(h, args, agent_bin)
     print()
     rows["W"] = run_status_flood(h, args, agent_bin, rport, red)
@@ -1003,15 +1049,17 @@ def run(h, args, agent_bin, script):
 
 def report(args, http, rows):
     order = [(s, r) for s in "ABC" for r in http[s]] + \
-        [(k, rows[k]) for k in "NDETWPQFMS" if rows.get(k)]
+        [(k, rows[k]) for k in "NDEKTWPQFMS" if rows.get(k)]
     names = {"A": "no SPOE", "B": "null agent", "C": "exact", "N": "spoa-example",
              "D": 'agent "allow"', "E": "agent exact", "T": "agent exact TLS",
+             "K": "exact + concurrency",
              "W": "exact + /status flood",
              "P": "our script -P32",
              "Q": "seed script -P32", "F": "floor script -P32",
              "M": "multi form D=%d -P32" % MULTI_D, "S": "sustained exact"}
     how = {"A": "wrk", "B": "wrk", "C": "wrk", "N": "spop-load -r %d" % args.rate,
            "D": "spop-load -r %d" % args.rate, "E": "spop-load -r %d" % args.rate,
+           "K": "spop-load -r %d -L" % args.rate,
            "T": "spop-load -r %d" % args.rate, "W": "spop-load -r %d" % args.rate,
            "P": "redis-benchmark", "Q": "redis-benchmark", "F": "redis-benchmark",
            "M": "redis-benchmark", "S": "spop-load -r, 0 degraded"}

@@ -7,7 +7,7 @@
  *
  *   spop-load -a 127.0.0.1:12345 [-c conns] [-p pipeline] [-d seconds]
  *             [-k keys] [-K key-prefix] [-n max-requests] [-r rate] [-s] [-R]
- *             [-i addresses] [-t tier] [-T ms] [-S seed]
+ *             [-i addresses] [-t tier] [-T ms] [-S seed] [-L]
  *
  * Keys are <key-prefix><n> with n drawn at random from 0..keys-1 (with -s in
  * turn); with -R every request carries a key never sent before (<key-prefix>
@@ -36,6 +36,11 @@
  * otherwise ignored. -S seeds the draws (the keys drawn at random, the keys of
  * -R): runs with the same seed (or none) send the same keys in the same
  * order, runs with different seeds other draws over the same key space.
+ *
+ * -L gives concurrency slots back as HAProxy does: an ACK that names a `slot`
+ * is followed at once by a NOTIFY of the response message (rl-res) with the
+ * request's key, tier, address and that slot; those NOTIFYs are not decisions
+ * (their ACKs are counted apart, in released=).
  *
  * Loopback tool: bounded by -d and -n, it stops by itself.
  */
@@ -68,6 +73,9 @@ struct lconn {
 	uint64_t next_sid;
 	double sent_at[MAX_INFLIGHT];   /* by sid % MAX_INFLIGHT */
 	uint64_t slot_sid[MAX_INFLIGHT];        /* -T: the NOTIFY a slot waits for */
+	char key[MAX_INFLIGHT][64];             /* -L: the key each NOTIFY sent */
+	uint8_t ip[MAX_INFLIGHT][4];            /* -L: ... and its address */
+	uint64_t next_rel_sid;                  /* -L: the response messages' stream ids */
 	bool live[MAX_INFLIGHT];                /* -T: the slot waits for an ACK */
 	unsigned inflight;
 };
@@ -84,6 +92,8 @@ static struct {
 	bool seq_keys;                  /* -s: keys in turn instead of at random */
 	uint32_t addrs;                 /* -i: client addresses to rotate over, 0 = one */
 	const char *tier;               /* -t: tier sent with every request, NULL = none */
+	bool release;                   /* -L: give the slots back (rl-res) */
+	uint64_t released, rel_acks;    /* -L: response messages sent, and answered */
 	double expire;                  /* -T: seconds before giving up on a NOTIFY, 0 = never */
 	uint64_t expired, late;
 	double drain_until;             /* -r: end of the grace period for answers */
@@ -180,6 +190,10 @@ static void send_notify(struct ev_loop *loop, struct lconn *c)
 		c->slot_sid[slot] = sid;
 	}
 	c->sent_at[sid / 2 % MAX_INFLIGHT] = now_s();
+	if (g.release) {
+		snprintf(c->key[sid / 2 % MAX_INFLIGHT], sizeof(c->key[0]), "%s", key);
+		memcpy(c->ip[sid / 2 % MAX_INFLIGHT], ip, 4);
+	}
 	c->inflight++;
 	g.sent++;
 	ev_io_start(loop, &c->wio);
@@ -204,12 +218,58 @@ static void fill(struct ev_loop *loop, struct lconn *c)
 		send_notify(loop, c);
 }
 
-static void on_ack(struct lconn *c, const struct spop_frame *f)
+/* The stream ids of the response messages: above every decision's. */
+#define REL_SID_BASE (UINT64_C(1) << 40)
+
+/* -L: the response message giving back <slot> of request <i> (its key and address). */
+static void send_release(struct lconn *c, unsigned i, int64_t slot)
+{
+	uint8_t buf[512];
+	struct spop_wbuf w;
+	struct spop_data d;
+	size_t start;
+	int n;
+
+	spop_wbuf_init(&w, buf, sizeof(buf));
+	start = spop_frame_begin(&w, SPOP_FRM_NOTIFY, SPOP_FL_FIN,
+				 REL_SID_BASE + c->next_rel_sid, 1);
+	c->next_rel_sid += 2;
+	spop_put_str(&w, "rl-res", 6);
+	spop_put_u8(&w, g.tier ? 4 : 3);
+	spop_put_str(&w, "key", 3);
+	d = spop_string(c->key[i], strlen(c->key[i]));
+	spop_put_data(&w, &d);
+	if (g.tier) {
+		spop_put_str(&w, "tier", 4);
+		d = spop_string(g.tier, strlen(g.tier));
+		spop_put_data(&w, &d);
+	}
+	spop_put_str(&w, "ip", 2);
+	d.type = SPOP_T_IPV4;
+	memcpy(d.v.ipv4, c->ip[i], 4);
+	spop_put_data(&w, &d);
+	spop_put_str(&w, "slot", 4);
+	d.type = SPOP_T_INT64;
+	d.v.i = slot;
+	spop_put_data(&w, &d);
+	n = spop_frame_end(&w, start);
+	if (n < 0)
+		exit(2);
+	queue(c, buf, (size_t)n);
+	g.released++;
+}
+
+static void on_ack(struct ev_loop *loop, struct lconn *c, const struct spop_frame *f)
 {
 	struct spop_rd rd = {f->payload, f->payload + f->len};
 	double lat = now_s() - c->sent_at[f->sid / 2 % MAX_INFLIGHT];
 	bool allow = false, degraded = false;
+	int64_t cslot = 0;
 
+	if (f->sid >= REL_SID_BASE) {
+		g.rel_acks++;
+		return;
+	}
 	if (g.expire) {
 		unsigned slot = (unsigned)(f->sid / 2 % MAX_INFLIGHT);
 
@@ -239,6 +299,12 @@ static void on_ack(struct lconn *c, const struct spop_frame *f)
 			allow = v.v.i == 1;
 		else if (spop_str_eq(&name, "degraded"))
 			degraded = true;
+		else if (spop_str_eq(&name, "slot"))
+			cslot = v.v.i;
+	}
+	if (g.release && cslot > 0) {
+		send_release(c, (unsigned)(f->sid / 2 % MAX_INFLIGHT), cslot);
+		ev_io_start(loop, &c->wio);
 	}
 	g.acks++;
 	if (degraded)
@@ -287,7 +353,7 @@ static void read_cb(struct ev_loop *loop, ev_io *w, int revents)
 		if (f.type == SPOP_FRM_AGENT_HELLO)
 			c->ready = true;
 		else if (f.type == SPOP_FRM_ACK)
-			on_ack(c, &f);
+			on_ack(loop, c, &f);
 		else if (f.type == SPOP_FRM_AGENT_DISCON)
 			g.errors++;
 		off += 4 + len;
@@ -402,7 +468,7 @@ int main(int argc, char **argv)
 	unsigned long seed = 0;
 	int opt, i;
 
-	while ((opt = getopt(argc, argv, "a:c:p:d:k:K:n:r:Rsi:t:T:S:")) != -1) {
+	while ((opt = getopt(argc, argv, "a:c:p:d:k:K:n:r:Rsi:t:T:S:L")) != -1) {
 		switch (opt) {
 		case 'a': g.addr = optarg; break;
 		case 'c': g.conns = atoi(optarg); break;
@@ -418,11 +484,12 @@ int main(int argc, char **argv)
 		case 't': g.tier = optarg; break;
 		case 'T': g.expire = atof(optarg) / 1e3; break;
 		case 'S': seed = strtoul(optarg, NULL, 10); break;
+		case 'L': g.release = true; break;
 		default:
 			fprintf(stderr, "usage: spop-load -a ip:port [-c conns] [-p pipeline] "
 					"[-d seconds] [-k keys] [-K prefix] [-n requests] "
 					"[-r rate] [-s] [-R] [-i addresses] [-t tier] [-T ms] "
-					"[-S seed]\n");
+					"[-S seed] [-L]\n");
 			return 2;
 		}
 	}
@@ -507,6 +574,9 @@ int main(int argc, char **argv)
 	if (g.expire)
 		printf(" expired=%llu late=%llu", (unsigned long long)g.expired,
 		       (unsigned long long)g.late);
+	if (g.release)
+		printf(" released=%llu release_acks=%llu", (unsigned long long)g.released,
+		       (unsigned long long)g.rel_acks);
 	printf("\n");
 	return g.errors ? 1 : 0;
 }

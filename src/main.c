@@ -464,6 +464,24 @@ static void check_notes(const struct ruleset *rs)
 }
 
 /*
+ * What -c says of each concurrency limit: its slots are given back only by
+ * HAProxy's response message, which the gateway must send with the slot.
+ */
+static void conc_notes(const char *file, const struct ruleset *rs)
+{
+	const struct agent_config *c = rs->cfg;
+
+	for (size_t i = 0; i < c->nlimits; i++)
+		if (c->limits[i].alg == ALG_CONCURRENCY)
+			printf("%s: limit '%s': %llu requests in flight, each slot a lease of %.1f s: "
+			       "HAProxy gives a slot back with the message '%s' and its slot "
+			       "(haproxy/haproxy.cfg, rl_slot_held); without it, every slot is held "
+			       "until its lease ends\n",
+			       file, c->limits[i].name, (unsigned long long)c->limits[i].rate,
+			       (double)c->limits[i].period_ms / 1000., c->post_message);
+}
+
+/*
  * What -c says of the Redis deadlines: with spoe_timeout, a decision is given
  * HAProxy's budget (its share, CFG_ANSWER_SHARE) whatever command_timeout_ms
  * says; command_timeout_ms, derived unless set, bounds the other commands.
@@ -582,6 +600,7 @@ int main(int argc, char **argv)
 			printf("%s: candidate policy (%zu tiers, %zu limits, %zu endpoints), exact\n",
 			       file, rs->cand->ntiers, rs->cand->cfg->nlimits, rs->cand->nendpoints);
 		check_notes(rs);
+		conc_notes(file, rs);
 		deadline_notes(file, rs->cfg);
 		check_fallback(file, rs->cfg);
 		ruleset_unref(rs);

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import HAProxy, StubApp, parse_sf_list, wait_until
+from conftest import SPOA_BIN, HAProxy, StubApp, agent_env, parse_sf_list, wait_until
 from test_ops import Prom
 
 CONC = {"concurrency": 5, "max_duration": "2s"}
@@ -355,3 +355,40 @@ def test_a_clean_stop_gives_back_the_slots_still_held(redis, agent, procs, tmp, 
         a.proc.log_tail()
     for t in threads:
         t.join(10)
+
+
+def test_a_limit_override_changes_the_slots_of_one_client(redis, agent, procs, tmp, app):
+    """`ctl limit KEY --rate inflight=N`: that client may hold N requests in flight, the
+    others keep the configured 2; the policy says the slots in force."""
+    cfg = dict(CFG, limits={"inflight": {"concurrency": 2, "max_duration": "30s"},
+                            "rate": {"rate": 100000, "period": "1s"}},
+               overrides={"enabled": True})
+    a = agent(redis=redis, metrics=True, **cfg)
+    g = HAProxy(procs, tmp, a.address, app.address)
+    r = subprocess.run([str(SPOA_BIN), "ctl", "-f",
+                        str(a.conf_path), "limit", "key:big", "--for", "10m", "--rate",
+                        "inflight=4"], capture_output=True, text=True, timeout=20,
+                       env=agent_env())
+    assert r.returncode == 0, r
+    wait_until(lambda: metric(a, "spoa_ratelimit_override_entries") == 1, 5,
+               what="the override loaded")
+
+    def held(key, n):
+        """<n> requests of <key> held at once: the statuses."""
+        out = []
+        ts = [threading.Thread(target=lambda: out.append(g.request(
+            "/hold?k=%s&ms=700" % key, api_key=key, timeout=10))) for _ in range(n)]
+        for t in ts:
+            t.start()
+            time.sleep(0.05)
+        for t in ts:
+            t.join(10)
+        return sorted(r.status for r in out), out
+
+    st, out = held("big", 5)
+    assert st == [200] * 4 + [429], st
+    pol = [r for r in out if r.status == 429][0].h("RateLimit-Policy")
+    assert '"inflight";q=4;qu="concurrent-requests"' in pol, pol
+    st, _ = held("small", 4)
+    assert st == [200] * 2 + [429] * 2, st
+    assert app.most["big"] == 4 and app.most["small"] == 2, app.most

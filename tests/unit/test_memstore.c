@@ -391,8 +391,10 @@ static void test_memstore_uncharged_keys_not_created(void **state)
 
 		limit_params_init(&p[alg], alg, 3, 1000, 0);
 		snprintf(key, sizeof(key), "k%d", alg);
-		/* more than the limit: denied */
-		assert_false(decide1(m, key, &p[alg], 4, now, &v));
+		/* more than the limit: denied (a concurrency limit's cost is a slot: a
+		 * fresh key has them all) */
+		if (alg != ALG_CONCURRENCY)
+			assert_false(decide1(m, key, &p[alg], 4, now, &v));
 		/* reports and refunds on a fresh key leave a zero state: nothing kept */
 		assert_true(decide1(m, key, &p[alg], 0, now, &v));
 		assert_int_equal(v.remaining, 3);
@@ -405,6 +407,53 @@ static void test_memstore_uncharged_keys_not_created(void **state)
 	assert_int_equal(memstore_size(m), 1);
 	assert_int_equal(memstore_sweep(m, now + MS, SIZE_MAX), 1);
 	assert_int_equal(memstore_size(m), 0);
+	memstore_free(m);
+}
+
+/*
+ * A concurrency limit in the memory store: slots taken, refused past the
+ * limit, given back, taken again; the entry lives until its last lease ends
+ * (not until its reset, 0 while a slot is free), then goes.
+ */
+static void test_memstore_concurrency_slots(void **state)
+{
+	struct memstore *m = memstore_new(16);
+	struct limit_params p;
+	struct limit_verdict v;
+	int64_t now = T0;
+
+	(void)state;
+	limit_params_init(&p, ALG_CONCURRENCY, 3, 2000, 0); /* 3 slots, leases of 2 s */
+	assert_true(decide1(m, "c", &p, 101, now, &v));
+	assert_int_equal(v.remaining, 2);
+	assert_int_equal(v.reset_ms, 0);
+	assert_true(decide1(m, "c", &p, 102, now + MS, &v));
+	assert_true(decide1(m, "c", &p, 103, now + 2 * MS, &v));
+	assert_int_equal(v.remaining, 0);
+	assert_false(decide1(m, "c", &p, 104, now + 3 * MS, &v));
+	assert_int_equal(v.retry_ms, 1000); /* the oldest lease ends in 2 s: said 1 s at most */
+	/* the same slot again (a repeated request): counted once */
+	assert_true(decide1(m, "c", &p, 102, now + 4 * MS, &v));
+	/* given back, taken by another */
+	assert_true(decide1(m, "c", &p, -101, now + 5 * MS, &v));
+	assert_int_equal(v.remaining, 1);
+	assert_true(decide1(m, "c", &p, 104, now + 6 * MS, &v));
+	assert_false(decide1(m, "c", &p, 105, now + 7 * MS, &v));
+	/* kept a second later although its reset was 0 when a slot was free */
+	assert_int_equal(memstore_sweep(m, now + 1000 * MS, SIZE_MAX), 0);
+	assert_int_equal(memstore_size(m), 1);
+	/* the leases end 2 s after they were taken: every slot free again */
+	assert_true(decide1(m, "c", &p, 106, now + 2005 * MS, &v));
+	assert_int_equal(v.remaining, 1); /* 104 (taken at +6 ms) still held */
+	assert_true(decide1(m, "c", &p, 107, now + 2005 * MS, &v));
+	assert_int_equal(v.remaining, 0); /* 104, 106, 107 */
+	assert_true(decide1(m, "c", &p, 0, now + 2006 * MS, &v));
+	assert_int_equal(v.remaining, 1); /* 104's lease ended at +2006 ms */
+	/* the entry goes once its last lease has ended (+4005 ms) */
+	assert_int_equal(memstore_sweep(m, now + 4004 * MS, SIZE_MAX), 0);
+	assert_int_equal(memstore_sweep(m, now + 4005 * MS, SIZE_MAX), 1);
+	assert_int_equal(memstore_size(m), 0);
+	assert_true(memstore_check(m));
 	memstore_free(m);
 }
 
@@ -757,6 +806,7 @@ int main(void)
 		cmocka_unit_test(test_memstore_mixed_algorithms_match_model),
 		cmocka_unit_test(test_memstore_denial_charges_nothing),
 		cmocka_unit_test(test_memstore_uncharged_keys_not_created),
+		cmocka_unit_test(test_memstore_concurrency_slots),
 		cmocka_unit_test(test_memstore_entries_expire),
 		cmocka_unit_test(test_memstore_bounded_with_evictions),
 		cmocka_unit_test(test_memstore_eviction_spares_keys_in_use),

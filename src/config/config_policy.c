@@ -738,11 +738,4 @@ void load_candidate(struct loader *ld, const config_setting_t *root)
 			"ones from the enforced policy, %zu and %zu from the candidate: each "
 			"call decides at most %d limits of both together",
 			ep, eg, cp, cg, STORE_MAX_LIMITS);
-	for (size_t i = 0; i < c->nlimits; i++)
-		if (c->limits[i].alg == ALG_CONCURRENCY)
-			add_err(ld, c->limits[i].line,
-				"candidate: limit '%s' is a concurrency limit, which a candidate "
-				"policy cannot try yet (its slots would need giving back); try it "
-				"in the enforced policy with shadow = true",
-				c->limits[i].name);
 }

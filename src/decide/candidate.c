@@ -24,6 +24,11 @@
  * failing) have no candidate verdict; only the last are counted, as
  * unevaluated (the first two apply alike whatever the policy).
  *
+ * A candidate's concurrency limit takes the request's slot in its own keys;
+ * the response message gives it back with the enforced policy's (charge.c),
+ * and a request the enforced policy denied (no response comes through the
+ * agent) gives it back at once.
+ *
  * Sampled mode (candidate.mode = "sampled"): only the clients whose principal
  * hashes below candidate.sample of the hash space (SipHash under the fixed
  * key: the same clients on every gateway, whatever the gateway) get the
@@ -66,6 +71,11 @@ static void cand_limits(struct decision *d, int p, const struct rule_tier *t,
 		const struct rule_limit *l = &c->limits[t->idx[i]];
 		int64_t cost = request_cost(d, d->cep, t->idx[i]);
 
+		if (l->lp.alg == ALG_CONCURRENCY) {
+			/* the request's slot, as the enforced policy's (prepare.c) */
+			cost = cost > 0 ? decision_slot(d) : 0;
+			pt->conc = true;
+		}
 		limit_key(pt->q.keys[pt->q.n], sizeof(pt->q.keys[0]), d->rs->cfg->redis.key_prefix,
 			  principal, "}:c:", l->name, sfx);
 		pt->q.params[pt->q.n] = l->lp;
@@ -220,6 +230,9 @@ void cand_finish(struct decision *d)
 		if (p >= 1)
 			cand_refund(d, &d->parts[0]);
 	}
+	/* denied today: no response will give back what the candidate's slots hold */
+	if (verdict == 1 && !d->allowed && d->slot)
+		cand_release(d);
 	if (!a->ms)
 		return;
 	if (verdict < 0) {

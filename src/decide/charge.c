@@ -211,6 +211,16 @@ static struct held_slot *held_take(struct agent *a, int64_t slot)
 	return NULL;
 }
 
+/* True when candidate limit <i> of <d> is a concurrency limit that took d->slot. */
+static bool held_cand(const struct decision *d, size_t i)
+{
+	const struct part *pt = &d->parts[d->cap[i].part];
+
+	return d->cap[i].l->lp.alg == ALG_CONCURRENCY && d->cap[i].slot < pt->q.ncand &&
+	       pt->used && pt->st == STORE_OK && pt->res.cand_ok && pt->res.cand_allowed &&
+	       pt->q.cost[pt->q.n - pt->q.ncand + d->cap[i].slot] == d->slot;
+}
+
 /*
  * <d> was admitted holding slot d->slot: kept until its response gives it
  * back (post_send()) or its lease ends, so that a clean stop gives it back.
@@ -227,6 +237,13 @@ void slots_note_held(struct decision *d)
 		if (d->ap[i].l->lp.alg == ALG_CONCURRENCY &&
 		    d->parts[d->ap[i].part].q.cost[d->ap[i].slot] == d->slot) {
 			double u = now + (double)d->ap[i].l->lp.a / 1e6;
+
+			until = u > until ? u : until;
+			n++;
+		}
+	for (i = 0; i < d->cn; i++)
+		if (held_cand(d, i)) {
+			double u = now + (double)d->cap[i].l->lp.a / 1e6;
 
 			until = u > until ? u : until;
 			n++;
@@ -262,6 +279,15 @@ void slots_note_held(struct decision *d)
 		h->l[h->n].lp = pt->q.params[d->ap[i].slot];
 		h->l[h->n].local_lp = d->ap[i].local_lp;
 		h->l[h->n++].key = xstrdup(pt->q.keys[d->ap[i].slot]);
+	}
+	for (i = 0; i < d->cn; i++) {
+		const struct part *pt = &d->parts[d->cap[i].part];
+
+		if (!held_cand(d, i))
+			continue;
+		h->l[h->n].lp = pt->q.params[pt->q.n - pt->q.ncand + d->cap[i].slot];
+		h->l[h->n].local_lp = h->l[h->n].lp;
+		h->l[h->n++].key = xstrdup(pt->q.keys[pt->q.n - pt->q.ncand + d->cap[i].slot]);
 	}
 	h->next = a->caches.held[(uint64_t)d->slot & (HELD_BUCKETS - 1)];
 	a->caches.held[(uint64_t)d->slot & (HELD_BUCKETS - 1)] = h;
@@ -405,6 +431,18 @@ static void release_send(struct decision *d)
 			lq.params[lq.n] = ap->local_lp;
 			lq.cost[lq.n++] = -d->slot;
 		}
+		for (i = 0; i < d->cn; i++) { /* the candidate's (no local count) */
+			const struct part *pt = &d->parts[d->cap[i].part];
+			size_t k = pt->q.n - pt->q.ncand + d->cap[i].slot;
+
+			if (d->cap[i].part != p || d->cap[i].slot >= pt->q.ncand ||
+			    d->cap[i].l->lp.alg != ALG_CONCURRENCY || pt->q.cost[k] <= 0 ||
+			    q.n == STORE_MAX_LIMITS)
+				continue;
+			memcpy(q.keys[q.n], pt->q.keys[k], sizeof(q.keys[0]));
+			q.params[q.n] = pt->q.params[k];
+			q.cost[q.n++] = -d->slot;
+		}
 		if (!q.n)
 			continue;
 		a->st.charge.released++;
@@ -422,6 +460,44 @@ static void release_send(struct decision *d)
 			decision_call_back(a);
 			d->waiting--;
 			a->st.charge.release_lost++;
+		}
+	}
+}
+
+/*
+ * The candidate's concurrency limits gave <d>'s request a slot the enforced
+ * policy denied: no response comes through the agent to give it back, so it
+ * goes back now (a call per part).
+ */
+void cand_release(struct decision *d)
+{
+	struct agent *a = d->a;
+	struct store_query rq;
+	struct store_result rr;
+	int p;
+
+	for (p = 0; p < NPARTS; p++) {
+		store_query_init(&rq);
+		for (size_t i = 0; i < d->cn; i++) {
+			const struct part *pt = &d->parts[d->cap[i].part];
+			size_t k = pt->q.n - pt->q.ncand + d->cap[i].slot;
+
+			if (d->cap[i].part != p || d->cap[i].slot >= pt->q.ncand ||
+			    d->cap[i].l->lp.alg != ALG_CONCURRENCY || pt->q.cost[k] != d->slot)
+				continue;
+			memcpy(rq.keys[rq.n], pt->q.keys[k], sizeof(rq.keys[0]));
+			rq.params[rq.n] = pt->q.params[k];
+			rq.cost[rq.n++] = -d->slot;
+		}
+		if (!rq.n)
+			continue;
+		a->st.charge.released++;
+		if (a->mem) {
+			memstore_decide(a->mem, &rq, now_us_real(), &rr);
+		} else if (a->store) {
+			decision_call_sent(a);
+			if (store_decide(a->store, &rq, cand_refund_cb, a) < 0)
+				decision_call_back(a);
 		}
 	}
 }

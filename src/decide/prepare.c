@@ -158,6 +158,9 @@ static void decision_run(struct decision *d, const struct rule_tier *tier)
 		add_limits(d, 1, &d->ep->global, global, "", NULL);
 	}
 	if (d->post) {
+		/* the candidate's keys too, for the slot its concurrency limits hold */
+		if (rs->cand && d->slot)
+			cand_add(d, tier, principal, ov);
 		post_send(d);
 		return;
 	}

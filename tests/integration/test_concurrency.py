@@ -310,19 +310,45 @@ def test_check_refuses_bad_concurrency_limits(tmp, agent_bin, body, message):
     assert message in out.stderr + out.stdout, out
 
 
-def test_check_refuses_a_candidate_concurrency_limit(tmp, agent_bin):
-    cfg = tmp / "cand.conf"
-    cfg.write_text('listen = "127.0.0.1:1"; store = "memory";\n'
-                   'limits = { r = { rate = 5; period = "1s"; }; };\n'
-                   'tiers = { free = { limits = ["r"]; }; };\n'
-                   'anonymous = { limits = ["r"]; };\n'
-                   'candidate = { limits = { c = { concurrency = 3; }; };\n'
-                   '  tiers = { free = { limits = ["c"]; }; };\n'
-                   '  anonymous = { limits = ["c"]; }; };\n')
-    out = subprocess.run([agent_bin, "-c", "-f", str(cfg)], capture_output=True, text=True,
-                         timeout=10)
-    assert out.returncode != 0, out
-    assert "is a concurrency limit, which a candidate" in out.stderr + out.stdout, out
+def cand_slots(redis, key, limit="inflight"):
+    """The slots API key <key> holds in a candidate limit's sorted set."""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return int(redis.cmd("ZCARD", "rl:{k:%s}:c:%s" % (digest, limit)))
+
+
+def test_a_candidate_concurrency_limit_counts_and_gives_back(redis, agent, procs, tmp, app):
+    """A candidate policy with a concurrency limit (2) next to an enforced rate limit: 4
+    requests held at once all pass (the candidate is never enforced), it would have
+    denied 2 (counted under its limit), and its slots are given back by the responses;
+    a request the enforced policy denies gives the candidate's slot back at once."""
+    cfg = dict(CFG, limits={"rate": {"rate": 5, "period": "1h"}},
+               tiers={"free": {"limits": ["rate"]}}, anonymous={"limits": ["rate"]},
+               candidate={"limits": {"inflight": {"concurrency": 2, "max_duration": "30s"}},
+                          "tiers": {"free": {"limits": ["inflight"]}},
+                          "anonymous": {"limits": ["inflight"]}})
+    a = agent(redis=redis, metrics=True, **cfg)
+    g = HAProxy(procs, tmp, a.address, app.address)
+    out = []
+    ts = [threading.Thread(target=lambda: out.append(g.request(
+        "/hold?k=cand&ms=800", api_key="cand", timeout=10).status)) for _ in range(4)]
+    for t in ts:
+        t.start()
+    wait_until(lambda: app.now.get("cand", 0) == 4, 5, what="4 requests held")
+    assert cand_slots(redis, "cand") == 2
+    for t in ts:
+        t.join(10)
+    assert out == [200] * 4, out
+    wait_until(lambda: cand_slots(redis, "cand") == 0, 5,
+               what="the candidate's slots given back by the responses")
+    assert metric(a, "spoa_ratelimit_candidate_decisions_total", tier="free",
+                  rule="inflight", result="would_deny") == 2
+    # the enforced policy's 5/h is spent (4 + 1): the 6th is denied, the candidate
+    # admitted it and gives its slot back at once (no response comes through the agent)
+    assert g.request("/hold?k=cand&ms=1", api_key="cand").status == 200
+    r = g.request("/hold?k=cand&ms=1", api_key="cand")
+    assert r.status == 429, r
+    wait_until(lambda: cand_slots(redis, "cand") == 0, 5,
+               what="the candidate's slot of a denied request given back")
 
 
 def test_a_clean_stop_gives_back_the_slots_still_held(redis, agent, procs, tmp, app):

@@ -4,30 +4,27 @@
 -- slots; every slot is a lease that ends by itself (a gateway that died, a
 -- client gone before its response).
 --   a = a slot's lease, max_duration (us), b = limit (slots)
--- The cost is the slot: > 0 takes slot <cost> (taking it again, a repeated
--- request, counts it once and renews its lease), < 0 gives slot -<cost>
--- back, 0 only reports. The slots held are those whose lease ends after now;
--- the commit drops the ended ones. A denial's retry is when the oldest lease
--- ends, at most 1 s (CONC_RETRY_MAX_US: a slot is usually given back long
--- before). As check_conc() and apply_conc() in src/core/limiter.c.
+-- The cost is the slot: > 0 takes slot <cost>, < 0 gives slot -<cost> back,
+-- 0 only reports. The slots held are those whose lease ends after now. A
+-- take drops the ended leases and renews the key's expiry; taking a slot
+-- held already (which the agent never does: a slot per request) renews its
+-- lease and counts as a new one. A give-back reads nothing and reports
+-- nothing (ok, 0 left, no retry, no reset: its reply is never shown), so it
+-- costs Redis one ZREM. A denial's retry is when the oldest lease ends, at
+-- most 1 s (CONC_RETRY_MAX_US: a slot is usually given back long before).
+-- As check_conc() and apply_conc() in src/core/limiter.c.
 local function concurrency_check(key, now, cost, life, limit)
-	local fmt = string.format
-	local after = '(' .. fmt('%d', now)
-	local held = redis.call('ZCOUNT', key, after, '+inf')
-	local mine = 0
-	if cost ~= 0 then
-		local slot = cost
-		if slot < 0 then slot = -slot end
-		local s = redis.call('ZSCORE', key, fmt('%d', slot))
-		if s and s + 0 > now then mine = 1 end
+	if cost < 0 then
+		return 1, 0, 0, 0, 0, 0, 0, 0
 	end
-	local ok, rem_c = 1, 0
+	local after = '(' .. string.format('%d', now)
+	local held = redis.call('ZCOUNT', key, after, '+inf')
+	local ok, rem_c = 1, limit - held
 	if cost > 0 then
-		if held - mine + 1 > limit then ok = 0 end
-		rem_c = limit - (held - mine + 1)
-	else
-		if cost == 0 and held > limit then ok = 0 end
-		rem_c = limit - (held - mine)
+		if held + 1 > limit then ok = 0 end
+		rem_c = rem_c - 1
+	elseif held > limit then
+		ok = 0
 	end
 	if rem_c < 0 then rem_c = 0 end
 	local rem_u = limit - held
@@ -51,11 +48,13 @@ end
 
 local function concurrency_commit(key, now, cost, life)
 	local fmt = string.format
+	if cost < 0 then
+		redis.call('ZREM', key, fmt('%d', -cost))
+		return
+	end
 	redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt('%d', now))
 	if cost > 0 then
 		redis.call('ZADD', key, fmt('%d', now + life), fmt('%d', cost))
 		redis.call('PEXPIRE', key, fmt('%d', math.ceil(life / 1000) + 1))
-	elseif cost < 0 then
-		redis.call('ZREM', key, fmt('%d', -cost))
 	end
 end

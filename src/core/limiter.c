@@ -331,26 +331,21 @@ static void check_sliding(const struct limit_params *p, const struct limit_state
 
 /*
  * Concurrency (lua/concurrency.lua): the slots held are those whose lease
- * ends after <now>; taking slot <cost> again (a repeated request) counts it
- * once. The commit drops the ended leases, then adds (or renews) the slot,
- * or gives it back.
+ * ends after <now>; a take counts as a new slot (the agent never takes one
+ * twice), a give-back reads nothing and reports nothing. A take's commit drops
+ * the ended leases, then adds (or renews) the slot; a give-back's removes the
+ * slot alone.
  */
-static size_t conc_find(const struct limit_state *st, int64_t slot, int64_t now)
-{
-	size_t i;
-
-	for (i = 0; i + 1 < st->nlog; i += 2)
-		if (st->log[i] == slot && st->log[i + 1] > now)
-			return i;
-	return SIZE_MAX;
-}
-
 static void check_conc(const struct limit_params *p, const struct limit_state *st, int64_t now,
 		       int64_t cost, struct check *c)
 {
-	int64_t life = p->a, limit = p->b, held = 0, earliest = INT64_MAX, mine = 0, w;
+	int64_t life = p->a, limit = p->b, held = 0, earliest = INT64_MAX, w;
 	size_t i;
 
+	if (cost < 0) {
+		c->ok = true; /* the rest 0: a give-back's reply is never shown */
+		return;
+	}
 	for (i = 0; i + 1 < st->nlog; i += 2) {
 		if (st->log[i + 1] <= now)
 			continue;
@@ -358,15 +353,8 @@ static void check_conc(const struct limit_params *p, const struct limit_state *s
 		if (st->log[i + 1] < earliest)
 			earliest = st->log[i + 1];
 	}
-	if (cost != 0)
-		mine = conc_find(st, cost < 0 ? -cost : cost, now) != SIZE_MAX;
-	if (cost > 0) {
-		c->ok = held - mine + 1 <= limit;
-		c->rem_c = clamp0(limit - (held - mine + 1));
-	} else {
-		c->ok = cost < 0 || held <= limit;
-		c->rem_c = clamp0(limit - (held - mine));
-	}
+	c->ok = cost > 0 ? held + 1 <= limit : held <= limit;
+	c->rem_c = clamp0(limit - held - (cost > 0));
 	c->rem_u = clamp0(limit - held);
 	w = held ? earliest - now : life;
 	w = w < CONC_RETRY_MAX_US ? w : CONC_RETRY_MAX_US;
@@ -378,10 +366,12 @@ static void check_conc(const struct limit_params *p, const struct limit_state *s
 static void apply_conc(const struct limit_params *p, struct limit_state *st, int64_t now,
 		       int64_t cost)
 {
+	int64_t slot = cost < 0 ? -cost : cost;
 	size_t i, j = 0;
 
-	for (i = 0; i + 1 < st->nlog; i += 2) { /* the ended leases, and the slot */
-		if (st->log[i + 1] <= now || (cost && st->log[i] == (cost < 0 ? -cost : cost)))
+	/* a take: the ended leases and the slot go; a give-back: the slot alone */
+	for (i = 0; i + 1 < st->nlog; i += 2) {
+		if ((cost >= 0 && st->log[i + 1] <= now) || (cost && st->log[i] == slot))
 			continue;
 		st->log[j++] = st->log[i];
 		st->log[j++] = st->log[i + 1];

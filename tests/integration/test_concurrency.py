@@ -118,6 +118,7 @@ def hammer(gateways, key, hold_ms, seconds, clients):
     return statuses, denials
 
 
+@pytest.mark.haproxy
 def test_four_gateways_hold_a_key_to_its_slots(redis, agent, procs, tmp, app):
     """4 gateways (an agent each), one key with concurrency = 5, 40 clients: the
     application never sees more than 5 of the key's requests at once, and sees close to
@@ -159,6 +160,7 @@ def test_four_gateways_hold_a_key_to_its_slots(redis, agent, procs, tmp, app):
     assert [e["client"] for e in rules["inflight"]["top"]][0].startswith("fp:"), rules
 
 
+@pytest.mark.haproxy
 def test_one_slot_taken_and_given_back_request_after_request(redis, agent, procs, tmp, app):
     """concurrency = 1: requests one after the other all pass (each gives its slot
     back), a second one in flight is refused, and the policy tells the client so."""
@@ -204,6 +206,7 @@ def test_one_slot_taken_and_given_back_request_after_request(redis, agent, procs
                what="the long request's slot no longer held in the metrics")
 
 
+@pytest.mark.haproxy
 def test_slots_of_a_dead_gateway_end_with_their_lease(redis, agent, procs, tmp, app):
     """A gateway and its agent killed (SIGKILL) with the key's slots held: nothing gives
     them back, their leases (max_duration = 2 s) do; the key's full concurrency is back
@@ -247,6 +250,7 @@ def test_slots_of_a_dead_gateway_end_with_their_lease(redis, agent, procs, tmp, 
         t.join(10)
 
 
+@pytest.mark.haproxy
 def test_a_client_that_disconnects_loses_no_slot_beyond_its_lease(redis, agent, procs, tmp,
                                                                    app):
     """Clients that close their connection mid-request: their slots are back within
@@ -271,6 +275,7 @@ def test_a_client_that_disconnects_loses_no_slot_beyond_its_lease(redis, agent, 
     assert recovered <= 3.0, recovered
 
 
+@pytest.mark.haproxy
 def test_redis_down_local_count_holds_each_gateway(redis, agent, procs, tmp, app):
     """Redis stopped under load: no failed request, and the local count (the fallback's
     concurrency divided by the gateways: fallback.gateways = 2 here) holds this gateway
@@ -316,6 +321,7 @@ def cand_slots(redis, key, limit="inflight"):
     return int(redis.cmd("ZCARD", "rl:{k:%s}:c:%s" % (digest, limit)))
 
 
+@pytest.mark.haproxy
 def test_a_candidate_concurrency_limit_counts_and_gives_back(redis, agent, procs, tmp, app):
     """A candidate policy with a concurrency limit (2) next to an enforced rate limit: 4
     requests held at once all pass (the candidate is never enforced), it would have
@@ -351,6 +357,7 @@ def test_a_candidate_concurrency_limit_counts_and_gives_back(redis, agent, procs
                what="the candidate's slot of a denied request given back")
 
 
+@pytest.mark.haproxy
 def test_a_clean_stop_gives_back_the_slots_still_held(redis, agent, procs, tmp, app):
     """An agent stopped cleanly (SIGTERM) while its requests hold the key's slots gives
     them back before it exits: the key's concurrency is free again at once, long before
@@ -383,6 +390,7 @@ def test_a_clean_stop_gives_back_the_slots_still_held(redis, agent, procs, tmp, 
         t.join(10)
 
 
+@pytest.mark.haproxy
 def test_a_limit_override_changes_the_slots_of_one_client(redis, agent, procs, tmp, app):
     """`ctl limit KEY --rate inflight=N`: that client may hold N requests in flight, the
     others keep the configured 2; the policy says the slots in force."""

@@ -432,10 +432,13 @@ static void test_memstore_concurrency_slots(void **state)
 	assert_int_equal(v.remaining, 0);
 	assert_false(decide1(m, "c", &p, 104, now + 3 * MS, &v));
 	assert_int_equal(v.retry_ms, 1000); /* the oldest lease ends in 2 s: said 1 s at most */
-	/* the same slot again (a repeated request): counted once */
-	assert_true(decide1(m, "c", &p, 102, now + 4 * MS, &v));
+	/* the same slot again (the agent never does): a new one, refused; given back,
+	 * its reply says nothing */
+	assert_false(decide1(m, "c", &p, 102, now + 4 * MS, &v));
 	/* given back, taken by another */
 	assert_true(decide1(m, "c", &p, -101, now + 5 * MS, &v));
+	assert_int_equal(v.remaining, 0);
+	assert_true(decide1(m, "c", &p, 0, now + 5 * MS, &v));
 	assert_int_equal(v.remaining, 1);
 	assert_true(decide1(m, "c", &p, 104, now + 6 * MS, &v));
 	assert_false(decide1(m, "c", &p, 105, now + 7 * MS, &v));

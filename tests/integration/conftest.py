@@ -88,10 +88,14 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "haproxy: the test runs a real HAProxy")
 
 
+# Modules whose tests (or most of them) run the sample gateway through HAProxy(...) itself.
+HAPROXY_MODULES = {"test_haproxy_config", "test_post_charge", "test_quota_route"}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if HAPROXY_FIXTURES & set(getattr(item, "fixturenames", ())) or \
-                item.module.__name__ == "test_haproxy_config":
+                item.module.__name__ in HAPROXY_MODULES:
             item.add_marker(pytest.mark.haproxy)
 
 # Sanitizer reports in a process log fail the test (the agent may run as an ASan build).

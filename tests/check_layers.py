@@ -53,7 +53,8 @@ OWNED = [(re.compile(r"\bspoa_req_done\s*\("), "src/decide/decision.c", "ends a 
 # the decision path's caches: which file alone reads and writes each
 CACHES = {"tier": "src/decide/prepare.c", "tier_size": "src/decide/prepare.c",
           "digest": "src/decide/principal.c", "blocked": "src/decide/blocked.c",
-          "held": "src/decide/charge.c", "nheld": "src/decide/charge.c"}
+          "held": "src/decide/charge.c", "nheld": "src/decide/charge.c",
+          "held_closed": "src/decide/charge.c"}
 CACHE_USE = re.compile(r"->caches\.(\w+)")
 # the agent's fields that src/agent.c alone writes (the others read them)
 TOP_FIELDS = ("loop|rs|srv|store|mem|local|quota|hb|gateways|ovr|metrics|ms|http|status_cache"

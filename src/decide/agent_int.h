@@ -154,6 +154,7 @@ struct decide_caches {
 	struct held_slot **held;        /* charge.c: HELD_BUCKETS chains of the concurrency
 					 * slots this process's requests hold, or NULL */
 	size_t nheld;                   /* charge.c: their number, at most HELD_MAX */
+	bool held_closed;               /* charge.c: the agent stops, slots go back at once */
 };
 
 /*

@@ -339,8 +339,12 @@ void respond(struct decision *d)
 	}
 	if (o.allowed && (d->ep ? d->ep->post : &d->rs->cfg->post)->from != POST_FROM_CHARGE)
 		set_int(req, "post", 1); /* HAProxy sends this response's size or time */
-	if (o.allowed && d->slot)
+	if (o.allowed && d->slot) {
 		set_int(req, "slot", d->slot); /* given back with the response (rl-res) */
+		/* the candidate's endpoint, whose keys its slot may be in too */
+		if (d->cep)
+			set_str(req, "cendpoint", d->cep->name);
+	}
 	set_policy(d);
 	if (!o.any || !o.l)
 		return;

@@ -73,7 +73,7 @@ static void cand_limits(struct decision *d, int p, const struct rule_tier *t,
 
 		if (l->lp.alg == ALG_CONCURRENCY) {
 			/* the request's slot, as the enforced policy's (prepare.c) */
-			cost = cost > 0 ? decision_slot(d) : 0;
+			cost = cost > 0 && d->cost != 0 ? decision_slot(d) : 0;
 			pt->conc = true;
 		}
 		limit_key(pt->q.keys[pt->q.n], sizeof(pt->q.keys[0]), d->rs->cfg->redis.key_prefix,
@@ -230,9 +230,8 @@ void cand_finish(struct decision *d)
 		if (p >= 1)
 			cand_refund(d, &d->parts[0]);
 	}
-	/* denied today: no response will give back what the candidate's slots hold */
-	if (verdict == 1 && !d->allowed && d->slot)
-		cand_release(d);
+	/* a request denied today gives back what the candidate's slots hold:
+	 * slots_denied(), before this (no response will) */
 	if (!a->ms)
 		return;
 	if (verdict < 0) {

@@ -181,6 +181,7 @@ struct held_slot {
 	size_t n;                       /* its concurrency limits */
 	struct {
 		struct limit_params lp, local_lp;
+		int part;               /* the decision's part (its keys' hash tag) */
 		char *key;              /* owned */
 	} l[];
 };
@@ -210,6 +211,8 @@ static struct held_slot *held_take(struct agent *a, int64_t slot)
 	}
 	return NULL;
 }
+
+static void give_back(struct agent *a, const struct held_slot *h);
 
 /* True when candidate limit <i> of <d> is a concurrency limit that took d->slot. */
 static bool held_cand(const struct decision *d, size_t i)
@@ -250,22 +253,24 @@ void slots_note_held(struct decision *d)
 		}
 	if (!n)
 		return;
-	if (!a->caches.held)
-		a->caches.held = xcalloc(HELD_BUCKETS, sizeof(*a->caches.held));
-	p = &a->caches.held[(uint64_t)d->slot & (HELD_BUCKETS - 1)];
-	while (*p) {
-		if ((*p)->until <= now) {
-			h = *p;
-			*p = h->next;
-			a->caches.nheld--;
-			held_free(h);
-		} else {
-			p = &(*p)->next;
+	if (!a->caches.held_closed) {
+		if (!a->caches.held)
+			a->caches.held = xcalloc(HELD_BUCKETS, sizeof(*a->caches.held));
+		p = &a->caches.held[(uint64_t)d->slot & (HELD_BUCKETS - 1)];
+		while (*p) {
+			if ((*p)->until <= now) {
+				h = *p;
+				*p = h->next;
+				a->caches.nheld--;
+				held_free(h);
+			} else {
+				p = &(*p)->next;
+			}
 		}
-	}
-	if (a->caches.nheld >= HELD_MAX) {
-		a->st.charge.untracked++;
-		return;
+		if (a->caches.nheld >= HELD_MAX) {
+			a->st.charge.untracked++;
+			return;
+		}
 	}
 	h = xmalloc(sizeof(*h) + n * sizeof(h->l[0]));
 	h->slot = d->slot;
@@ -278,6 +283,7 @@ void slots_note_held(struct decision *d)
 			continue;
 		h->l[h->n].lp = pt->q.params[d->ap[i].slot];
 		h->l[h->n].local_lp = d->ap[i].local_lp;
+		h->l[h->n].part = d->ap[i].part;
 		h->l[h->n++].key = xstrdup(pt->q.keys[d->ap[i].slot]);
 	}
 	for (i = 0; i < d->cn; i++) {
@@ -287,7 +293,14 @@ void slots_note_held(struct decision *d)
 			continue;
 		h->l[h->n].lp = pt->q.params[pt->q.n - pt->q.ncand + d->cap[i].slot];
 		h->l[h->n].local_lp = h->l[h->n].lp;
+		h->l[h->n].part = d->cap[i].part;
 		h->l[h->n++].key = xstrdup(pt->q.keys[pt->q.n - pt->q.ncand + d->cap[i].slot]);
+	}
+	if (a->caches.held_closed) {
+		/* admitted while the agent stops: given back at once, as the others */
+		give_back(a, h);
+		held_free(h);
+		return;
 	}
 	h->next = a->caches.held[(uint64_t)d->slot & (HELD_BUCKETS - 1)];
 	a->caches.held[(uint64_t)d->slot & (HELD_BUCKETS - 1)] = h;
@@ -336,37 +349,57 @@ static void give_back_cb(enum store_status st, const struct store_result *res, v
  * ended) is given back, one call a slot, counted in the calls the drain
  * waits for; the table is emptied. Returns the number given back.
  */
-size_t slots_give_back(struct agent *a)
+/*
+ * Slot h->slot given back now: one call per part of the decision (a part's
+ * keys share a hash tag), to Redis or the memory store; counted in the calls
+ * a drain waits for.
+ */
+static void give_back(struct agent *a, const struct held_slot *h)
 {
 	struct store_result rr;
-	double now = mono();
-	size_t b, i, given = 0;
+	struct store_query q;
+	size_t i;
+	int p;
 
+	a->st.charge.released++;
+	for (p = 0; p < NPARTS; p++) {
+		store_query_init(&q);
+		for (i = 0; i < h->n && q.n < STORE_MAX_LIMITS; i++) {
+			if (h->l[i].part != p)
+				continue;
+			snprintf(q.keys[q.n], sizeof(q.keys[0]), "%s", h->l[i].key);
+			q.params[q.n] = h->l[i].lp;
+			q.cost[q.n++] = -h->slot;
+		}
+		if (!q.n)
+			continue;
+		if (a->mem) {
+			memstore_decide(a->mem, &q, now_us_real(), &rr);
+		} else if (a->store) {
+			decision_call_sent(a);
+			if (store_decide(a->store, &q, give_back_cb, a) < 0) {
+				decision_call_back(a);
+				a->st.charge.release_lost++;
+			}
+		}
+	}
+}
+
+size_t slots_give_back(struct agent *a)
+{
+	double now = mono();
+	size_t b, given = 0;
+
+	a->caches.held_closed = true; /* from now on a slot goes back as it is noted */
 	for (b = 0; a->caches.held && b < HELD_BUCKETS; b++) {
 		while (a->caches.held[b]) {
 			struct held_slot *h = a->caches.held[b];
-			struct store_query q;
 
 			a->caches.held[b] = h->next;
 			a->caches.nheld--;
 			if (h->until > now) {
-				store_query_init(&q);
-				for (i = 0; i < h->n; i++) {
-					snprintf(q.keys[q.n], sizeof(q.keys[0]), "%s", h->l[i].key);
-					q.params[q.n] = h->l[i].lp;
-					q.cost[q.n++] = -h->slot;
-				}
-				a->st.charge.released++;
+				give_back(a, h);
 				given++;
-				if (a->mem) {
-					memstore_decide(a->mem, &q, now_us_real(), &rr);
-				} else if (a->store) {
-					decision_call_sent(a);
-					if (store_decide(a->store, &q, give_back_cb, a) < 0) {
-						decision_call_back(a);
-						a->st.charge.release_lost++;
-					}
-				}
 			}
 			held_free(h);
 		}
@@ -462,6 +495,56 @@ static void release_send(struct decision *d)
 			a->st.charge.release_lost++;
 		}
 	}
+}
+
+/*
+ * <d> was denied holding slot d->slot: no response will give it back. The
+ * parts Redis decided and that admitted it are refunded (refund()); those it
+ * did not decide may hold it all the same: in the local fallback count (the
+ * failure ladder took it there), or in Redis (a call that timed out, or whose
+ * connection went, may have run). A give-back of a slot not held changes
+ * nothing, so it goes to both.
+ */
+void slots_denied(struct decision *d)
+{
+	struct agent *a = d->a;
+	struct store_query q, lq;
+	struct store_result rr;
+	int p;
+
+	for (p = 0; p < NPARTS; p++) {
+		const struct part *pt = &d->parts[p];
+		bool redis = pt->st == STORE_TIMEOUT || pt->st == STORE_DOWN || pt->st == STORE_ERROR;
+
+		if (!pt->used || !part_enforced(pt) || pt->st == STORE_OK)
+			continue;
+		store_query_init(&q);
+		store_query_init(&lq);
+		for (size_t i = 0; i < d->n; i++) {
+			const struct applied *ap = &d->ap[i];
+
+			if (ap->part != p || ap->l->lp.alg != ALG_CONCURRENCY ||
+			    pt->q.cost[ap->slot] != d->slot)
+				continue;
+			memcpy(q.keys[q.n], pt->q.keys[ap->slot], sizeof(q.keys[0]));
+			q.params[q.n] = pt->q.params[ap->slot];
+			q.cost[q.n++] = -d->slot;
+			memcpy(lq.keys[lq.n], pt->q.keys[ap->slot], sizeof(lq.keys[0]));
+			lq.params[lq.n] = ap->local_lp;
+			lq.cost[lq.n++] = -d->slot;
+		}
+		if (!q.n)
+			continue;
+		if (pt->fallback && a->local)
+			memstore_decide(a->local, &lq, now_us_real(), &rr);
+		if (redis && a->store) {
+			decision_call_sent(a);
+			if (store_decide(a->store, &q, give_back_cb, a) < 0)
+				decision_call_back(a);
+		}
+	}
+	if (d->cn)
+		cand_release(d);
 }
 
 /*

@@ -8,6 +8,7 @@
 void refund(struct decision *d);
 void cand_refund(struct decision *d, const struct part *pt);
 void cand_release(struct decision *d);
+void slots_denied(struct decision *d);
 void post_send(struct decision *d);
 void post_counted(struct agent *a, enum post_outcome o);
 void slots_note_held(struct decision *d);

@@ -95,20 +95,20 @@ size_t decision_calls_pending(const struct agent *a)
 /*
  * <a>'s pool ready: nothing unused, nothing owed, nothing parked; its
  * concurrency slots drawn from a random base (CONC_SLOT_BITS_RANDOM high
- * bits, the rest a sequence), so that the fleet's processes hold distinct
- * slots (two processes share a base once in 2^22 pairs, and even then their
- * sequences must meet while both slots are held).
+ * bits) and a sequence that starts at a random place, so that the fleet's
+ * processes hold distinct slots: two processes share a base once in 2^22
+ * pairs, and even then their sequences must meet while both slots are held.
  */
 void decisions_init(struct agent *a)
 {
-	uint32_t r = 0;
+	uint64_t r = 0;
 
 	list_init(&a->decisions.parked);
 	if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != sizeof(r))
-		r = (uint32_t)getpid() ^ (uint32_t)(now_us_real() & 0xffffffff);
-	a->decisions.slot_base = (uint64_t)(r & ((1u << CONC_SLOT_BITS_RANDOM) - 1))
+		r = ((uint64_t)getpid() << 32) ^ (uint64_t)now_us_real() * 0x9e3779b97f4a7c15ULL;
+	a->decisions.slot_base = (r & ((UINT64_C(1) << CONC_SLOT_BITS_RANDOM) - 1))
 				 << (50 - CONC_SLOT_BITS_RANDOM);
-	a->decisions.slot_seq = 0;
+	a->decisions.slot_seq = (r >> 32) & ((UINT64_C(1) << (50 - CONC_SLOT_BITS_RANDOM)) - 1);
 }
 
 /*

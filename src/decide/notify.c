@@ -55,6 +55,7 @@ struct req_args {
 	struct spop_str shadow;         /* the shadow limit its ACK named (`shadow`), or empty */
 	struct spop_data charge, bytes, time; /* NULL type when absent */
 	int64_t slot;                   /* the concurrency slot its ACK named (`slot`), or 0 */
+	struct spop_str cendpoint;      /* the candidate's endpoint its ACK named, or empty */
 	bool degraded;                  /* its ACK said degraded: nothing to charge in Redis */
 };
 
@@ -111,6 +112,9 @@ static void read_args(struct spop_msg *m, struct req_args *ra)
 			/* what we said in the request's ACK; anything else: no slot */
 			if (spop_data_int(&v, &i) && i > 0 && i <= CONC_SLOT_MAX)
 				ra->slot = i;
+		} else if (spop_str_eq(&name, "cendpoint")) {
+			if (str)
+				ra->cendpoint = v.v.s;
 		} else if (spop_str_eq(&name, "degraded")) {
 			ra->degraded = spop_data_int(&v, &i) && i != 0;
 		} else if (spop_str_eq(&name, "shadow")) {
@@ -272,6 +276,9 @@ static void post_begin(struct agent *a, struct spoa_req *req, struct spop_msg *m
 	d->post = true;
 	d->post_cost = tokens;
 	d->slot = ra.slot;
+	/* the message has no path: the candidate's endpoint is the one its ACK named */
+	if (d->rs->cand)
+		d->cep = ruleset_endpoint_named(d->rs->cand, ra.cendpoint.p, ra.cendpoint.len);
 	/* the endpoint's cost when the request was charged, not after a reload since */
 	if (d->cost < 0 && ra.charged >= 0)
 		d->cost = ra.charged;

@@ -120,6 +120,8 @@ static void decision_finish(struct decision *d)
 	respond(d);
 	if (d->allowed && d->slot)
 		slots_note_held(d);
+	else if (d->slot)
+		slots_denied(d);
 	if (d->rs->cand)
 		cand_finish(d);
 	if (d->a->ms)

@@ -59,8 +59,10 @@ static void add_limits(struct decision *d, int p, const struct rule_tier *t, con
 
 		if (l->lp.alg == ALG_CONCURRENCY) {
 			/* its cost is the request's slot (a post-charge gives it back:
-			 * charge.c); a request that costs it nothing takes none */
-			cost = cost > 0 && !d->post ? decision_slot(d) : 0;
+			 * charge.c); a request that costs it nothing takes none, nor one
+			 * HAProxy says costs nothing (cost 0: the quota route), whatever
+			 * the endpoint's limit_costs */
+			cost = cost > 0 && d->cost != 0 && !d->post ? decision_slot(d) : 0;
 			pt->conc = true;
 		}
 

@@ -101,7 +101,7 @@ static size_t setvar_int_size(const char *name)
  */
 static size_t ack_size(struct ruleset *rs)
 {
-	size_t i, name = 0, ep = 0, tier = strlen(rs->anon.policy), eppol = 0, policy;
+	size_t i, name = 0, ep = 0, cep = 0, tier = strlen(rs->anon.policy), eppol = 0, policy;
 	size_t n = SPOP_LEN_SIZE + 1 + 4 + 2 * SPOP_VARINT_MAX;
 
 	for (i = 0; i < rs->cfg->nlimits; i++)
@@ -122,6 +122,11 @@ static size_t ack_size(struct ruleset *rs)
 	/* a limit override may raise each rate to 13 digits (below OVR_RATE_MAX) */
 	policy = tier + eppol + 2 + 12 * STORE_MAX_LIMITS;
 	rs->policy_max = policy;
+	for (i = 0; rs->cand && i < rs->cand->nendpoints; i++)
+		if (strlen(rs->cand->endpoints[i].name) > cep)
+			cep = strlen(rs->cand->endpoints[i].name);
+	if (rs->cand)
+		n += setvar_str_size("cendpoint", cep);
 	n += setvar_str_size("shadow", name) + setvar_str_size("endpoint", ep) +
 	     setvar_str_size("policy", policy) + setvar_str_size("rule", name) +
 	     /* "<name>";r=<int64>;t=<int64>, or limit=<int64>, remaining=<int64>,
@@ -249,12 +254,12 @@ struct ruleset *ruleset_build(struct agent_config *cfg, uint64_t gen)
 		tier_compile(rs, &ce->global, &e->global);
 		e->post = ce->post.set ? &ce->post : &cfg->post;
 	}
-	rs->ack_max = ack_size(rs);
 	if (cfg->candidate) {
 		/* the candidate's own ruleset owns its config from now on */
 		rs->cand = ruleset_build(cfg->candidate, gen);
 		cfg->candidate = NULL;
 	}
+	rs->ack_max = ack_size(rs);
 	return rs;
 }
 

@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from conftest import SPOA_BIN, HAProxy, StubApp, agent_env, parse_sf_list, wait_until
+from conftest import (SPOA_BIN, HAProxy, LcList, StubApp, agent_env, parse_sf_list,
+                      wait_until)
 from test_ops import Prom
 
 CONC = {"concurrency": 5, "max_duration": "2s"}
@@ -329,9 +330,12 @@ def test_a_candidate_concurrency_limit_counts_and_gives_back(redis, agent, procs
     a request the enforced policy denies gives the candidate's slot back at once."""
     cfg = dict(CFG, limits={"rate": {"rate": 5, "period": "1h"}},
                tiers={"free": {"limits": ["rate"]}}, anonymous={"limits": ["rate"]},
-               candidate={"limits": {"inflight": {"concurrency": 2, "max_duration": "30s"}},
+               candidate={"limits": {"inflight": {"concurrency": 2, "max_duration": "30s"},
+                                     "per_ep": {"concurrency": 10, "max_duration": "30s"}},
                           "tiers": {"free": {"limits": ["inflight"]}},
-                          "anonymous": {"limits": ["inflight"]}})
+                          "anonymous": {"limits": ["inflight"]},
+                          "endpoints": LcList([{"name": "held", "path_prefix": "/hold",
+                                                "limits": ["per_ep"]}])})
     a = agent(redis=redis, metrics=True, **cfg)
     g = HAProxy(procs, tmp, a.address, app.address)
     out = []
@@ -341,11 +345,16 @@ def test_a_candidate_concurrency_limit_counts_and_gives_back(redis, agent, procs
         t.start()
     wait_until(lambda: app.now.get("cand", 0) == 4, 5, what="4 requests held")
     assert cand_slots(redis, "cand") == 2
+    assert cand_slots(redis, "cand", "per_ep@held") == 2  # the 2 the candidate admitted
     for t in ts:
         t.join(10)
     assert out == [200] * 4, out
     wait_until(lambda: cand_slots(redis, "cand") == 0, 5,
                what="the candidate's slots given back by the responses")
+    # its endpoint's per-client limit (keys ...:c:per_ep@held): given back too, the
+    # response message naming the candidate's endpoint (cendpoint)
+    wait_until(lambda: cand_slots(redis, "cand", "per_ep@held") == 0, 5,
+               what="the candidate endpoint's slots given back by the responses")
     assert metric(a, "spoa_ratelimit_candidate_decisions_total", tier="free",
                   rule="inflight", result="would_deny") == 2
     # the enforced policy's 5/h is spent (4 + 1): the 6th is denied, the candidate
@@ -363,7 +372,10 @@ def test_a_clean_stop_gives_back_the_slots_still_held(redis, agent, procs, tmp, 
     them back before it exits: the key's concurrency is free again at once, long before
     the leases (max_duration = 30 s) would end."""
     cfg = dict(CFG, limits={"inflight": {"concurrency": 3, "max_duration": "30s"},
-                            "rate": {"rate": 100000, "period": "1s"}})
+                            "all": {"concurrency": 100, "max_duration": "30s"},
+                            "rate": {"rate": 100000, "period": "1s"}},
+               endpoints=LcList([{"name": "hold", "path_prefix": "/hold",
+                                  "global_limits": ["all"]}]))
     a = agent(redis=redis, name="stopping", **cfg)
     g = HAProxy(procs, tmp, a.address, app.address, name="stopping-haproxy")
 
@@ -378,10 +390,12 @@ def test_a_clean_stop_gives_back_the_slots_still_held(redis, agent, procs, tmp, 
         t.start()
     wait_until(lambda: app.now.get("stop", 0) == 3, 5, what="3 requests held")
     assert slots_in_redis(redis, "stop") == 3
+    assert int(redis.cmd("ZCARD", "rl:{g:hold}:all")) == 3  # the endpoint's, another tag
     t0 = time.monotonic()
     a.proc.signal(15)
     wait_until(lambda: not a.proc.alive(), 10, what="the agent gone")
     assert slots_in_redis(redis, "stop") == 0, "the slots were not given back at the stop"
+    assert int(redis.cmd("ZCARD", "rl:{g:hold}:all")) == 0, "nor the endpoint's"
     print("slots given back by a clean stop: %.3f s after SIGTERM" % (time.monotonic() - t0))
     # 3, and the slot of the readiness probe the test agent is started with
     assert re.search(r"drain: gave back [34] concurrency slots", a.proc.log_text()), \

@@ -435,6 +435,50 @@ static void release_done_cb(enum store_status st, const struct store_result *res
 }
 
 /*
+ * Adds the give-back of slot d->slot by <d>'s own concurrency limits in part
+ * <p> to <q> (Redis, the memory store) and <lq> (the local fallback count):
+ * every one the request costs, or with <taken> only those whose cost was the
+ * slot (a decision's; a post-charge's costs are rebuilt without it).
+ */
+static void own_slots(const struct decision *d, int p, bool taken, struct store_query *q,
+		      struct store_query *lq)
+{
+	const struct part *pt = &d->parts[p];
+
+	for (size_t i = 0; i < d->n; i++) {
+		const struct applied *ap = &d->ap[i];
+
+		if (ap->part != p || ap->l->lp.alg != ALG_CONCURRENCY ||
+		    (taken ? pt->q.cost[ap->slot] != d->slot
+			   : request_cost(d, d->ep, (size_t)(ap->l - d->rs->limits)) <= 0))
+			continue;
+		memcpy(q->keys[q->n], pt->q.keys[ap->slot], sizeof(q->keys[0]));
+		q->params[q->n] = pt->q.params[ap->slot];
+		q->cost[q->n++] = -d->slot;
+		memcpy(lq->keys[lq->n], pt->q.keys[ap->slot], sizeof(lq->keys[0]));
+		lq->params[lq->n] = ap->local_lp;
+		lq->cost[lq->n++] = -d->slot;
+	}
+}
+
+/* Adds the give-back of slot d->slot by the candidate's concurrency limits in part <p> to <q>. */
+static void cand_slots(const struct decision *d, int p, struct store_query *q)
+{
+	const struct part *pt = &d->parts[p];
+
+	for (size_t i = 0; i < d->cn && q->n < STORE_MAX_LIMITS; i++) {
+		size_t k = pt->q.n - pt->q.ncand + d->cap[i].slot;
+
+		if (d->cap[i].part != p || d->cap[i].slot >= pt->q.ncand ||
+		    d->cap[i].l->lp.alg != ALG_CONCURRENCY || pt->q.cost[k] != d->slot)
+			continue;
+		memcpy(q->keys[q->n], pt->q.keys[k], sizeof(q->keys[0]));
+		q->params[q->n] = pt->q.params[k];
+		q->cost[q->n++] = -d->slot;
+	}
+}
+
+/*
  * Gives back slot d->slot of post-charge <d>'s concurrency limits, part by
  * part: to Redis (counted in d->waiting) or the memory store, and to the local
  * fallback count.
@@ -444,38 +488,13 @@ static void release_send(struct decision *d)
 	struct agent *a = d->a;
 	struct store_query q, lq;
 	struct store_result rr;
-	size_t i;
 	int p;
 
 	for (p = 0; p < NPARTS; p++) {
 		store_query_init(&q);
 		store_query_init(&lq);
-		for (i = 0; i < d->n; i++) {
-			const struct applied *ap = &d->ap[i];
-			const struct part *pt = &d->parts[ap->part];
-
-			if (ap->part != p || ap->l->lp.alg != ALG_CONCURRENCY ||
-			    request_cost(d, d->ep, (size_t)(ap->l - d->rs->limits)) <= 0)
-				continue;
-			memcpy(q.keys[q.n], pt->q.keys[ap->slot], sizeof(q.keys[0]));
-			q.params[q.n] = pt->q.params[ap->slot];
-			q.cost[q.n++] = -d->slot;
-			memcpy(lq.keys[lq.n], pt->q.keys[ap->slot], sizeof(lq.keys[0]));
-			lq.params[lq.n] = ap->local_lp;
-			lq.cost[lq.n++] = -d->slot;
-		}
-		for (i = 0; i < d->cn; i++) { /* the candidate's (no local count) */
-			const struct part *pt = &d->parts[d->cap[i].part];
-			size_t k = pt->q.n - pt->q.ncand + d->cap[i].slot;
-
-			if (d->cap[i].part != p || d->cap[i].slot >= pt->q.ncand ||
-			    d->cap[i].l->lp.alg != ALG_CONCURRENCY || pt->q.cost[k] <= 0 ||
-			    q.n == STORE_MAX_LIMITS)
-				continue;
-			memcpy(q.keys[q.n], pt->q.keys[k], sizeof(q.keys[0]));
-			q.params[q.n] = pt->q.params[k];
-			q.cost[q.n++] = -d->slot;
-		}
+		own_slots(d, p, false, &q, &lq);
+		cand_slots(d, p, &q); /* the candidate's: no local count */
 		if (!q.n)
 			continue;
 		a->st.charge.released++;
@@ -520,19 +539,7 @@ void slots_denied(struct decision *d)
 			continue;
 		store_query_init(&q);
 		store_query_init(&lq);
-		for (size_t i = 0; i < d->n; i++) {
-			const struct applied *ap = &d->ap[i];
-
-			if (ap->part != p || ap->l->lp.alg != ALG_CONCURRENCY ||
-			    pt->q.cost[ap->slot] != d->slot)
-				continue;
-			memcpy(q.keys[q.n], pt->q.keys[ap->slot], sizeof(q.keys[0]));
-			q.params[q.n] = pt->q.params[ap->slot];
-			q.cost[q.n++] = -d->slot;
-			memcpy(lq.keys[lq.n], pt->q.keys[ap->slot], sizeof(lq.keys[0]));
-			lq.params[lq.n] = ap->local_lp;
-			lq.cost[lq.n++] = -d->slot;
-		}
+		own_slots(d, p, true, &q, &lq);
 		if (!q.n)
 			continue;
 		if (pt->fallback && a->local)
@@ -561,17 +568,7 @@ void cand_release(struct decision *d)
 
 	for (p = 0; p < NPARTS; p++) {
 		store_query_init(&rq);
-		for (size_t i = 0; i < d->cn; i++) {
-			const struct part *pt = &d->parts[d->cap[i].part];
-			size_t k = pt->q.n - pt->q.ncand + d->cap[i].slot;
-
-			if (d->cap[i].part != p || d->cap[i].slot >= pt->q.ncand ||
-			    d->cap[i].l->lp.alg != ALG_CONCURRENCY || pt->q.cost[k] != d->slot)
-				continue;
-			memcpy(rq.keys[rq.n], pt->q.keys[k], sizeof(rq.keys[0]));
-			rq.params[rq.n] = pt->q.params[k];
-			rq.cost[rq.n++] = -d->slot;
-		}
+		cand_slots(d, p, &rq);
 		if (!rq.n)
 			continue;
 		a->st.charge.released++;

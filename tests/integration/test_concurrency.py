@@ -440,3 +440,44 @@ def test_a_limit_override_changes_the_slots_of_one_client(redis, agent, procs, t
     st, _ = held("small", 4)
     assert st == [200] * 2 + [429] * 2, st
     assert app.most["big"] == 4 and app.most["small"] == 2, app.most
+
+
+@pytest.mark.haproxy
+def test_redis_down_under_the_fleets_load_each_gateway_holds_its_share(redis, agent, procs,
+                                                                        tmp, app):
+    """4 gateways (fallback.gateways "auto": the heartbeats count 4), one key with
+    concurrency = 5, 40 clients; Redis stopped: no failed request, and each gateway's local
+    count holds it to its share, 5 / 4 rounded up = 2 in flight."""
+    agents = [agent(redis=redis, metrics=True, name="agent%d" % i, **CFG) for i in range(4)]
+    gws = [HAProxy(procs, tmp, a.address, app.address, name="haproxy%d" % i)
+           for i, a in enumerate(agents)]
+    wait_until(lambda: all(metric(a, "spoa_ratelimit_gateways") == 4 for a in agents), 10,
+               what="every agent counting 4 gateways")
+    redis.stop()
+    statuses, lock = {}, threading.Lock()
+    stop = time.monotonic() + 3.0
+
+    def run(i):
+        g = gws[i % 4]
+        while time.monotonic() < stop:
+            # one API key for all; the application counts each gateway's apart
+            r = g.request("/hold?k=down-g%d&ms=150" % (i % 4), api_key="down", timeout=10)
+            with lock:
+                statuses[r.status] = statuses.get(r.status, 0) + 1
+            if r.status == 429:
+                time.sleep(0.005)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert set(statuses) <= {200, 429}, statuses
+    most = {g: app.most.get("down-g%d" % g, 0) for g in range(4)}
+    served = {g: app.served.get("down-g%d" % g, 0) for g in range(4)}
+    print("Redis down: in flight at most %r per gateway, served %r, statuses %r"
+          % (most, served, statuses))
+    assert all(m <= 2 for m in most.values()), most
+    assert all(n > 0 for n in served.values()), served
+    for a in agents:
+        assert metric(a, "spoa_ratelimit_fallback_gateways") == 4

@@ -94,6 +94,22 @@ def slots_in_redis(redis, key):
     return int(redis.cmd("ZCARD", "rl:{k:%s}:inflight" % digest))
 
 
+def hold_requests(g, key, hold_ms, n):
+    """<n> requests of API key <key> held <hold_ms> by the application, through gateway
+    <g>, each in a thread of its own (started, returned); one whose gateway goes away
+    under it just ends."""
+    def held():
+        try:
+            g.request("/hold?k=%s&ms=%d" % (key, hold_ms), api_key=key, timeout=10)
+        except OSError:
+            pass
+
+    threads = [threading.Thread(target=held) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
 def hammer(gateways, key, hold_ms, seconds, clients):
     """<clients> threads, each sending requests for <key> in a loop through the gateways
     (client i on gateway i mod n) for <seconds>. Returns (statuses, 429 responses)."""
@@ -214,15 +230,7 @@ def test_slots_of_a_dead_gateway_end_with_their_lease(redis, agent, procs, tmp, 
     within max_duration + 1 s, and not before the leases end."""
     a = agent(redis=redis, name="doomed", **CFG)
     g = HAProxy(procs, tmp, a.address, app.address, name="doomed-haproxy")
-    def held():
-        try:
-            g.request("/hold?k=dead&ms=8000", api_key="dead", timeout=10)
-        except OSError:
-            pass  # its gateway is killed under it
-
-    threads = [threading.Thread(target=held) for _ in range(5)]
-    for t in threads:
-        t.start()
+    threads = hold_requests(g, "dead", 8000, 5)
     wait_until(lambda: app.now.get("dead", 0) == 5, 5, what="5 requests held")
     t_held = time.monotonic()
     g.proc.kill()
@@ -379,15 +387,7 @@ def test_a_clean_stop_gives_back_the_slots_still_held(redis, agent, procs, tmp, 
     a = agent(redis=redis, name="stopping", **cfg)
     g = HAProxy(procs, tmp, a.address, app.address, name="stopping-haproxy")
 
-    def held():
-        try:
-            g.request("/hold?k=stop&ms=4000", api_key="stop", timeout=10)
-        except OSError:
-            pass
-
-    threads = [threading.Thread(target=held) for _ in range(3)]
-    for t in threads:
-        t.start()
+    threads = hold_requests(g, "stop", 4000, 3)
     wait_until(lambda: app.now.get("stop", 0) == 3, 5, what="3 requests held")
     assert slots_in_redis(redis, "stop") == 3
     assert int(redis.cmd("ZCARD", "rl:{g:hold}:all")) == 3  # the endpoint's, another tag

@@ -124,6 +124,25 @@ static void queue(struct lconn *c, const uint8_t *p, size_t n)
 	c->tx_len += n;
 }
 
+/* The principal's arguments of both messages: key, tier (-t), ip (<ip>, IPv4). */
+static void put_principal(struct spop_wbuf *w, const char *key, const uint8_t *ip)
+{
+	struct spop_data d;
+
+	spop_put_str(w, "key", 3);
+	d = spop_string(key, strlen(key));
+	spop_put_data(w, &d);
+	if (g.tier) {
+		spop_put_str(w, "tier", 4);
+		d = spop_string(g.tier, strlen(g.tier));
+		spop_put_data(w, &d);
+	}
+	spop_put_str(w, "ip", 2);
+	d.type = SPOP_T_IPV4;
+	memcpy(d.v.ipv4, ip, 4);
+	spop_put_data(w, &d);
+}
+
 static void send_notify(struct ev_loop *loop, struct lconn *c)
 {
 	uint8_t buf[512];
@@ -157,18 +176,7 @@ static void send_notify(struct ev_loop *loop, struct lconn *c)
 	start = spop_frame_begin(&w, SPOP_FRM_NOTIFY, SPOP_FL_FIN, sid, 1);
 	spop_put_str(&w, "rl-req", 6);
 	spop_put_u8(&w, g.tier ? 5 : 4);
-	spop_put_str(&w, "key", 3);
-	d = spop_string(key, strlen(key));
-	spop_put_data(&w, &d);
-	if (g.tier) {
-		spop_put_str(&w, "tier", 4);
-		d = spop_string(g.tier, strlen(g.tier));
-		spop_put_data(&w, &d);
-	}
-	spop_put_str(&w, "ip", 2);
-	d.type = SPOP_T_IPV4;
-	memcpy(d.v.ipv4, ip, 4);
-	spop_put_data(&w, &d);
+	put_principal(&w, key, ip);
 	spop_put_str(&w, "method", 6);
 	d = spop_string("GET", 3);
 	spop_put_data(&w, &d);
@@ -236,18 +244,7 @@ static void send_release(struct lconn *c, unsigned i, int64_t slot)
 	c->next_rel_sid += 2;
 	spop_put_str(&w, "rl-res", 6);
 	spop_put_u8(&w, g.tier ? 4 : 3);
-	spop_put_str(&w, "key", 3);
-	d = spop_string(c->key[i], strlen(c->key[i]));
-	spop_put_data(&w, &d);
-	if (g.tier) {
-		spop_put_str(&w, "tier", 4);
-		d = spop_string(g.tier, strlen(g.tier));
-		spop_put_data(&w, &d);
-	}
-	spop_put_str(&w, "ip", 2);
-	d.type = SPOP_T_IPV4;
-	memcpy(d.v.ipv4, c->ip[i], 4);
-	spop_put_data(&w, &d);
+	put_principal(&w, c->key[i], c->ip[i]);
 	spop_put_str(&w, "slot", 4);
 	d.type = SPOP_T_INT64;
 	d.v.i = slot;

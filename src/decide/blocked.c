@@ -62,7 +62,9 @@ void blocked_put(struct agent *a, const struct part *pt)
 	int64_t wait = 0;
 	size_t i;
 
-	if (!a->caches.blocked || pt->res.allowed || pt->q.ncand)
+	/* a concurrency limit's denial ends when a slot is given back, before its
+	 * Retry-After: not repeated */
+	if (!a->caches.blocked || pt->res.allowed || pt->q.ncand || pt->conc)
 		return;
 	for (i = 0; i < pt->res.n; i++)
 		if (!pt->res.v[i].allowed && !pt->q.params[i].shadow && pt->res.v[i].retry_ms > wait)
@@ -86,7 +88,8 @@ bool blocked_get(struct agent *a, struct part *pt)
 
 	/* whether Redis answers now or not: the denial is a fact Redis computed,
 	 * and nothing but a refund or a reload could end it before its time */
-	if (!a->caches.blocked || pt->q.ncand) /* the candidate decides every request in Redis */
+	/* the candidate decides every request in Redis; a concurrency limit too */
+	if (!a->caches.blocked || pt->q.ncand || pt->conc)
 		return false;
 	b = &a->caches.blocked[pt->h % BLOCKED_SLOTS];
 	now = mono();

@@ -67,14 +67,20 @@
 #include "store.h"
 #include "util.h"
 
+/* A store call of <a>'s came back: no longer owed, and counted in <lost> if it failed. */
+static void call_back_counted(struct agent *a, enum store_status st, uint64_t *lost)
+{
+	decision_call_back(a);
+	if (st != STORE_OK)
+		(*lost)++;
+}
+
 static void refund_done_cb(enum store_status st, const struct store_result *res, void *arg)
 {
 	struct agent *a = arg;
 
 	(void)res;
-	decision_call_back(a);
-	if (st != STORE_OK)
-		a->st.charge.refunds_lost++;
+	call_back_counted(a, st, &a->st.charge.refunds_lost);
 }
 
 /*
@@ -214,6 +220,22 @@ static struct held_slot *held_take(struct agent *a, int64_t slot)
 
 static void give_back(struct agent *a, const struct held_slot *h);
 
+/* Drops the slots of chain <p> of <a>'s table whose lease ended by <now>. */
+static void held_prune(struct agent *a, struct held_slot **p, double now)
+{
+	while (*p) {
+		if ((*p)->until <= now) {
+			struct held_slot *h = *p;
+
+			*p = h->next;
+			a->caches.nheld--;
+			held_free(h);
+		} else {
+			p = &(*p)->next;
+		}
+	}
+}
+
 /* True when candidate limit <i> of <d> is a concurrency limit that took d->slot. */
 static bool held_cand(const struct decision *d, size_t i)
 {
@@ -232,7 +254,7 @@ static bool held_cand(const struct decision *d, size_t i)
 void slots_note_held(struct decision *d)
 {
 	struct agent *a = d->a;
-	struct held_slot **p, *h;
+	struct held_slot *h;
 	double now = mono(), until = 0;
 	size_t i, n = 0;
 
@@ -256,17 +278,7 @@ void slots_note_held(struct decision *d)
 	if (!a->caches.held_closed) {
 		if (!a->caches.held)
 			a->caches.held = xcalloc(HELD_BUCKETS, sizeof(*a->caches.held));
-		p = &a->caches.held[(uint64_t)d->slot & (HELD_BUCKETS - 1)];
-		while (*p) {
-			if ((*p)->until <= now) {
-				h = *p;
-				*p = h->next;
-				a->caches.nheld--;
-				held_free(h);
-			} else {
-				p = &(*p)->next;
-			}
-		}
+		held_prune(a, &a->caches.held[(uint64_t)d->slot & (HELD_BUCKETS - 1)], now);
 		if (a->caches.nheld >= HELD_MAX) {
 			a->st.charge.untracked++;
 			return;
@@ -316,21 +328,8 @@ size_t slots_held(struct agent *a)
 {
 	double now = mono();
 
-	for (size_t b = 0; a->caches.held && a->caches.nheld && b < HELD_BUCKETS; b++) {
-		struct held_slot **p = &a->caches.held[b];
-
-		while (*p) {
-			if ((*p)->until <= now) {
-				struct held_slot *h = *p;
-
-				*p = h->next;
-				a->caches.nheld--;
-				held_free(h);
-			} else {
-				p = &(*p)->next;
-			}
-		}
-	}
+	for (size_t b = 0; a->caches.held && a->caches.nheld && b < HELD_BUCKETS; b++)
+		held_prune(a, &a->caches.held[b], now);
 	return a->caches.nheld;
 }
 
@@ -339,40 +338,40 @@ static void give_back_cb(enum store_status st, const struct store_result *res, v
 	struct agent *a = arg;
 
 	(void)res;
-	decision_call_back(a);
-	if (st != STORE_OK)
-		a->st.charge.release_lost++;
+	call_back_counted(a, st, &a->st.charge.release_lost);
 }
 
 /*
- * The agent stops cleanly: every slot its requests still hold (lease not
- * ended) is given back, one call a slot, counted in the calls the drain
- * waits for; the table is emptied. Returns the number given back.
- */
-/*
  * Slot h->slot given back now: one call per part of the decision (a part's
- * keys share a hash tag), to Redis or the memory store; counted in the calls
- * a drain waits for.
+ * keys share a hash tag), to Redis or the memory store, counted in the calls
+ * a drain waits for; and to the local fallback count (a slot it never held
+ * changes nothing there).
  */
 static void give_back(struct agent *a, const struct held_slot *h)
 {
 	struct store_result rr;
-	struct store_query q;
+	struct store_query q, lq;
 	size_t i;
 	int p;
 
 	a->st.charge.released++;
 	for (p = 0; p < NPARTS; p++) {
 		store_query_init(&q);
+		store_query_init(&lq);
 		for (i = 0; i < h->n && q.n < STORE_MAX_LIMITS; i++) {
 			if (h->l[i].part != p)
 				continue;
 			snprintf(q.keys[q.n], sizeof(q.keys[0]), "%s", h->l[i].key);
 			q.params[q.n] = h->l[i].lp;
 			q.cost[q.n++] = -h->slot;
+			memcpy(lq.keys[lq.n], q.keys[q.n - 1], sizeof(lq.keys[0]));
+			lq.params[lq.n] = h->l[i].local_lp;
+			lq.cost[lq.n++] = -h->slot;
 		}
 		if (!q.n)
 			continue;
+		if (a->local)
+			memstore_decide(a->local, &lq, now_us_real(), &rr);
 		if (a->mem) {
 			memstore_decide(a->mem, &q, now_us_real(), &rr);
 		} else if (a->store) {
@@ -385,6 +384,28 @@ static void give_back(struct agent *a, const struct held_slot *h)
 	}
 }
 
+/*
+ * The response of the request holding <slot> arrived here, with nothing to
+ * charge: the slot is given back from what was kept of it (its keys exactly,
+ * no decision rebuilt). False when this process keeps nothing of it (another
+ * process admitted the request, or its lease ended): rebuild then.
+ */
+bool slots_release(struct agent *a, int64_t slot)
+{
+	struct held_slot *h = held_take(a, slot);
+
+	if (!h)
+		return false;
+	give_back(a, h);
+	held_free(h);
+	return true;
+}
+
+/*
+ * The agent stops cleanly: every slot its requests still hold (lease not
+ * ended) is given back, one call a part, counted in the calls the drain
+ * waits for; the table is emptied. Returns the number given back.
+ */
 size_t slots_give_back(struct agent *a)
 {
 	double now = mono();
@@ -427,9 +448,7 @@ static void release_done_cb(enum store_status st, const struct store_result *res
 	struct agent *a = d->a;
 
 	(void)res;
-	decision_call_back(a);
-	if (st != STORE_OK)
-		a->st.charge.release_lost++;
+	call_back_counted(a, st, &a->st.charge.release_lost);
 	if (!--d->waiting)
 		decision_free(d);
 }
@@ -488,6 +507,7 @@ static void release_send(struct decision *d)
 	struct agent *a = d->a;
 	struct store_query q, lq;
 	struct store_result rr;
+	bool any = false;
 	int p;
 
 	for (p = 0; p < NPARTS; p++) {
@@ -497,7 +517,9 @@ static void release_send(struct decision *d)
 		cand_slots(d, p, &q); /* the candidate's: no local count */
 		if (!q.n)
 			continue;
-		a->st.charge.released++;
+		if (!any)
+			a->st.charge.released++; /* one slot, whatever its parts */
+		any = true;
 		if (a->local)
 			memstore_decide(a->local, &lq, now_us_real(), &rr);
 		if (a->mem) {
@@ -571,7 +593,6 @@ void cand_release(struct decision *d)
 		cand_slots(d, p, &rq);
 		if (!rq.n)
 			continue;
-		a->st.charge.released++;
 		if (a->mem) {
 			memstore_decide(a->mem, &rq, now_us_real(), &rr);
 		} else if (a->store) {
@@ -610,13 +631,8 @@ void post_send(struct decision *d)
 	int p;
 
 	d->waiting = 1; /* until every call below is sent */
-	if (d->slot) {
-		struct held_slot *h = held_take(a, d->slot);
-
-		if (h)
-			held_free(h);
+	if (d->slot && !slots_release(a, d->slot))
 		release_send(d);
-	}
 	for (p = 0; p < NPARTS && d->post_cost >= 0; p++) {
 		struct part *pt = &d->parts[p];
 		int64_t units = 0;

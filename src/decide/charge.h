@@ -13,6 +13,7 @@ void post_send(struct decision *d);
 void post_counted(struct agent *a, enum post_outcome o);
 void slots_note_held(struct decision *d);
 size_t slots_give_back(struct agent *a);
+bool slots_release(struct agent *a, int64_t slot);
 size_t slots_held(struct agent *a);
 void slots_free(struct agent *a);
 

@@ -270,7 +270,8 @@ static void post_begin(struct agent *a, struct spoa_req *req, struct spop_msg *m
 		post_counted(a, POST_INVALID);
 		tokens = -1;
 	}
-	if (tokens < 0 && !ra.slot)
+	/* nothing to charge: a slot this process kept goes back as it was taken */
+	if (tokens < 0 && (!ra.slot || slots_release(a, ra.slot)))
 		return;
 	d = decision_start(a, NULL, &ra, ep);
 	d->post = true;

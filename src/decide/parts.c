@@ -139,8 +139,7 @@ static void part_done_cb(enum store_status st, const struct store_result *res, v
 		prom_hist_observe(&d->a->ms->redis_lat, mono() - pt->t_sent);
 	if (st == STORE_OK && res->n == pt->q.n) {
 		pt->res = *res;
-		if (!pt->conc)
-			blocked_put(d->a, pt);
+		blocked_put(d->a, pt);
 	} else if (st == STORE_OK) {
 		pt->st = STORE_ERROR;
 	}
@@ -168,15 +167,14 @@ static bool part_start(struct decision *d, struct part *pt)
 
 	pt->d = d;
 	pt->h = query_hash(&pt->q);
-	if (!pt->conc && blocked_get(a, pt)) {
+	if (blocked_get(a, pt)) {
 		pt->st = STORE_OK;
 		return false;
 	}
 	if (a->mem) {
 		memstore_decide(a->mem, &pt->q, now_us_real(), &pt->res);
 		pt->st = STORE_OK;
-		if (!pt->conc)
-			blocked_put(a, pt);
+		blocked_put(a, pt);
 		return false;
 	}
 	d->waiting++;

@@ -481,3 +481,65 @@ def test_redis_down_under_the_fleets_load_each_gateway_holds_its_share(redis, ag
     assert all(n > 0 for n in served.values()), served
     for a in agents:
         assert metric(a, "spoa_ratelimit_fallback_gateways") == 4
+
+
+def test_memory_store_anonymous_and_shadow_concurrency(agent):
+    """Over SPOP, the memory store: an anonymous client's concurrency limit (1) refuses a
+    second request in flight and admits one again once the response message gave the slot
+    back; a shadow concurrency limit never refuses, and names itself when it would have."""
+    import spop_client as sc
+    a = agent(store="memory", limits={
+        "anon_inflight": {"concurrency": 1, "max_duration": "30s"},
+        "watch": {"concurrency": 1, "max_duration": "30s", "shadow": True},
+        "rate": {"rate": 100000, "period": "1s"}},
+        tiers={"free": {"limits": ["watch", "rate"]}}, default_tier="free",
+        unknown_keys="default_tier", anonymous={"limits": ["anon_inflight"]})
+    with sc.SpopClient(a.addr, timeout=5) as c:
+        c.hello()
+        first = c.request(1, 1, [sc.rl_message(ip="192.0.2.7")])
+        assert first["allow"] == 1 and first["slot"] > 0, first
+        second = c.request(3, 1, [sc.rl_message(ip="192.0.2.7")])
+        assert second["allow"] == 0 and second["rule"] == "anon_inflight", second
+        assert second["retry_after"] == 1 and "slot" not in second, second
+        assert c.request(5, 1, [sc.rl_message(ip="192.0.2.8")])["allow"] == 1  # another client
+        c.request(7, 1, [("rl-res", [("ip", sc.ipaddress.ip_address("192.0.2.7")),
+                                      ("slot", first["slot"])])])
+        assert c.request(9, 1, [sc.rl_message(ip="192.0.2.7")])["allow"] == 1
+        k1 = c.request(11, 1, [sc.rl_message(key="watched")])
+        k2 = c.request(13, 1, [sc.rl_message(key="watched")])
+        assert k1["allow"] == 1 and "shadow" not in k1, k1
+        assert k2["allow"] == 1 and k2["shadow"] == "watch", k2
+
+
+def test_a_response_reaching_another_agent_gives_the_slot_back(redis, agent):
+    """The response message of a request one agent admitted reaches another (a worker
+    restarted, HAProxy's other connection): that agent keeps nothing of the slot, so it
+    builds the request's keys again from the message (the principal, the endpoint its ACK
+    named, the candidate's endpoint in `cendpoint`) and gives the slot back in each."""
+    import spop_client as sc
+    cfg = dict(CFG, limits={"inflight": {"concurrency": 2, "max_duration": "30s"},
+                            "rate": {"rate": 100000, "period": "1s"}},
+               endpoints=LcList([{"name": "hold", "path_prefix": "/hold",
+                                  "global_limits": ["inflight"]}]),
+               candidate={"limits": {"c_ep": {"concurrency": 5, "max_duration": "30s"}},
+                          "tiers": {"free": {"limits": ["c_ep"]}},
+                          "anonymous": {"limits": ["c_ep"]},
+                          "endpoints": LcList([{"name": "c_hold", "path_prefix": "/hold",
+                                                "limits": ["c_ep"]}])})
+    a1 = agent(redis=redis, name="admits", **cfg)
+    a2 = agent(redis=redis, name="releases", **cfg)
+    digest = hashlib.sha256(b"moved").hexdigest()[:32]
+    keys = ["rl:{k:%s}:inflight" % digest, "rl:{g:hold}:inflight",
+            "rl:{k:%s}:c:c_ep" % digest, "rl:{k:%s}:c:c_ep@c_hold" % digest]
+    with sc.SpopClient(a1.addr, timeout=5) as c1, sc.SpopClient(a2.addr, timeout=5) as c2:
+        c1.hello()
+        c2.hello()
+        v = c1.request(1, 1, [sc.rl_message(key="moved", path="/hold/x")])
+        assert v["allow"] == 1 and v["endpoint"] == "hold" and v["cendpoint"] == "c_hold", v
+        assert [int(redis.cmd("ZCARD", k)) for k in keys] == [1, 1, 1, 1]
+        c2.request(1, 1, [("rl-res", [("key", "moved"), ("tier", None),
+                                      ("ip", sc.ipaddress.ip_address("127.0.0.1")),
+                                      ("endpoint", v["endpoint"]), ("slot", v["slot"]),
+                                      ("cendpoint", v["cendpoint"])])])
+        wait_until(lambda: [int(redis.cmd("ZCARD", k)) for k in keys] == [0, 0, 0, 0], 5,
+                   what="every key's slot given back by the other agent")

@@ -14,7 +14,7 @@
  *
  * DESIGN
  * Each decision holds a reference to the ruleset it started with, so a reload
- * never changes a decision midway. A decision is ~10 KB, mostly the key
+ * never changes a decision midway. A decision is ~19 KB, mostly the key
  * buffers of its store queries: a new one is cleared up to them only, and
  * unused ones are kept for the next decisions.
  */
@@ -34,9 +34,16 @@
 
 /*
  * Unused decisions are kept for the next ones (up to DFREE_MAX): a decision
- * is ~10 KB, mostly its store queries' key buffers, which need no clearing.
+ * is ~19 KB, mostly its store queries' key buffers, which need no clearing.
+ * DFREE_WARM of them are made and written at the start (decisions_init()): a
+ * fresh process would otherwise fault in four or five pages for each of its
+ * first decisions, thousands in its first burst, in loop turns long enough to
+ * miss the deadlines of what waits (see doc/benchmarks.md, row S).
  */
 #define DFREE_MAX 256
+#ifndef DFREE_WARM
+#define DFREE_WARM DFREE_MAX
+#endif
 
 /* The random high bits of a process's concurrency slots (decisions_init()). */
 #define CONC_SLOT_BITS_RANDOM 22
@@ -98,6 +105,7 @@ size_t decision_calls_pending(const struct agent *a)
  * bits) and a sequence that starts at a random place, so that the fleet's
  * processes hold distinct slots: two processes share a base once in 2^22
  * pairs, and even then their sequences must meet while both slots are held.
+ * The pool starts with DFREE_WARM decisions, written.
  */
 void decisions_init(struct agent *a)
 {
@@ -109,6 +117,14 @@ void decisions_init(struct agent *a)
 	a->decisions.slot_base = (r & ((UINT64_C(1) << CONC_SLOT_BITS_RANDOM) - 1))
 				 << (50 - CONC_SLOT_BITS_RANDOM);
 	a->decisions.slot_seq = (r >> 32) & ((UINT64_C(1) << (50 - CONC_SLOT_BITS_RANDOM)) - 1);
+	while (a->decisions.nfree < DFREE_WARM) {
+		struct decision *d = xmalloc(sizeof(*d));
+
+		memset(d, 0, sizeof(*d));  /* its pages resident now, not in the first burst */
+		d->next_free = a->decisions.free;
+		a->decisions.free = d;
+		a->decisions.nfree++;
+	}
 }
 
 /*

@@ -243,6 +243,7 @@ static void flusher_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 {
 	struct store *s = w->data;
 
+	cmds_written(s, mono());
 	while (!list_empty(&s->flushq)) {
 		struct store_node *n = LIST_ELEM(s->flushq.next, struct store_node, flush_node);
 
@@ -700,6 +701,7 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 	list_init(&s->waiting_by);
 	list_init(&s->queued);
 	list_init(&s->flushq);
+	cmd_pool_warm(s);
 	ev_prepare_init(&s->flusher, flusher_cb);
 	s->flusher.data = s;
 	s->slots = xcalloc(CRC16_SLOTS, sizeof(*s->slots));

@@ -100,6 +100,9 @@ void turn_end_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 #define CMD_POOL_SIZE (offsetof(struct store_cmd, q) + offsetof(struct store_query, keys) + \
 		       CMD_POOL_KEYS * STORE_KEY_MAX)
 #define CMD_POOL_MAX  1024      /* kept at most: about 2 MB */
+#ifndef CMD_POOL_WARM
+#define CMD_POOL_WARM 256       /* made and written at the start (cmd_pool_warm()) */
+#endif
 
 /*
  * A new command of <kind>; <qsize> bytes of room for its query (a decision:
@@ -146,6 +149,23 @@ void cmd_free(struct store_cmd *c)
 		return;
 	}
 	free(c);
+}
+
+/*
+ * Fills the pool with CMD_POOL_WARM commands, written: a fresh process would
+ * otherwise fault their pages in during its first burst (see decisions_init()).
+ */
+void cmd_pool_warm(struct store *s)
+{
+	while (s->ncmd_pool < CMD_POOL_WARM) {
+		struct store_cmd *c = xmalloc(CMD_POOL_SIZE);
+
+		memset(c, 0, CMD_POOL_SIZE);
+		c->next_free = s->cmd_pool;
+		s->cmd_pool = c;
+		s->ncmd_pool++;
+		pool_poison(c, CMD_POOL_SIZE, &c->next_free);
+	}
 }
 
 /* Gives the commands kept for reuse back to the allocator (the store is freed). */
@@ -323,6 +343,7 @@ static int cmd_start(struct store_node *n, struct store_cmd *c)
 		fifo = &s->waiting_by;
 	} else {
 		c->deadline = c->sent_at + s->command_timeout_ms / 1000.;
+		c->unwritten = true;
 	}
 	/* the timer follows the earliest deadline: arm it when this one is the
 	 * only command of its FIFO (another may have armed it earlier: fine) */
@@ -330,6 +351,30 @@ static int cmd_start(struct store_node *n, struct store_cmd *c)
 	if (fifo->next == &c->node)
 		cmd_timer_arm(s);
 	return 0;
+}
+
+/*
+ * The commands started in this turn leave now (the flusher, before the loop
+ * polls, at <now>): a deadline of command_timeout_ms runs from here, not from
+ * when the command joined its batch or buffer, and its wait from here too. A
+ * long turn (a burst of NOTIFYs, a fresh process faulting its pages in) thus
+ * does not spend Redis' time before Redis has the command. They are the tail
+ * of the FIFO, all given the same deadline: it stays in deadline order.
+ */
+void cmds_written(struct store *s, double now)
+{
+	struct list *l;
+
+	for (l = s->waiting.prev; l != &s->waiting; l = l->prev) {
+		struct store_cmd *c = LIST_ELEM(l, struct store_cmd, node);
+
+		if (!c->unwritten)
+			break;
+		c->unwritten = false;
+		c->deadline = now + s->command_timeout_ms / 1000.;
+		c->sent_at = now;
+		c->busy_at = store_busy(s, now);
+	}
 }
 
 /*

@@ -41,7 +41,9 @@
 #define REFRESH_MIN_S     0.1   /* never more often than this */
 #define REFRESH_TIMEOUT_S 1.0   /* a CLUSTER SLOTS unanswered this long is lost */
 #define LIMIT_MIN         2     /* a node's concurrency limit never goes below */
-#define LIMIT_INITIAL     32    /* ... starts at (slow start from there) */
+#ifndef LIMIT_INITIAL
+#define LIMIT_INITIAL     256   /* ... starts at (capped by max_concurrency) */
+#endif
 #define LIMIT_DECREASE    0.8   /* multiplicative decrease on congestion */
 #define RTT_WINDOW_S      10.0  /* the minimum latency is re-learnt this often */
 #define TROUBLE_S         10.0  /* an error reply makes a node unhealthy this long */
@@ -169,6 +171,8 @@ struct store_cmd {
 	bool queued;                    /* on at->queue and store.queued, owned by us */
 	bool batched;                   /* on at->batch, owned by us until the flusher */
 	bool pooled;                    /* CMD_POOL_SIZE bytes: goes back to store.cmd_pool */
+	bool unwritten;                 /* started in this turn, its deadline command_timeout_ms
+					 * from its send: restarted when written (cmds_written()) */
 	struct store_cmd *next_free;    /* in store.cmd_pool */
 	char *hkey, *hfield;            /* owned: HGET key and field; heartbeat key and id */
 	unsigned window_ms;             /* heartbeat liveness window */

@@ -289,7 +289,10 @@ void node_error(struct store_node *n, enum store_errclass ec)
  * The budget is what decisions get for their reply (reply_budget()): HAProxy's
  * share when spoe_timeout is known, else the command timeout; "late" thus
  * means the same thing as the deadlines decisions are answered by.
- * It stays within [limit_floor(), max_concurrency]. The lowest latency is
+ * It stays within [limit_floor(), max_concurrency] and starts at LIMIT_INITIAL
+ * (256: all of the default max_concurrency), not at its floor: a fresh agent
+ * taking a full load at once (a restart in a busy fleet) must not shed what
+ * Redis could decide before it has seen Redis late once. The lowest latency is
  * re-learnt every RTT_WINDOW_S (Redis may have moved).
  */
 

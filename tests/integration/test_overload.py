@@ -121,6 +121,7 @@ def test_a_slow_redis_never_cuts_the_limit_below_one_script_call(agent, procs, t
         for _ in range(10):
             redis.cmd("DEBUG", "SLEEP", "0.02")
         limit = metric(a, "spoa_ratelimit_redis_concurrency_limit")
+        print("limit after the stalls", limit)
     finally:
         t.join(30)
     assert done.is_set(), "load did not finish"

@@ -252,7 +252,9 @@ def test_metrics_exact_counts_through_haproxy(stack):
     key_a, key_b = "ops-exact-key-A", "ops-exact-key-B"
     # overrides polled every 10 s, not 250 ms: on a slow machine a version check (one more
     # Redis command) could otherwise land between the two scrapes
-    s = stack(limits=HOURLY, metrics=True, tiers={key_b: "pro"}, overrides={"poll": "10s"})
+    # the gateway heartbeat is a Redis command too: once a minute, none between the scrapes
+    s = stack(limits=HOURLY, metrics=True, tiers={key_b: "pro"}, overrides={"poll": "10s"},
+              local_quota={"heartbeat_ms": 60000})
     a = s.agent
     before = scrape(a)
     statuses = {"A": [], "B": [], "anon": []}

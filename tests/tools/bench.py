@@ -843,8 +843,10 @@ def sustained(h, args, agent_bin, rport, red, ceiling):
         finally:
             h.stop(ag)
         row = spop_row("S", "sustained", res, cpu, args.step)
+        # clean: nothing degraded or lost, and 99% answered within the deadline
         clean = row["degraded"] == 0 and row["errors"] == 0 and \
-            row["n"] >= 0.97 * rate * args.step
+            row["n"] >= 0.97 * rate * args.step and \
+            row["p99"] is not None and row["p99"] <= DEFAULT_COMMAND_TIMEOUT_MS
         print("    step %d: -r %6d  %6d decisions  p50 %s  p99 %s ms  degraded %d, "
               "unanswered/errors %d  %s" % (
                   i + 1, rate, row["n"], fmt_ms(row["p50"]), fmt_ms(row["p99"]),

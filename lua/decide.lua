@@ -58,6 +58,20 @@
 --   5 n_j + x_j    its arguments exactly as in the single form
 -- KEYS             the n_1 keys of decision 1, then the n_2 of decision 2...
 --                  (in a cluster, every key of the call in one hash slot)
+--
+-- The cross-slot form, for a cluster: decisions whose keys live in several
+-- hash slots of one master. Redis refuses a call whose declared keys span
+-- slots (CROSSSLOT), but lets a script reach keys of other slots that this
+-- node serves: the first decision's keys are declared (they route the call,
+-- and a MOVED or ASK for their slot comes back as usual), the others are
+-- arguments. A decision whose keys this node does not serve (a slot that
+-- moved, or is moving) fails at its first read, before it writes anything:
+-- its element is that error, and the agent sends it again alone.
+-- ARGV[1]          "X"
+-- ARGV[2]          D
+-- ARGV[3]          K, the keys given as arguments
+-- ARGV[4..3+K]     the keys of the decisions after those in KEYS, in order
+-- then per decision as in the multi form.
 -- For example two decisions, one GCRA limit each, the second a grant of up
 -- to 5 units with a lease of 1 s:
 --   EVALSHA <sha> 2 <key1> <key2> M 2  1 0 1 <a> <b> 0 1  1 3 1 <a> <b> 0 1 5 0 1000000
@@ -318,7 +332,7 @@ end
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 
-if ARGV[1] ~= 'M' then
+if ARGV[1] ~= 'M' and ARGV[1] ~= 'X' then
 	return decide(ALG, check, 0, #KEYS, 0, #ARGV, now, nil, nil, nil)
 end
 
@@ -327,13 +341,23 @@ end
 -- the agent sends most ("1" limit, "0" arguments after) are compared as
 -- strings.
 local argv, tonumber = ARGV, tonumber
+local base = 2 -- the arguments before the first decision's counts
+if argv[1] == 'X' then
+	local K, keys = tonumber(argv[3]), KEYS
+	if not K or K < 0 or K % 1 ~= 0 or 3 + K > #argv then
+		return redis.error_reply('bad key count ' .. tostring(argv[3]))
+	end
+	local k0 = #keys
+	for i = 1, K do keys[k0 + i] = argv[3 + i] end
+	base = 3 + K
+end
 local nk, na = #KEYS, #argv
 local D = tonumber(argv[2])
 if not D or D < 0 or D ~= math.floor(D) then
 	return redis.error_reply('bad decision count ' .. tostring(argv[2]))
 end
 local at = {} -- per decision: its number of limits and of arguments
-local kb, ab = 0, 2
+local kb, ab = 0, base
 local arrays = false -- a decision needs the scratch arrays (see decide())
 for j = 1, D do
 	if ab + 2 > na then
@@ -375,7 +399,7 @@ local out, lim, res, cache = {}, nil, nil, nil
 if D > 1 then cache = {} end
 if arrays then lim, res = { 0, 0, 0, 0, 0 }, { 0, 0, 0, 0, 0, 0, 0, 0, 0 } end
 local from = 1
-kb, ab = 0, 2
+kb, ab = 0, base
 while from <= D do
 	local ok, e = pcall(run, ALG, check, decide, out, at, from, D, kb, ab, now, lim, res, cache)
 	if ok then break end

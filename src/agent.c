@@ -134,6 +134,8 @@ static void publish(struct agent *a)
 		ms->c[MC_REDIS_SHED] = st->shed;
 		ms->c[MC_REDIS_BATCH_CALLS] = st->batch_calls;
 		ms->c[MC_REDIS_BATCHED] = st->batched;
+		ms->c[MC_REDIS_CROSS_SLOT] = st->cross_slot_calls;
+		ms->c[MC_REDIS_CROSS_SOLO] = st->cross_slot_solo;
 		for (i = 0; i < STORE_EC_COUNT; i++)
 			ms->c[MC_REDIS_ERR_OOM + i] = st->errors[i];
 		nn = store_node_stats(a->store, ms->nodes, MET_NODES);

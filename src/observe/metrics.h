@@ -61,6 +61,8 @@ enum met_counter {
 	MC_REDIS_SHED,          /* commands shed (queue budget exceeded) */
 	MC_REDIS_BATCH_CALLS,   /* script calls carrying several decisions */
 	MC_REDIS_BATCHED,       /* decisions sent in them */
+	MC_REDIS_CROSS_SLOT,    /* ... of them in a cluster, over several slots */
+	MC_REDIS_CROSS_SOLO,    /* decisions such a call found elsewhere, sent alone */
 	MC_REDIS_ERR_OOM,       /* error replies by class (enum store_errclass order) */
 	MC_REDIS_ERR_BUSY,
 	MC_REDIS_ERR_LOADING,

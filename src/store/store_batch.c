@@ -17,13 +17,23 @@
  * each of its decisions the same way, which then take their usual course
  * (re-sent alone with EVAL, answered ERROR or DOWN).
  *
- * Only a single Redis batches: in a cluster the keys of one call must share a
- * slot, and decisions of one slot rarely meet in one loop iteration.
+ * In a cluster the decisions of one master share a call too, whatever their
+ * slots: decisions of one slot rarely meet in one loop turn, those of one
+ * master do. Redis refuses a call whose declared keys span slots, so the call
+ * takes the script's cross-slot form (see lua/decide.lua): the first
+ * decision's keys declared (a MOVED or ASK for their slot is theirs), the
+ * others' as arguments, which the script may reach when this node serves
+ * them. A decision whose slot is elsewhere (it moved, or is moving) fails at
+ * its first read, before it writes anything; that decision, and those of a
+ * call redirected for another decision's slot, are sent again alone by the
+ * slot map (solo: never batched again), where MOVED and ASK work as for any
+ * command.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "crc16.h"
 #include "store_batch.h"
 #include "store_cmd.h"
 #include "store_node.h"
@@ -32,6 +42,7 @@
 /* One script call carrying several decisions; owned by its connection until its reply. */
 struct batch_call {
 	unsigned count;
+	bool cross;                     /* the cross-slot form (a cluster) */
 	struct store_cmd *cmds[STORE_BATCH_MAX];
 };
 
@@ -61,6 +72,42 @@ void batch_fail(struct store_node *n)
 	}
 }
 
+/*
+ * True when <err>, the reply a cross-slot call gave a decision, says that
+ * decision's slot is not (or not only) this node's: a redirection of the whole
+ * call (for its first decision's slot, not necessarily this one's), a
+ * migration in progress, or the script finding the key elsewhere.
+ */
+static bool cross_slot_elsewhere(const redisReply *err)
+{
+	return err->type == REDIS_REPLY_ERROR &&
+	       (strncmp(err->str, "MOVED ", 6) == 0 || strncmp(err->str, "ASK ", 4) == 0 ||
+		strncmp(err->str, "TRYAGAIN", 8) == 0 || strstr(err->str, "non local key"));
+}
+
+/*
+ * Sends <c>, which a cross-slot call found elsewhere, again alone to the owner
+ * of its slot by the map (asked again meanwhile): false when it cannot go
+ * (no owner, too many redirections), to be answered with its reply as is.
+ */
+static bool cross_slot_resend(struct store *s, struct store_cmd *c)
+{
+	struct store_node *to;
+
+	if (c->redirects >= MAX_REDIRECTS || !c->q.n)
+		return false;
+	to = s->slots[crc16_key_slot(c->q.keys[0], strlen(c->q.keys[0]))];
+	if (!to)
+		return false;
+	c->solo = true;
+	c->redirects++;
+	if (cmd_dispatch_nocb(to, c) < 0)
+		return false;
+	s->stats.cross_slot_solo++;
+	s->cmd_ops->refresh(s);
+	return true;
+}
+
 /* The connection calls this once per batch call: with its reply, or NULL when it is gone. */
 static void batch_reply_cb(struct rconn *rc, void *reply, void *privdata)
 {
@@ -86,6 +133,12 @@ static void batch_reply_cb(struct rconn *rc, void *reply, void *privdata)
 		if (rep && cmd_live(c) && c->sent_at > 0)
 			limit_sample(n, cmd_wait(c, now), now);
 		j += QUERY_DECISIONS(&c->q); /* cmd_reply() frees <c> */
+		if (b->cross && rep && cmd_live(c) &&
+		    /* the call's redirection is its first decision's: the others go alone */
+		    ((!split && i > 0 && cross_slot_elsewhere(rep)) ||
+		     (split && cross_slot_elsewhere(rep->element[at]))) &&
+		    cross_slot_resend(n->s, c))
+			continue;
 		if (split && c->q.ncand) {
 			/* its two decisions, as the multi form answers a query alone */
 			redisReply pair = {.type = REDIS_REPLY_ARRAY, .elements = 2,
@@ -124,16 +177,31 @@ static int batch_send_call(struct store_node *n, struct batch_call *b)
 		nd += QUERY_DECISIONS(q);
 		nargs += q->n + 2 * QUERY_DECISIONS(q) + QUERY_ARGS(q);
 	}
+	if (b->cross)
+		nargs++;        /* X D K instead of M D */
 	av.argv = xmalloc(nargs * sizeof(*av.argv));
 	av.lens = xmalloc(nargs * sizeof(*av.lens));
 	av.nums = xmalloc(nargs * sizeof(*av.nums));
 	argv_str(&av, "EVALSHA", 7);
 	argv_str(&av, s->sha, strlen(s->sha));
-	argv_num(&av, (int64_t)nkeys);
-	for (i = 0; i < b->count; i++)
-		query_push_keys(&av, &b->cmds[i]->q);
-	argv_str(&av, "M", 1);
-	argv_num(&av, (int64_t)nd);
+	if (b->cross) {
+		/* EVALSHA sha <n_1> <keys of decision 1> X <D> <K> <the other keys> */
+		const struct store_query *q0 = &b->cmds[0]->q;
+
+		argv_num(&av, (int64_t)q0->n);
+		query_push_keys(&av, q0);
+		argv_str(&av, "X", 1);
+		argv_num(&av, (int64_t)nd);
+		argv_num(&av, (int64_t)(nkeys - q0->n));
+		for (i = 1; i < b->count; i++)
+			query_push_keys(&av, &b->cmds[i]->q);
+	} else {
+		argv_num(&av, (int64_t)nkeys);
+		for (i = 0; i < b->count; i++)
+			query_push_keys(&av, &b->cmds[i]->q);
+		argv_str(&av, "M", 1);
+		argv_num(&av, (int64_t)nd);
+	}
 	for (i = 0; i < b->count; i++)
 		query_push_decisions(&av, &b->cmds[i]->q);
 	ret = rconn_command(n->rc, batch_reply_cb, b, av.argc, av.argv, av.lens);
@@ -170,10 +238,20 @@ void batch_flush(struct store_node *n)
 		}
 		b = xmalloc(sizeof(*b));
 		b->count = 0;
+		b->cross = false;
 		while (n->nbatch && b->count < s->batch_max)
 			b->cmds[b->count++] = batch_pop(n);
 		s->stats.batch_calls++;
 		s->stats.batched += b->count;
+		if (s->mode == MODE_CLUSTER) {
+			unsigned slot = crc16_key_slot(b->cmds[0]->q.keys[0],
+						       strlen(b->cmds[0]->q.keys[0])), k;
+
+			for (k = 1; k < b->count && !b->cross; k++)
+				b->cross = crc16_key_slot(b->cmds[k]->q.keys[0],
+							  strlen(b->cmds[k]->q.keys[0])) != slot;
+			s->stats.cross_slot_calls += b->cross;
+		}
 		if (batch_send_call(n, b) != REDIS_OK) {
 			unsigned i;
 

@@ -592,14 +592,14 @@ int cmd_write(struct store_node *n, struct store_cmd *c, bool eval)
 }
 
 /*
- * A decision for a single Redis (EVALSHA, no ASKING) joins <n>'s batch, which
- * the store's flusher sends as one script call (store_batch.c): true; false
- * when <c> is to be written alone.
+ * A decision (EVALSHA, no ASKING, not sent alone after a cross-slot call)
+ * joins <n>'s batch, which the store's flusher sends as one script call
+ * (store_batch.c): true; false when <c> is to be written alone.
  */
 static bool cmd_batch_take(struct store_node *n, struct store_cmd *c, bool eval)
 {
-	if (n->s->batch_max <= 1 || n->s->mode != MODE_SINGLE || c->kind != CMD_DECIDE || eval ||
-	    c->asking)
+	if (n->s->batch_max <= 1 || n->s->mode == MODE_UNKNOWN || c->kind != CMD_DECIDE || eval ||
+	    c->asking || c->solo)
 		return false;
 	c->batched = true;
 	list_append(&n->batch, &c->park);

@@ -167,6 +167,8 @@ struct store_cmd {
 	unsigned redirects;             /* MOVED/ASK followed */
 	bool retried;                   /* NOSCRIPT retry done */
 	bool asking;                    /* ASK: send ASKING before it */
+	bool solo;                      /* never batched again: a cross-slot call found its
+					 * slot elsewhere (store_batch.c) */
 	bool parked;                    /* on at->parked, owned by us, not by a connection */
 	bool queued;                    /* on at->queue and store.queued, owned by us */
 	bool batched;                   /* on at->batch, owned by us until the flusher */

@@ -317,7 +317,7 @@ static void limit_reset(struct store_node *n)
 
 /*
  * The lowest a limit goes: LIMIT_MIN, or one full script call when decisions
- * are batched (a single Redis). Below that each round trip carries fewer
+ * are batched (a single Redis, or a cluster's master). Below that each round trip carries fewer
  * decisions and Redis pays its per-call cost for fewer of them, lowering its
  * capacity exactly when it is short; latency that does not come from our own
  * commands (a Redis starved of CPU by its neighbours) would otherwise cut the
@@ -325,7 +325,7 @@ static void limit_reset(struct store_node *n)
  */
 static double limit_floor(const struct store *s)
 {
-	unsigned f = s->mode == MODE_SINGLE && s->batch_max > LIMIT_MIN ? s->batch_max : LIMIT_MIN;
+	unsigned f = s->mode != MODE_UNKNOWN && s->batch_max > LIMIT_MIN ? s->batch_max : LIMIT_MIN;
 
 	return f < s->max_concurrency ? f : s->max_concurrency;
 }

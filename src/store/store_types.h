@@ -126,6 +126,8 @@ struct store_stats {
 	uint64_t noscript;              /* NOSCRIPT retries */
 	uint64_t batch_calls;           /* script calls carrying several decisions */
 	uint64_t batched;               /* decisions sent in them */
+	uint64_t cross_slot_calls;      /* ... of them in a cluster, over several slots */
+	uint64_t cross_slot_solo;       /* decisions such a call found elsewhere, sent alone */
 	uint64_t failed[STORE_COUNT];   /* outcomes other than OK, by status */
 	uint64_t errors[STORE_EC_COUNT]; /* error replies by class */
 	uint64_t shed;                  /* queries answered OVERLOAD (queue budget exceeded) */

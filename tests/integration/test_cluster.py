@@ -21,6 +21,7 @@ import time
 import pytest
 
 import spop_client as sc
+from test_ops import Prom
 from conftest import REDIS_BIN, REDIS_CLI, REPO, _resp_read, free_port, wait_port, wait_until
 
 SLOTS = 16384
@@ -440,6 +441,115 @@ def test_limits_exact_over_all_slots(agent, redis_cluster, tmp):
     assert "MOVED" not in log and "ASK" not in log
     assert log.count("connected, script") == 4, log     # the seed and the 3 masters
     assert "%s connected" % seed.address in log
+
+
+def pipelined(c, keys, sid0, rounds=1):
+    """Each of <keys> decided <rounds> times, every decision in flight at once on <c>;
+    returns {key: [answer vars]}."""
+    sent, sid = {}, sid0
+    for _ in range(rounds):
+        for k in keys:
+            c.send(sc.notify(sid, 1, [sc.rl_message(key=k)]))
+            sent[sid] = k
+            sid += 2
+    got = {k: [] for k in keys}
+    while sent:
+        f = c.recv_frame(timeout=10)
+        assert f is not None and f.type == sc.T_ACK, f
+        got[sent.pop(f.sid)].append(sc.ack_vars(f.payload))
+    return got
+
+
+def evalsha_calls(node):
+    m = re.search(r"cmdstat_evalsha:calls=(\d+)", node.cmd("INFO", "commandstats"))
+    return int(m.group(1)) if m else 0
+
+
+def test_decisions_of_one_master_share_a_call_across_slots(agent, redis_cluster):
+    """Decisions for keys of many slots, in flight at once, share script calls per master
+    (the script's cross-slot form): 360 decisions of 120 keys over 3 masters take far fewer
+    calls than decisions, each key is limited exactly (3/h), every state lives on its
+    slot's master, and no call was refused (CROSSSLOT) or redirected."""
+    cl = redis_cluster()
+    a = agent(redis=cl, metrics=True, **CFG)
+    keys = ["xs-%d" % i for i in range(120)]
+    masters = cl.masters()
+    calls0 = sum(evalsha_calls(m) for m in masters)
+    with sc.SpopClient(a.addr, timeout=10) as c:
+        c.hello()
+        got = pipelined(c, keys, 1, rounds=3)
+        more = pipelined(c, keys[:10], 10001)      # over the limit now: denied
+    calls = sum(evalsha_calls(m) for m in masters) - calls0
+    for k in keys:
+        assert allowed_degraded(got[k]) == (3, 0), (k, got[k])
+        assert cl.owner(key_slot(principal_tag(k))).cmd("EXISTS", redis_key(k, "key_h")) == 1
+    for k in keys[:10]:
+        assert allowed_degraded(more[k]) == (0, 0), (k, more[k])
+    status, body = a.http("/metrics")
+    m = Prom(body)
+    assert m.get("spoa_ratelimit_redis_cross_slot_calls_total") > 0
+    assert m.get("spoa_ratelimit_redis_cross_slot_solo_total") == 0
+    assert m.get("spoa_ratelimit_redis_batched_decisions_total") > 200
+    assert calls < 370 / 2, calls                 # a cluster batches too
+    log = a.proc.log_text()
+    assert "CROSSSLOT" not in log and "MOVED" not in log and "ASK" not in log
+
+
+def test_cross_slot_calls_through_a_slot_migration(agent, redis_cluster):
+    """Keys of many slots of one master decided in bursts while one of those slots migrates
+    to another master (IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE): a decision whose key a
+    cross-slot call finds elsewhere fails before writing anything and is sent again alone
+    (ASK, then MOVED followed as for any command); every key is limited exactly, 3/h,
+    whatever phase its decisions met, and nothing is degraded but by a timeout."""
+    cl = redis_cluster()
+    a = agent(redis=cl, metrics=True, **CFG)
+    src = cl.masters()[0]
+    dst = [m for m in cl.masters() if m is not src][0]
+    mig = api_keys_where(lambda s: cl.owner(s) is src, "mig", 1)[0]
+    slot = key_slot(principal_tag(mig))
+    same = api_keys_where(lambda s: s == slot, "same", 12)        # the migrating slot
+    rest = api_keys_where(lambda s: cl.owner(s) is src and s != slot, "rest", 24)
+    before = agent_stats(a)
+    answers = {}
+
+    def burst(c, keys, sid):
+        for k, v in pipelined(c, keys, sid).items():
+            answers.setdefault(k, []).extend(v)
+
+    with sc.SpopClient(a.addr, timeout=10) as c:
+        c.hello()
+        burst(c, same[0:4] + rest[0:8] + [mig], 1)             # stable: cross-slot calls
+        dst.cmd("CLUSTER", "SETSLOT", slot, "IMPORTING", src.id)
+        src.cmd("CLUSTER", "SETSLOT", slot, "MIGRATING", dst.id)
+        burst(c, same[4:8] + rest[8:16] + [mig], 1001)         # new keys of the slot: ASK
+        names = src.cmd("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+        assert src.cmd("MIGRATE", "127.0.0.1", dst.port, "", 0, 5000, "KEYS", *names) == "OK"
+        burst(c, same[0:8] + rest[0:8] + [mig], 2001)          # every key of it elsewhere
+        for node in cl.masters():
+            node.cmd("CLUSTER", "SETSLOT", slot, "NODE", dst.id)
+        burst(c, same[0:12] + rest[16:24] + [mig], 3001)       # moved: MOVED, map updated
+        burst(c, same + rest + [mig], 4001)                    # and once more, settled
+    after = agent_stats(a)
+    for what in ("down", "error", "busy"):
+        assert after[what] == before[what], (what, before, after)
+    status, body = a.http("/metrics")
+    m = Prom(body)
+    assert m.get("spoa_ratelimit_redis_cross_slot_calls_total") > 0
+    assert m.get("spoa_ratelimit_redis_cross_slot_solo_total") > 0
+    n_deg = 0
+    for k, vs in answers.items():
+        allowed, degraded = allowed_degraded(vs)
+        n_deg += degraded
+        # exactly 3 admitted per key (fewer decided: all of them), none lost or doubled
+        # but where a degraded answer let one by
+        assert allowed == min(3, len(vs)) or (degraded and
+                                              abs(allowed - min(3, len(vs))) <= degraded), (k, vs)
+    assert n_deg == after["timeout"] - before["timeout"] and n_deg <= 3, (n_deg, before, after)
+    for k in same + [mig]:
+        if k in answers:
+            assert dst.cmd("EXISTS", redis_key(k, "key_h")) == 1, k
+    for k in rest:
+        assert src.cmd("EXISTS", redis_key(k, "key_h")) == 1, k
 
 
 def test_slot_migration_under_traffic(agent, redis_cluster):

@@ -27,6 +27,8 @@ Rows:
   K  row E with a concurrency limit beside the rate limit: a slot taken in each decision's
      call and given back by the response message, which spop-load -L sends after each ACK
      naming a slot, as HAProxy does; Redis script calls per decision against row E's.
+  R  row E against a 3-master Redis Cluster of its own (no replicas): Redis CPU summed
+     over the masters per decision, and script calls per decision, against row E's.
   T  row E over TLS (a Redis of its own with --tls-port).
   W  /status.json asked 1,000 times a second by two threads, on the agent of row E's
      setup: first alone (its idle CPU measured before and subtracted), on fresh connections
@@ -591,6 +593,45 @@ def script_calls(port):
     return int(m.group(1)) if m else 0
 
 
+def run_cluster_agent(h, args, agent_bin):
+    """Row R: row E against a 3-master Redis Cluster (its own, started here): the Redis CPU
+    of the three masters summed per decision, against row E's on one Redis."""
+    print("[R] agent + 3-master Redis Cluster, exact: spop-load -c4 -p32 -r %d -d %d"
+          % (args.rate, args.duration))
+    nodes = rh.start_cluster(h, 3, "cluster-R")
+    try:
+        ag, aport, _ = rh.start_agent(h, agent_bin, agent_config("redis", nodes[0][1]),
+                                      "agent-R")
+        try:
+            time.sleep(0.5)
+            # connected to every master before the run: a few decisions, not counted
+            spop_load(h, args, "spop-load-R-warm", aport, 0, 2, conns=1, pipeline=1,
+                      extra=("-n", "50"))
+            calls0 = sum(script_calls(port) for _, port in nodes)
+            procs = {"agent": ag}
+            procs.update(("redis%d" % i, p) for i, (p, _) in enumerate(nodes))
+            meter = CpuMeter(procs)
+            meter.start()
+            res = spop_load(h, args, "spop-load-R", aport, args.rate, args.duration)
+            cpu = meter.stop()
+            cpu["redis"] = sum(v for k, v in cpu.items() if k.startswith("redis"))
+            row = spop_row("R", "agent exact cluster", res, cpu, args.duration)
+            row["calls"] = (sum(script_calls(port) for _, port in nodes) - calls0) / \
+                max(1, row["n"])
+            print_spop("paced", row)
+            print("               script calls per decision %.3f (over the 3 masters)"
+                  % row["calls"])
+            why = degraded_by(rh.agent_stats(h, ag))
+            if why:
+                print("               degraded by %s" % why)
+            return row
+        finally:
+            h.stop(ag)
+    finally:
+        for p, _ in nodes:
+            h.stop(p)
+
+
 def run_concurrency_agent(h, args, agent_bin, rport, red):
     """Row K: row E with a concurrency limit beside the rate limit (one slot a request,
     taken in the decision's call, given back by the response message: spop-load -L sends
@@ -953,7 +994,7 @@ def main():
 
     per_wrk = 15 + args.warmup + 2 * (args.duration + 3)
     per_spop = 10 + args.duration
-    bound = 75 + 3 * per_wrk + 3 * per_spop + 2 * 60 + args.steps * (args.step + 8)
+    bound = 75 + 3 * per_wrk + 4 * per_spop + 30 + 2 * 60 + args.steps * (args.step + 8)
     h = rh.Harness("rl-bench-", bound)
     h.keep = args.keep
     return rh.run_guarded(h, lambda: run(h, args, agent_bin, script))
@@ -1009,6 +1050,8 @@ def run(h, args, agent_bin, script):
     print()
     rows["K"] = run_concurrency_agent(h, args, agent_bin, rport, red)
     print()
+    rows["R"] = run_cluster_agent(h, args, agent_bin)
+    print()
     rows["T"] = run_tls_agent(h, args, agent_bin)
     print()
     rows["W"] = run_status_flood(h, args, agent_bin, rport, red)
@@ -1051,17 +1094,17 @@ def run(h, args, agent_bin, script):
 
 def report(args, http, rows):
     order = [(s, r) for s in "ABC" for r in http[s]] + \
-        [(k, rows[k]) for k in "NDEKTWPQFMS" if rows.get(k)]
+        [(k, rows[k]) for k in "NDEKRTWPQFMS" if rows.get(k)]
     names = {"A": "no SPOE", "B": "null agent", "C": "exact", "N": "spoa-example",
              "D": 'agent "allow"', "E": "agent exact", "T": "agent exact TLS",
-             "K": "exact + concurrency",
+             "K": "exact + concurrency", "R": "exact, 3-master cluster",
              "W": "exact + /status flood",
              "P": "our script -P32",
              "Q": "seed script -P32", "F": "floor script -P32",
              "M": "multi form D=%d -P32" % MULTI_D, "S": "sustained exact"}
     how = {"A": "wrk", "B": "wrk", "C": "wrk", "N": "spop-load -r %d" % args.rate,
            "D": "spop-load -r %d" % args.rate, "E": "spop-load -r %d" % args.rate,
-           "K": "spop-load -r %d -L" % args.rate,
+           "K": "spop-load -r %d -L" % args.rate, "R": "spop-load -r %d" % args.rate,
            "T": "spop-load -r %d" % args.rate, "W": "spop-load -r %d" % args.rate,
            "P": "redis-benchmark", "Q": "redis-benchmark", "F": "redis-benchmark",
            "M": "redis-benchmark", "S": "spop-load -r, 0 degraded"}
@@ -1118,6 +1161,13 @@ def report(args, http, rows):
     x = E["cpu"].get("redis", 0) / seed
     line("Redis CPU per exact decision in situ / seed's at -P32 (E / Q)", "%.2f" % x,
          x <= 0.5 and not note, "<= 0.5", note)
+    R = rows.get("R")
+    if R and E["cpu"].get("redis"):
+        x = R["cpu"].get("redis", 0) / E["cpu"]["redis"]
+        note = clean(R, E)
+        line("Redis CPU per exact decision, 3-master cluster / one Redis (R / E)", "%.2f" % x,
+             x <= 1.2 and not note, "<= 1.2", note or "%.3f / %.3f script calls a decision" % (
+                 R.get("calls", 0), E.get("calls", 0)))
     x = P["cpu"]["redis"] / seed
     line("Redis CPU per call at -P32, our script / seed's (P / Q)", "%.2f" % x, x <= 0.5,
          "<= 0.5")

@@ -317,6 +317,34 @@ def start_redis(h, name="redis", extra=()):
         time.sleep(0.05)
 
 
+def start_cluster(h, masters=3, name="cluster"):
+    """A Redis Cluster of <masters> masters (no replicas) on free ports, the slots split
+    evenly, met and stable. Returns [(proc, port)]; the cluster bus on port + 10000."""
+    for i in range(masters):      # a cluster of that name before: its node ids go
+        conf = h.tmp / ("%s-%d" % (name, i)) / "nodes.conf"
+        if conf.exists():
+            conf.unlink()
+    nodes = [start_redis(h, "%s-%d" % (name, i),
+                         extra=("--cluster-enabled", "yes", "--cluster-config-file",
+                                "nodes.conf", "--cluster-node-timeout", "5000"))
+             for i in range(masters)]
+    for i, (_, port) in enumerate(nodes):
+        lo, hi = 16384 * i // masters, 16384 * (i + 1) // masters - 1
+        redis_cmd(port, "CLUSTER", "ADDSLOTSRANGE", lo, hi)
+    for _, port in nodes[1:]:
+        redis_cmd(port, "CLUSTER", "MEET", LOCALHOST, nodes[0][1])
+    deadline = time.monotonic() + 20
+    while True:
+        infos = [redis_cmd(port, "CLUSTER", "INFO") for _, port in nodes]
+        infos = [i.decode() if isinstance(i, bytes) else i for i in infos]
+        if all("cluster_state:ok" in i and "cluster_known_nodes:%d" % masters in i
+               for i in infos):
+            return nodes
+        if time.monotonic() >= deadline:
+            raise SetupError("the cluster did not come up:\n%s" % indent(infos[0]))
+        time.sleep(0.1)
+
+
 def redis_cmd(port, *args, timeout=2.0, host=LOCALHOST):
     """One command on a fresh connection, minimal RESP2 client."""
     with socket.create_connection((host, port), timeout=timeout) as s:

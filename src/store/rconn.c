@@ -535,8 +535,9 @@ static void do_read(struct rconn *c)
 			break;
 		}
 		dispatch(c);
-		/* clear text: a short read emptied the socket; TLS: SSL_read until it wants more */
-		if (!c->ssl && (size_t)n < sizeof(buf))
+		/* a short read emptied the socket (TLS: and nothing is left in OpenSSL's
+		 * buffer, which reads ahead); what came since, the loop sees again */
+		if ((size_t)n < sizeof(buf) && (!c->ssl || !SSL_has_pending(c->ssl)))
 			break;
 	}
 }

@@ -395,6 +395,23 @@ def test_crc16_vectors(tmp):
     assert slots == [key_slot(k) for k in TAG_CASES]
 
 
+def pipelined(c, keys, sid0, rounds=1):
+    """Each of <keys> decided <rounds> times, every decision in flight at once on <c>;
+    returns {key: [answer vars]}."""
+    sent, sid = {}, sid0
+    for _ in range(rounds):
+        for k in keys:
+            c.send(sc.notify(sid, 1, [sc.rl_message(key=k)]))
+            sent[sid] = k
+            sid += 2
+    got = {k: [] for k in keys}
+    while sent:
+        f = c.recv_frame(timeout=10)
+        assert f is not None and f.type == sc.T_ACK, f
+        got[sent.pop(f.sid)].append(sc.ack_vars(f.payload))
+    return got
+
+
 def test_limits_exact_over_all_slots(agent, redis_cluster, tmp):
     """The agent is given a replica; it finds the 3 masters. 60 API keys over every master,
     3/h each: exactly 3 allowed per key, nothing degraded, no redirection (our slots are
@@ -418,18 +435,7 @@ def test_limits_exact_over_all_slots(agent, redis_cluster, tmp):
 
     with sc.SpopClient(a.addr, timeout=10) as c:
         c.hello()
-        sent = {}
-        sid = 1
-        for rnd in range(5):                 # pipelined: 300 decisions in flight at once
-            for k in keys:
-                c.send(sc.notify(sid, 1, [sc.rl_message(key=k)]))
-                sent[sid] = k
-                sid += 2
-        got = {k: [] for k in keys}
-        while sent:
-            f = c.recv_frame(timeout=10)
-            assert f is not None and f.type == sc.T_ACK, f
-            got[sent.pop(f.sid)].append(sc.ack_vars(f.payload))
+        got = pipelined(c, keys, 1, rounds=5)       # 300 decisions in flight at once
     for k in keys:
         assert allowed_degraded(got[k]) == (3, 0), (k, got[k])
     for port, ks in owners.items():
@@ -441,23 +447,6 @@ def test_limits_exact_over_all_slots(agent, redis_cluster, tmp):
     assert "MOVED" not in log and "ASK" not in log
     assert log.count("connected, script") == 4, log     # the seed and the 3 masters
     assert "%s connected" % seed.address in log
-
-
-def pipelined(c, keys, sid0, rounds=1):
-    """Each of <keys> decided <rounds> times, every decision in flight at once on <c>;
-    returns {key: [answer vars]}."""
-    sent, sid = {}, sid0
-    for _ in range(rounds):
-        for k in keys:
-            c.send(sc.notify(sid, 1, [sc.rl_message(key=k)]))
-            sent[sid] = k
-            sid += 2
-    got = {k: [] for k in keys}
-    while sent:
-        f = c.recv_frame(timeout=10)
-        assert f is not None and f.type == sc.T_ACK, f
-        got[sent.pop(f.sid)].append(sc.ack_vars(f.payload))
-    return got
 
 
 def evalsha_calls(node):

@@ -562,6 +562,13 @@ def degraded_by(stats):
                      if stats.get(k))
 
 
+def print_degraded_by(h, ag):
+    """Prints why the agent <ag> answered degraded, if it did."""
+    why = degraded_by(rh.agent_stats(h, ag))
+    if why:
+        print("               degraded by %s" % why)
+
+
 def run_exact_agent(h, args, agent_bin, rport, red, sha, params):
     """Row E: the agent deciding against Redis, spop-load paced at --rate; its argv checked."""
     print("[E] agent + Redis, exact (one GCRA limit): spop-load -c4 -p32 -r %d -d %d"
@@ -621,9 +628,7 @@ def run_cluster_agent(h, args, agent_bin):
             print_spop("paced", row)
             print("               script calls per decision %.3f (over the 3 masters)"
                   % row["calls"])
-            why = degraded_by(rh.agent_stats(h, ag))
-            if why:
-                print("               degraded by %s" % why)
+            print_degraded_by(h, ag)
             return row
         finally:
             h.stop(ag)
@@ -653,9 +658,7 @@ def run_concurrency_agent(h, args, agent_bin, rport, red):
         print_spop("paced", row)
         print("               slots given back %d of %d allowed; script calls per decision "
               "%.3f" % (res.get("release_acks", 0), res.get("allowed", 0), row["calls"]))
-        why = degraded_by(rh.agent_stats(h, ag))
-        if why:
-            print("               degraded by %s" % why)
+        print_degraded_by(h, ag)
         return row
     finally:
         h.stop(ag)
@@ -669,9 +672,7 @@ def paced_row(h, args, setup, label, ag, aport, red):
     res = spop_load(h, args, "spop-load-%s" % setup, aport, args.rate, args.duration)
     row = spop_row(setup, label, res, meter.stop(), args.duration)
     print_spop("paced", row)
-    why = degraded_by(rh.agent_stats(h, ag))
-    if why:
-        print("               degraded by %s" % why)
+    print_degraded_by(h, ag)
     return row
 
 

@@ -59,6 +59,21 @@
 -- KEYS             the n_1 keys of decision 1, then the n_2 of decision 2...
 --                  (in a cluster, every key of the call in one hash slot)
 --
+-- The compact form sends each distinct limit of the call once, and a
+-- decision's limit as its index among them and its cost: 2 arguments a limit
+-- instead of 5 (Redis makes an object of every argument and Lua interns every
+-- string: per decision, the arguments are a large part of what the call
+-- costs). A bad table of limits is one error reply, and no decision is made;
+-- a bad index or cost is that decision's error.
+-- ARGV[1]          "C"
+-- ARGV[2]          D
+-- ARGV[3]          U, the distinct limits
+-- ARGV[4..3+4U]    each as "<alg> <a> <b> <flags>", as in the single form
+-- then per decision j: n_j, x_j, then per limit "<index 1..U> <cost>", then
+-- its x_j arguments after the limits (a batch's).
+-- For example the two decisions above:
+--   EVALSHA <sha> 2 <key1> <key2> C 2 1 1 <a> <b> 0  1 0 1 1  1 3 1 1 5 0 1000000
+--
 -- The cross-slot form, for a cluster: decisions whose keys live in several
 -- hash slots of one master. Redis refuses a call whose declared keys span
 -- slots (CROSSSLOT), but lets a script reach keys of other slots that this
@@ -71,7 +86,9 @@
 -- ARGV[2]          D
 -- ARGV[3]          K, the keys given as arguments
 -- ARGV[4..3+K]     the keys of the decisions after those in KEYS, in order
--- then per decision as in the multi form.
+-- then per decision as in the multi form. Its compact form "Q" has, after the
+-- keys, the table of limits as in "C" (U, then 4 U arguments), then the
+-- decisions as in "C".
 -- For example two decisions, one GCRA limit each, the second a grant of up
 -- to 5 units with a lease of 1 s:
 --   EVALSHA <sha> 2 <key1> <key2> M 2  1 0 1 <a> <b> 0 1  1 3 1 <a> <b> 0 1 5 0 1000000
@@ -129,26 +146,66 @@ local function check(ALG, res, lim, n, kb, now, units)
 	return all, wait
 end
 
+-- The algorithm, parameters and shadow flag of a limit, from ARGV[o + 1..o + 4],
+-- checked: id, a, b, shadow; or nil and the error's text. <cache> (or nil)
+-- holds the numbers already converted, by their text.
+local function parse_limit(argv, o, cache)
+	local tonumber = tonumber
+	local s = argv[o + 1]
+	local id
+	if s == '1' then id = 1 elseif s == '2' then id = 2 elseif s == '3' then id = 3
+	elseif s == '4' then id = 4 else id = tonumber(s) end
+	if id ~= 1 and id ~= 2 and id ~= 3 and id ~= 4 and id ~= 5 and id ~= 6 then
+		return nil, 'unknown algorithm ' .. tostring(s)
+	end
+	local sa, sb = argv[o + 2], argv[o + 3]
+	local a, b
+	if cache then
+		a, b = cache[sa], cache[sb]
+		if not a then a = tonumber(sa); if a then cache[sa] = a end end
+		if not b then b = tonumber(sb); if b then cache[sb] = b end end
+	else
+		a, b = tonumber(sa), tonumber(sb)
+	end
+	-- integers only, below 2^53, and a bucket's interval and tolerance as
+	-- src/core/limiter.h bounds them: nothing below may leave the exact range
+	-- of doubles
+	if not a or a < 1 or a >= 2 ^ 53 or a % 1 ~= 0 or not b or b < 0 or
+		b >= 2 ^ 53 or b % 1 ~= 0 or
+		(id == 1 and (a > 2 ^ 50 or b > 2 ^ 50 + 40 or b % a > 40)) then
+		return nil, 'bad parameters'
+	end
+	local shadow = argv[o + 4]
+	if shadow == '0' then shadow = false
+	elseif shadow == '1' then shadow = true
+	else shadow = (tonumber(shadow) or 0) % 2 == 1 end
+	return id, a, b, shadow
+end
+
 -- One decision at <now>: <n> limits with keys KEYS[kb + 1..kb + n] and <na>
--- arguments ARGV[ab + 1..ab + na], laid out as in the single form. Returns
+-- arguments ARGV[ab + 1..ab + na], laid out as in the single form (or, with
+-- <specs>, the compact multi form's: a limit is its index in <specs> and its
+-- cost). Returns
 -- its reply, or an error reply (bad arguments: nothing is written). <lim>
 -- and <res> are scratch arrays (their contents are overwritten), or nil: then
 -- they are made if needed. <cache>, if not nil, holds what the decisions of
 -- one call convert again and again (they share limits): the numbers of
 -- arguments by their text, and the text of TTLs by their number.
-local function decide(ALG, check, kb, n, ab, na, now, lim, res, cache)
+local function decide(ALG, check, parse_limit, kb, n, ab, na, now, lim, res, cache, specs)
 	local tonumber, argv = tonumber, ARGV
-	local batch = na >= 5 * n + 3
+	local w = 5 -- arguments per limit
+	if specs then w = 2 end
+	local batch = na >= w * n + 3
 	local want = 1
 	local report = false
 	local minu = 1
 	local life = 0
 	if batch then
-		local o = ab + 5 * n
+		local o = ab + w * n
 		want = tonumber(argv[o + 1])
 		report = tonumber(argv[o + 2]) == 1
 		life = tonumber(argv[o + 3]) or 0
-		if na >= 5 * n + 4 then minu = tonumber(argv[o + 4]) or 1 end
+		if na >= w * n + 4 then minu = tonumber(argv[o + 4]) or 1 end
 		if not want or want < 1 or want > 2 ^ 50 or want ~= math.floor(want) then
 			return redis.error_reply('bad batch size ' .. tostring(argv[o + 1]))
 		end
@@ -158,42 +215,31 @@ local function decide(ALG, check, kb, n, ab, na, now, lim, res, cache)
 	-- sends most ("1", "0") are compared as strings (interned: one
 	-- comparison).
 	for i = 1, n do
-		local o = ab + 5 * i - 5
-		local s = argv[o + 1]
-		local id
-		if s == '1' then id = 1 elseif s == '2' then id = 2 elseif s == '3' then id = 3
-		elseif s == '4' then id = 4 else id = tonumber(s) end
-		if id ~= 1 and id ~= 2 and id ~= 3 and id ~= 4 and id ~= 5 and id ~= 6 then
-			return redis.error_reply('unknown algorithm ' .. tostring(s))
-		end
-		local sa, sb = argv[o + 2], argv[o + 3]
-		local a, b
-		if cache then
-			a, b = cache[sa], cache[sb]
-			if not a then a = tonumber(sa); if a then cache[sa] = a end end
-			if not b then b = tonumber(sb); if b then cache[sb] = b end end
+		local o = ab + w * i - w
+		local id, a, b, shadow
+		if specs then
+			local s = argv[o + 1]
+			local si = 1
+			if s ~= '1' then si = tonumber(s) end
+			if not si or si < 1 or si > specs[0] or si % 1 ~= 0 then
+				return redis.error_reply('bad limit index ' .. tostring(s))
+			end
+			si = 4 * si
+			id, a, b, shadow = specs[si - 3], specs[si - 2], specs[si - 1], specs[si]
 		else
-			a, b = tonumber(sa), tonumber(sb)
+			id, a, b, shadow = parse_limit(argv, o, cache)
+			if not id then
+				return redis.error_reply(a == 'bad parameters' and
+					'bad parameters for limit ' .. i or a)
+			end
 		end
-		-- integers only, below 2^53, and a bucket's interval and tolerance as
-		-- src/core/limiter.h bounds them: nothing below may leave the exact range
-		-- of doubles
-		if not a or a < 1 or a >= 2 ^ 53 or a % 1 ~= 0 or not b or b < 0 or
-			b >= 2 ^ 53 or b % 1 ~= 0 or
-			(id == 1 and (a > 2 ^ 50 or b > 2 ^ 50 + 40 or b % a > 40)) then
-			return redis.error_reply('bad parameters for limit ' .. i)
-		end
-		local shadow = argv[o + 4]
-		if shadow == '0' then shadow = false
-		elseif shadow == '1' then shadow = true
-		else shadow = (tonumber(shadow) or 0) % 2 == 1 end
-		local cost = argv[o + 5]
+		local cost = argv[o + w]
 		if cost == '1' then
 			cost = 1
 		else
 			cost = tonumber(cost)
 			if not cost or cost ~= math.floor(cost) then
-				return redis.error_reply('bad cost ' .. tostring(argv[o + 5]))
+				return redis.error_reply('bad cost ' .. tostring(argv[o + w]))
 			end
 			-- clamped to +-COUNT_MAX
 			if cost > 2 ^ 50 then cost = 2 ^ 50 elseif cost < -2 ^ 50 then cost = -2 ^ 50 end
@@ -332,8 +378,9 @@ end
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 
-if ARGV[1] ~= 'M' and ARGV[1] ~= 'X' then
-	return decide(ALG, check, 0, #KEYS, 0, #ARGV, now, nil, nil, nil)
+local form = ARGV[1]
+if form ~= 'M' and form ~= 'X' and form ~= 'C' and form ~= 'Q' then
+	return decide(ALG, check, parse_limit, 0, #KEYS, 0, #ARGV, now, nil, nil, nil, nil)
 end
 
 -- The multi form. The counts are checked for the whole call before any
@@ -342,7 +389,7 @@ end
 -- strings.
 local argv, tonumber = ARGV, tonumber
 local base = 2 -- the arguments before the first decision's counts
-if argv[1] == 'X' then
+if form == 'X' or form == 'Q' then
 	local K, keys = tonumber(argv[3]), KEYS
 	if not K or K < 0 or K % 1 ~= 0 or 3 + K > #argv then
 		return redis.error_reply('bad key count ' .. tostring(argv[3]))
@@ -350,6 +397,23 @@ if argv[1] == 'X' then
 	local k0 = #keys
 	for i = 1, K do keys[k0 + i] = argv[3 + i] end
 	base = 3 + K
+end
+local specs, w = nil, 5 -- the call's limits (compact forms), arguments per limit
+if form == 'C' or form == 'Q' then
+	local U = tonumber(argv[base + 1])
+	if not U or U < 0 or U % 1 ~= 0 or base + 1 + 4 * U > #argv then
+		return redis.error_reply('bad limit count ' .. tostring(argv[base + 1]))
+	end
+	specs = { [0] = U }
+	for u = 1, U do
+		local id, a, b, shadow = parse_limit(argv, base + 4 * u - 3, nil)
+		if not id then
+			return redis.error_reply(a == 'bad parameters' and
+				'bad parameters for limit ' .. u or a)
+		end
+		specs[4 * u - 3], specs[4 * u - 2], specs[4 * u - 1], specs[4 * u] = id, a, b, shadow
+	end
+	base, w = base + 1 + 4 * U, 2
 end
 local nk, na = #KEYS, #argv
 local D = tonumber(argv[2])
@@ -372,11 +436,11 @@ for j = 1, D do
 			return redis.error_reply('bad counts for decision ' .. j)
 		end
 	end
-	kb, ab = kb + n, ab + 2 + 5 * n + x
+	kb, ab = kb + n, ab + 2 + w * n + x
 	if kb > nk or ab > na then
 		return redis.error_reply('decision ' .. j .. ' goes past the keys or arguments')
 	end
-	at[2 * j - 1], at[2 * j] = n, 5 * n + x
+	at[2 * j - 1], at[2 * j] = n, w * n + x
 	if n ~= 1 or x >= 3 then arrays = true end
 end
 if kb ~= nk or ab ~= na then
@@ -387,10 +451,12 @@ end
 -- KEYS[kb] and its counts at ARGV[ab + 1]. A Redis command that fails (or a
 -- script error) fails the decision where it happens: it ends this run, the
 -- caller records the error and starts another run at the next decision.
-local function run(ALG, check, decide, out, at, from, D, kb, ab, now, lim, res, cache)
+local function run(ALG, check, decide, parse_limit, out, at, from, D, kb, ab, now, lim, res,
+		   cache, specs)
 	for j = from, D do
 		local n, nargs = at[2 * j - 1], at[2 * j]
-		out[j] = decide(ALG, check, kb, n, ab + 2, nargs, now, lim, res, cache)
+		out[j] = decide(ALG, check, parse_limit, kb, n, ab + 2, nargs, now, lim, res, cache,
+				specs)
 		kb, ab = kb + n, ab + 2 + nargs
 	end
 end
@@ -401,7 +467,8 @@ if arrays then lim, res = { 0, 0, 0, 0, 0 }, { 0, 0, 0, 0, 0, 0, 0, 0, 0 } end
 local from = 1
 kb, ab = 0, base
 while from <= D do
-	local ok, e = pcall(run, ALG, check, decide, out, at, from, D, kb, ab, now, lim, res, cache)
+	local ok, e = pcall(run, ALG, check, decide, parse_limit, out, at, from, D, kb, ab, now, lim,
+			    res, cache, specs)
 	if ok then break end
 	if type(e) == 'table' and e.err then e = e.err end
 	local j = #out + 1

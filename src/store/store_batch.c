@@ -39,12 +39,92 @@
 #include "store_node.h"
 #include "util.h"
 
+/*
+ * The distinct limits (algorithm, parameters, shadow) of one call, at most
+ * this many: the compact forms send each once, and a decision's limit as its
+ * index and cost (2 arguments instead of 5). A call with more goes in the
+ * long forms.
+ */
+#define CALL_SPECS_MAX 32
+
 /* One script call carrying several decisions; owned by its connection until its reply. */
 struct batch_call {
 	unsigned count;
 	bool cross;                     /* the cross-slot form (a cluster) */
 	struct store_cmd *cmds[STORE_BATCH_MAX];
 };
+
+/* The call's distinct limits, while its arguments are written. */
+struct call_specs {
+	unsigned n;
+	struct limit_params p[CALL_SPECS_MAX];
+};
+
+/* The index (1-based) of <lp> in <cs>, added if new; 0 when <cs> is full. */
+static unsigned spec_index(struct call_specs *cs, const struct limit_params *lp)
+{
+	unsigned i;
+
+	for (i = 0; i < cs->n; i++)
+		if (cs->p[i].alg == lp->alg && cs->p[i].a == lp->a && cs->p[i].b == lp->b &&
+		    cs->p[i].shadow == lp->shadow)
+			return i + 1;
+	if (cs->n == CALL_SPECS_MAX)
+		return 0;
+	cs->p[cs->n] = *lp;
+	return ++cs->n;
+}
+
+/* Appends limits <from> to <to> (excluded) of <q> as "<index> <cost>" each. */
+static void push_compact_limits(struct argv_buf *av, struct call_specs *cs,
+				const struct store_query *q, size_t from, size_t to)
+{
+	size_t i;
+
+	for (i = from; i < to; i++) {
+		argv_num(av, spec_index(cs, &q->params[i]));
+		argv_num(av, q->cost[i]);
+	}
+}
+
+/*
+ * Appends <q> as the compact forms' QUERY_DECISIONS(q) decisions: as
+ * query_push_decisions() does, a limit as its index in <cs> and its cost.
+ */
+static void push_compact_decisions(struct argv_buf *av, struct call_specs *cs,
+				   const struct store_query *q)
+{
+	size_t ne = q->n - q->ncand;
+
+	argv_num(av, (int64_t)ne);
+	argv_num(av, q->want > 0 ? 4 : 0);
+	push_compact_limits(av, cs, q, 0, ne);
+	if (q->want > 0) {
+		argv_num(av, q->want);
+		argv_num(av, q->batch);
+		argv_num(av, q->lease_us);
+		argv_num(av, q->min_units > 1 ? q->min_units : 1);
+	}
+	if (q->ncand) {
+		argv_num(av, (int64_t)q->ncand);
+		argv_num(av, 0);
+		push_compact_limits(av, cs, q, ne, q->n);
+	}
+}
+
+/* True when the distinct limits of <b>'s decisions fit the compact forms; fills <cs>. */
+static bool call_specs_fit(const struct batch_call *b, struct call_specs *cs)
+{
+	unsigned i;
+	size_t k;
+
+	cs->n = 0;
+	for (i = 0; i < b->count; i++)
+		for (k = 0; k < b->cmds[i]->q.n; k++)
+			if (!spec_index(cs, &b->cmds[i]->q.params[k]))
+				return false;
+	return true;
+}
 
 static struct store_cmd *batch_pop(struct store_node *n)
 {
@@ -159,14 +239,22 @@ static void batch_reply_cb(struct rconn *rc, void *reply, void *privdata)
  *   EVALSHA sha <keys> <every decision's keys> M <count>
  *           { <limits n> <extra e> <5n + e arguments> } x count
  * where a query with a candidate policy counts as two decisions (its own,
- * then the candidate's: query_push_decisions()), answered as a pair.
+ * then the candidate's: query_push_decisions()), answered as a pair; in its
+ * compact form (C) when the call's distinct limits fit CALL_SPECS_MAX:
+ *   EVALSHA sha <keys> <every decision's keys> C <count> <U> <U x alg a b shadow>
+ *           { <limits n> <extra e> <2n + e arguments> } x count
+ * a limit being its index among the U and its cost; in a cluster, over
+ * several slots, the cross-slot forms X and Q (see lua/decide.lua): only the
+ * first decision's keys declared, "<K> <the others' keys>" after the count.
  * Returns REDIS_OK when the connection took it.
  */
 static int batch_send_call(struct store_node *n, struct batch_call *b)
 {
 	struct store *s = n->s;
 	struct argv_buf av = {0};
-	size_t nargs = 5, nkeys = 0, nd = 0;
+	struct call_specs cs;
+	bool compact = call_specs_fit(b, &cs);
+	size_t nargs = 6, nkeys = 0, nd = 0;
 	unsigned i;
 	int ret;
 
@@ -175,22 +263,23 @@ static int batch_send_call(struct store_node *n, struct batch_call *b)
 
 		nkeys += q->n;
 		nd += QUERY_DECISIONS(q);
-		nargs += q->n + 2 * QUERY_DECISIONS(q) + QUERY_ARGS(q);
+		nargs += q->n + 2 * QUERY_DECISIONS(q) +
+			 (compact ? 2 * q->n + (q->want > 0 ? 4 : 0) : QUERY_ARGS(q));
 	}
-	if (b->cross)
-		nargs++;        /* X D K instead of M D */
+	if (compact)
+		nargs += 1 + 4 * cs.n;
 	av.argv = xmalloc(nargs * sizeof(*av.argv));
 	av.lens = xmalloc(nargs * sizeof(*av.lens));
 	av.nums = xmalloc(nargs * sizeof(*av.nums));
 	argv_str(&av, "EVALSHA", 7);
 	argv_str(&av, s->sha, strlen(s->sha));
 	if (b->cross) {
-		/* EVALSHA sha <n_1> <keys of decision 1> X <D> <K> <the other keys> */
+		/* EVALSHA sha <n_1> <keys of decision 1> X|Q <D> <K> <the other keys> */
 		const struct store_query *q0 = &b->cmds[0]->q;
 
 		argv_num(&av, (int64_t)q0->n);
 		query_push_keys(&av, q0);
-		argv_str(&av, "X", 1);
+		argv_str(&av, compact ? "Q" : "X", 1);
 		argv_num(&av, (int64_t)nd);
 		argv_num(&av, (int64_t)(nkeys - q0->n));
 		for (i = 1; i < b->count; i++)
@@ -199,11 +288,24 @@ static int batch_send_call(struct store_node *n, struct batch_call *b)
 		argv_num(&av, (int64_t)nkeys);
 		for (i = 0; i < b->count; i++)
 			query_push_keys(&av, &b->cmds[i]->q);
-		argv_str(&av, "M", 1);
+		argv_str(&av, compact ? "C" : "M", 1);
 		argv_num(&av, (int64_t)nd);
 	}
-	for (i = 0; i < b->count; i++)
-		query_push_decisions(&av, &b->cmds[i]->q);
+	if (compact) {
+		argv_num(&av, cs.n);
+		for (i = 0; i < cs.n; i++) {
+			argv_num(&av, cs.p[i].alg);
+			argv_num(&av, cs.p[i].a);
+			argv_num(&av, cs.p[i].b);
+			argv_num(&av, cs.p[i].shadow ? 1 : 0);
+		}
+		for (i = 0; i < b->count; i++)
+			push_compact_decisions(&av, &cs, &b->cmds[i]->q);
+	} else {
+		for (i = 0; i < b->count; i++)
+			query_push_decisions(&av, &b->cmds[i]->q);
+	}
+	BUG_ON((size_t)av.argc > nargs);
 	ret = rconn_command(n->rc, batch_reply_cb, b, av.argc, av.argv, av.lens);
 	free(av.argv);
 	free(av.lens);

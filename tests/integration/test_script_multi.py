@@ -90,6 +90,28 @@ def multi_argv(decisions, prefix):
     return [len(keys)] + keys + argv
 
 
+def compact_argv(decisions, prefix, cross=False):
+    """The same call in a compact form: C (every key declared), or with <cross> Q (only
+    the first decision's keys declared, the others as arguments); each distinct limit
+    (alg, a, b, shadow) sent once, a decision's limit as its index and cost."""
+    specs, body, keys = [], [], []
+    for k, a in decisions:
+        keys += [prefix + x for x in k]
+        n = len(k)
+        body += [n, len(a) - 5 * n]
+        for i in range(n):
+            spec = tuple(a[5 * i:5 * i + 4])
+            if spec not in specs:
+                specs.append(spec)
+            body += [specs.index(spec) + 1, a[5 * i + 4]]
+        body += list(a[5 * n:])
+    table = [len(specs)] + [x for sp in specs for x in sp]
+    if not cross:
+        return [len(keys)] + keys + ["C", len(decisions)] + table + body
+    n0 = len(decisions[0][0]) if decisions else 0
+    return [n0] + keys[:n0] + ["Q", len(decisions), len(keys) - n0] + keys[n0:] + table + body
+
+
 def single(conn, sha, keys, args, prefix):
     return conn.cmd("EVALSHA", sha, len(keys), *[prefix + k for k in keys], *args)
 
@@ -129,8 +151,9 @@ def set_clock(conn, now):
     conn.cmd("SET", "test:clock", "%d %d" % (now // 10**6, now % 10**6))
 
 
-def random_decision(rnd, pool, bad_rate=0.03):
-    """(keys, args) of one decision over the keys of <pool> (key -> limit)."""
+def random_decision(rnd, pool, bad_rate=0.03, limits_bad=True):
+    """(keys, args) of one decision over the keys of <pool> (key -> limit); a bad value,
+    now and then, anywhere or (not <limits_bad>) in a cost or a batch argument only."""
     n = rnd.choice([0, 1, 1, 1, 1, 2, 2, 3])
     keys = [rnd.choice(sorted(pool)) for _ in range(n)]
     args = []
@@ -147,7 +170,9 @@ def random_decision(rnd, pool, bad_rate=0.03):
     elif r < 0.33:
         args += ["7"] * rnd.choice([1, 2, 5])  # ignored, as in a single call
     if args and rnd.random() < bad_rate:
-        args[rnd.randrange(len(args))] = rnd.choice(["x", "1.5", "", "-1", "9", "0"])
+        where = [i for i in range(len(args))
+                 if limits_bad or i >= 5 * len(keys) or i % 5 == 4]
+        args[rnd.choice(where)] = rnd.choice(["x", "1.5", "", "-1", "9", "0"])
     return keys, args
 
 
@@ -164,12 +189,16 @@ def limit_pool():
     }
 
 
+@pytest.mark.parametrize("form", ["M", "C", "Q"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_multi_equals_singles_in_order(conn, seed):
+def test_multi_equals_singles_in_order(conn, seed, form):
     """Random decisions (every algorithm, costs, refunds, grants, reports, leases, shadow
     limits, keys shared between decisions so that their order matters, a few bad
     arguments) at a test clock: one multi call per round of D decisions answers what D
-    single calls in order answer, and leaves the same values and TTLs."""
+    single calls in order answer, and leaves the same values and TTLs; in the long form
+    (M) and the compact ones (C, and Q with the keys after the first decision's as
+    arguments), where a bad limit fails the whole call (tested below): there, bad values
+    only in costs and batch arguments."""
     rnd = random.Random(seed)
     sha = conn.cmd("SCRIPT", "LOAD", FAKE_CLOCK + script())
     assert not isinstance(sha, Err), sha
@@ -180,9 +209,12 @@ def test_multi_equals_singles_in_order(conn, seed):
         now += rnd.choice([0, 1, 1000, 10**5, 10**6, 61 * 10**6])
         set_clock(conn, now)
         d = rnd.choice([1, 2, 3, 8, 16, 64])
-        decisions = [random_decision(rnd, pool) for _ in range(d)]
+        decisions = [random_decision(rnd, pool, 0.03 if form == "M" else 0.08,
+                                     limits_bad=form == "M") for _ in range(d)]
         singles = [single(conn, sha, k, a, "{s}") for k, a in decisions]
-        multi = conn.cmd("EVALSHA", sha, *multi_argv(decisions, "{m}"))
+        argv = multi_argv(decisions, "{m}") if form == "M" else \
+            compact_argv(decisions, "{m}", cross=form == "Q")
+        multi = conn.cmd("EVALSHA", sha, *argv)
         assert_same_replies(singles, multi, "round %d" % rnd_no)
         assert state(conn, pool, "{s}") == state(conn, pool, "{m}"), "round %d" % rnd_no
         keys_used = [k for ks, _ in decisions for k in set(ks)]
@@ -257,6 +289,25 @@ def test_multi_refuses_counts_that_do_not_add_up(conn, d, tail, keys, msg):
     r = conn.cmd("EVAL", script(), len(k), *k, *argv)
     assert isinstance(r, Err) and r == msg, (argv, r)
     assert conn.cmd("DBSIZE") == 0
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["C", 1, 1, 9, 1000, 5000, 0, 1, 0, 1, 1], "unknown algorithm 9"),
+    (["C", 1, 1, 1, 0, 5000, 0, 1, 0, 1, 1], "bad parameters for limit 1"),
+    (["C", 1, 2, 1, 1000, 5000, 0], "bad limit count 2"),
+    (["C", 1, "x"], "bad limit count x"),
+    (["Q", 1, 5, "k"], "bad key count 5"),
+])
+def test_compact_forms_refuse_a_bad_limit_table(conn, argv, msg):
+    """A compact call whose table of limits is bad is one error reply, and nothing is
+    written; a bad index is that decision's error."""
+    r = conn.cmd("EVAL", script(), 1, "{c}k", *argv)
+    assert isinstance(r, Err) and msg in r, r
+    assert conn.cmd("EXISTS", "{c}k") == 0
+    r = conn.cmd("EVAL", script(), 2, "{c}k", "{c}j", "C", 2, 1, 1, 1000, 5000, 0,
+                 1, 0, 2, 1, 1, 0, 1, 1)
+    assert isinstance(r[0], Err) and "bad limit index 2" in r[0], r
+    assert r[1][0] == 1 and conn.cmd("EXISTS", "{c}k") == 0, r
 
 
 def test_multi_of_nothing(conn):

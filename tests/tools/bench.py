@@ -1069,13 +1069,16 @@ def run(h, args, agent_bin, script):
     floor_sha = rh.redis_cmd(rport, "SCRIPT", "LOAD", FLOOR_LUA)
     cmd_f = ["EVALSHA", floor_sha, "1", "floor:{k:%s}:%s" % (pad, LIMIT)]
     # the multi form as the agent sends it under load: MULTI_D decisions a call, each of
-    # one limit with its own key (lua/decide.lua)
+    # one limit with its own key, the call's one limit sent once (the compact form C,
+    # lua/decide.lua)
     cmd_m = ["EVALSHA", sha, str(MULTI_D)] + \
-        ["%s:{k:%s}:%s" % (KEY_PREFIX, pad, LIMIT)] * MULTI_D + ["M", str(MULTI_D)] + \
-        (["1", "0"] + [str(x) for x in params]) * MULTI_D
+        ["%s:{k:%s}:%s" % (KEY_PREFIX, pad, LIMIT)] * MULTI_D + \
+        ["C", str(MULTI_D), "1"] + [str(x) for x in params[:4]] + \
+        ["1", "0", "1", str(params[4])] * MULTI_D
     print("    F: %s  (the floor: TIME, GET, SET PX)" % " ".join(cmd_f))
-    print("    M: EVALSHA %s %d <%d keys> M %d {1 0 %s} x %d  (the multi form)" % (
-        sha, MULTI_D, MULTI_D, MULTI_D, " ".join(str(x) for x in params), MULTI_D))
+    print("    M: EVALSHA %s %d <%d keys> C %d 1 %s {1 0 1 %s} x %d  (the multi form, compact)"
+          % (sha, MULTI_D, MULTI_D, MULTI_D, " ".join(str(x) for x in params[:4]), params[4],
+             MULTI_D))
     rows["P"] = redis_bench(h, args, "P", "our script", rport, red, cmd_p)
     rows["Q"] = redis_bench(h, args, "Q", "seed script", rport, red, cmd_q)
     rows["F"] = redis_bench(h, args, "F", "floor", rport, red, cmd_f)

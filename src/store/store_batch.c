@@ -166,9 +166,28 @@ static bool cross_slot_elsewhere(const redisReply *err)
 }
 
 /*
- * Sends <c>, which a cross-slot call found elsewhere, again alone to the owner
- * of its slot by the map (asked again meanwhile): false when it cannot go
- * (no owner, too many redirections), to be answered with its reply as is.
+ * True when decision <i> of <b> is to be sent again alone after the reply
+ * <rep> (the whole call's, or with <split> its element at <at>): a TRYAGAIN
+ * (in a cluster, a slot half migrated: some of the call's keys moved, some
+ * not; alone, each decision gets its own ASK or answer), or, in a cross-slot
+ * call, its slot found elsewhere or a redirection meant for the first
+ * decision's slot.
+ */
+static bool resend_alone(const struct batch_call *b, unsigned i, const redisReply *rep,
+			 bool split, size_t at)
+{
+	if (split)
+		return b->cross && cross_slot_elsewhere(rep->element[at]);
+	if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "TRYAGAIN", 8) == 0)
+		return true;
+	return b->cross && i > 0 && cross_slot_elsewhere(rep);
+}
+
+/*
+ * Sends <c>, which its call found elsewhere (or in a slot being migrated),
+ * again alone to the owner of its slot by the map (asked again meanwhile):
+ * false when it cannot go (no owner, too many redirections), to be answered
+ * with its reply as is.
  */
 static bool cross_slot_resend(struct store *s, struct store_cmd *c)
 {
@@ -213,10 +232,7 @@ static void batch_reply_cb(struct rconn *rc, void *reply, void *privdata)
 		if (rep && cmd_live(c) && c->sent_at > 0)
 			limit_sample(n, cmd_wait(c, now), now);
 		j += QUERY_DECISIONS(&c->q); /* cmd_reply() frees <c> */
-		if (b->cross && rep && cmd_live(c) &&
-		    /* the call's redirection is its first decision's: the others go alone */
-		    ((!split && i > 0 && cross_slot_elsewhere(rep)) ||
-		     (split && cross_slot_elsewhere(rep->element[at]))) &&
+		if (rep && cmd_live(c) && resend_alone(b, i, rep, split, at) &&
 		    cross_slot_resend(n->s, c))
 			continue;
 		if (split && c->q.ncand) {

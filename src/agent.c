@@ -616,6 +616,7 @@ fail:
 	tier_cache_free(a);
 	principal_cache_free(a);
 	blocked_free(a);
+	decisions_free_unused(a);       /* the pool decisions_init() filled */
 	free(a);
 	return -1;
 }

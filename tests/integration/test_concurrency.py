@@ -397,9 +397,10 @@ def test_a_clean_stop_gives_back_the_slots_still_held(redis, agent, procs, tmp, 
     assert slots_in_redis(redis, "stop") == 0, "the slots were not given back at the stop"
     assert int(redis.cmd("ZCARD", "rl:{g:hold}:all")) == 0, "nor the endpoint's"
     print("slots given back by a clean stop: %.3f s after SIGTERM" % (time.monotonic() - t0))
-    # 3, and the slot of the readiness probe the test agent is started with
-    assert re.search(r"drain: gave back [34] concurrency slots", a.proc.log_text()), \
-        a.proc.log_tail()
+    # the 3, and the slots of the readiness probes the test agent is started with (one, or
+    # two when the first met Redis not yet connected: a slight start, an ASan build)
+    m = re.search(r"drain: gave back (\d+) concurrency slots", a.proc.log_text())
+    assert m and 3 <= int(m.group(1)) <= 5, a.proc.log_tail()
     for t in threads:
         t.join(10)
 

@@ -54,10 +54,11 @@ struct batch_call {
 	struct store_cmd *cmds[STORE_BATCH_MAX];
 };
 
-/* The call's distinct limits, while its arguments are written. */
+/* The call's distinct limits, and each decision's limits' index among them. */
 struct call_specs {
 	unsigned n;
 	struct limit_params p[CALL_SPECS_MAX];
+	uint8_t idx[STORE_BATCH_MAX][STORE_MAX_LIMITS]; /* 1-based */
 };
 
 /* The index (1-based) of <lp> in <cs>, added if new; 0 when <cs> is full. */
@@ -76,29 +77,30 @@ static unsigned spec_index(struct call_specs *cs, const struct limit_params *lp)
 }
 
 /* Appends limits <from> to <to> (excluded) of <q> as "<index> <cost>" each. */
-static void push_compact_limits(struct argv_buf *av, struct call_specs *cs,
+static void push_compact_limits(struct argv_buf *av, const uint8_t *idx,
 				const struct store_query *q, size_t from, size_t to)
 {
 	size_t i;
 
 	for (i = from; i < to; i++) {
-		argv_num(av, spec_index(cs, &q->params[i]));
+		argv_num(av, idx[i]);
 		argv_num(av, q->cost[i]);
 	}
 }
 
 /*
  * Appends <q> as the compact forms' QUERY_DECISIONS(q) decisions: as
- * query_push_decisions() does, a limit as its index in <cs> and its cost.
+ * query_push_decisions() does, a limit as its index <idx> (call_specs_fit())
+ * and its cost.
  */
-static void push_compact_decisions(struct argv_buf *av, struct call_specs *cs,
+static void push_compact_decisions(struct argv_buf *av, const uint8_t *idx,
 				   const struct store_query *q)
 {
 	size_t ne = q->n - q->ncand;
 
 	argv_num(av, (int64_t)ne);
 	argv_num(av, q->want > 0 ? 4 : 0);
-	push_compact_limits(av, cs, q, 0, ne);
+	push_compact_limits(av, idx, q, 0, ne);
 	if (q->want > 0) {
 		argv_num(av, q->want);
 		argv_num(av, q->batch);
@@ -108,11 +110,14 @@ static void push_compact_decisions(struct argv_buf *av, struct call_specs *cs,
 	if (q->ncand) {
 		argv_num(av, (int64_t)q->ncand);
 		argv_num(av, 0);
-		push_compact_limits(av, cs, q, ne, q->n);
+		push_compact_limits(av, idx, q, ne, q->n);
 	}
 }
 
-/* True when the distinct limits of <b>'s decisions fit the compact forms; fills <cs>. */
+/*
+ * True when the distinct limits of <b>'s decisions fit the compact forms; fills
+ * <cs>: the table, and each limit's index in it.
+ */
 static bool call_specs_fit(const struct batch_call *b, struct call_specs *cs)
 {
 	unsigned i;
@@ -121,7 +126,7 @@ static bool call_specs_fit(const struct batch_call *b, struct call_specs *cs)
 	cs->n = 0;
 	for (i = 0; i < b->count; i++)
 		for (k = 0; k < b->cmds[i]->q.n; k++)
-			if (!spec_index(cs, &b->cmds[i]->q.params[k]))
+			if (!(cs->idx[i][k] = (uint8_t)spec_index(cs, &b->cmds[i]->q.params[k])))
 				return false;
 	return true;
 }
@@ -189,7 +194,7 @@ static bool resend_alone(const struct batch_call *b, unsigned i, const redisRepl
  * false when it cannot go (no owner, too many redirections), to be answered
  * with its reply as is.
  */
-static bool cross_slot_resend(struct store *s, struct store_cmd *c)
+static bool send_alone(struct store *s, struct store_cmd *c)
 {
 	struct store_node *to;
 
@@ -233,7 +238,7 @@ static void batch_reply_cb(struct rconn *rc, void *reply, void *privdata)
 			limit_sample(n, cmd_wait(c, now), now);
 		j += QUERY_DECISIONS(&c->q); /* cmd_reply() frees <c> */
 		if (rep && cmd_live(c) && resend_alone(b, i, rep, split, at) &&
-		    cross_slot_resend(n->s, c))
+		    send_alone(n->s, c))
 			continue;
 		if (split && c->q.ncand) {
 			/* its two decisions, as the multi form answers a query alone */
@@ -316,7 +321,7 @@ static int batch_send_call(struct store_node *n, struct batch_call *b)
 			argv_num(&av, cs.p[i].shadow ? 1 : 0);
 		}
 		for (i = 0; i < b->count; i++)
-			push_compact_decisions(&av, &cs, &b->cmds[i]->q);
+			push_compact_decisions(&av, cs.idx[i], &b->cmds[i]->q);
 	} else {
 		for (i = 0; i < b->count; i++)
 			query_push_decisions(&av, &b->cmds[i]->q);

@@ -81,7 +81,7 @@ AGENT_OBJ = $(AGENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/scripts.o
 AGENT_SRC += src/core/secret.c
 AGENT_SRC += src/policy/heartbeat.c
 LUA       = lua/prelude.lua lua/gcra.lua lua/fixed_window.lua lua/sliding_log.lua \
-            lua/sliding_window.lua lua/concurrency.lua lua/decide.lua
+            lua/sliding_window.lua lua/concurrency.lua lua/state.lua lua/decide.lua
 
 BIN       = $(BUILD)/spoa-ratelimit
 LIBSPOA   = $(BUILD)/libspoa.a

@@ -107,30 +107,37 @@
 -- decisions together: bound D (a sliding log limit may take up to ~1 ms of a
 -- decision, see sliding_log.lua).
 
--- The algorithms by id: ALG[2 id - 1] checks, ALG[2 id] commits.
+-- The algorithms by id: ALG[2 id - 1] checks, ALG[2 id] commits. Those of a
+-- sorted set (3, 6) read and write their key; the others are given their
+-- state and return the new one (state.lua: ALG.read, ALG.write; ALG.flush
+-- writes what a decision changed).
 local ALG = { gcra_check, gcra_commit, fixed_window_check, fixed_window_commit,
 	sliding_log_check, sliding_log_commit, sliding_window_check, sliding_window_commit,
-	fixed_month_check, fixed_month_commit, concurrency_check, concurrency_commit }
+	fixed_month_check, fixed_month_commit, concurrency_check, concurrency_commit,
+	read = state_read, write = state_write, flush = state_flush }
 
--- Checks the <n> limits of <lim> (5 per limit: id, a, b, shadow, cost; keys
--- KEYS[kb + 1..kb + n]) at <now> for <units> units. Fills <res>, 9 per limit:
+-- Checks the <n> limits of <lim> (7 per limit: id, a, b, shadow, cost, and in
+-- layout 2 the needle and fallback flag of state.lua; keys KEYS[kb + 1..kb + n],
+-- states in <st>) at <now> for <units> units. Fills <res>, 9 per limit:
 -- ok, rem_c, rem_u, retry, reset_c, reset_u, the cost checked and the
 -- algorithm's state s1, s2. Returns 1 if every enforcing limit admits them,
 -- else 0, and how long until they fit (us, 0 = now). Windows (fixed, sliding
 -- counter) only make room when they reset, and what is left in the old one
 -- would be lost: for them there is no waiting (math.huge).
-local function check(ALG, res, lim, n, kb, now, units)
+local function check(ALG, st, res, lim, n, kb, now, units)
 	local keys = KEYS
 	local all, wait = 1, 0
 	for i = 1, n do
-		local o, r = 5 * i - 5, 9 * i - 9
+		local o, r = 7 * i - 7, 9 * i - 9
 		local id, cost = lim[o + 1], lim[o + 5]
 		if units ~= 1 then
 			cost = cost * units
 			if cost > 2 ^ 50 then cost = 2 ^ 50 elseif cost < -2 ^ 50 then cost = -2 ^ 50 end
 		end
-		local ok, rc, ru, retry, sc, su, s1, s2 =
-			ALG[2 * id - 1](keys[kb + i], now, cost, lim[o + 2], lim[o + 3])
+		local key, at = keys[kb + i], nil
+		if id ~= 3 and id ~= 6 then key, at = ALG.read(st, key, lim[o + 6], lim[o + 7]) end
+		local ok, rc, ru, retry, sc, su, s1, s2 = ALG[2 * id - 1](key, now, cost, lim[o + 2],
+			lim[o + 3], at)
 		if cost < 0 then ok = 1; retry = 0 end
 		if ok == 0 and not lim[o + 4] then
 			all = 0
@@ -146,8 +153,10 @@ local function check(ALG, res, lim, n, kb, now, units)
 	return all, wait
 end
 
--- The algorithm, parameters and shadow flag of a limit, from ARGV[o + 1..o + 4],
--- checked: id, a, b, shadow; or nil and the error's text. <cache> (or nil)
+-- The algorithm, parameters and flags of a limit, from ARGV[o + 1..o + 4],
+-- checked: id, a, b, shadow, and in layout 2 the needle of its field
+-- ("|<field>=") and whether to read layout 1 when it holds nothing
+-- (state.lua); or nil and the error's text. <cache> (or nil)
 -- holds the numbers already converted, by their text.
 local function parse_limit(argv, o, cache)
 	local tonumber = tonumber
@@ -176,10 +185,14 @@ local function parse_limit(argv, o, cache)
 		return nil, 'bad parameters'
 	end
 	local shadow = argv[o + 4]
-	if shadow == '0' then shadow = false
-	elseif shadow == '1' then shadow = true
-	else shadow = (tonumber(shadow) or 0) % 2 == 1 end
-	return id, a, b, shadow
+	if shadow == '0' then return id, a, b, false end
+	if shadow == '1' then return id, a, b, true end
+	local fl, field = string.match(shadow, '^(%d+)#([^|=]+)$')
+	if field then
+		fl = fl + 0
+		return id, a, b, fl % 2 == 1, '|' .. field .. '=', fl % 4 >= 2
+	end
+	return id, a, b, (tonumber(shadow) or 0) % 2 == 1
 end
 
 -- One decision at <now>: <n> limits with keys KEYS[kb + 1..kb + n] and <na>
@@ -189,9 +202,10 @@ end
 -- its reply, or an error reply (bad arguments: nothing is written). <lim>
 -- and <res> are scratch arrays (their contents are overwritten), or nil: then
 -- they are made if needed. <cache>, if not nil, holds what the decisions of
--- one call convert again and again (they share limits): the numbers of
--- arguments by their text, and the text of TTLs by their number.
-local function decide(ALG, check, parse_limit, kb, n, ab, na, now, lim, res, cache, specs)
+-- one call convert again and again (they share limits): the numbers of arguments by
+-- their text, and the text of TTLs by their number. <st>: the call's states
+-- (state.lua); what the decision charged there is written when it ends.
+local function decide(ALG, check, parse_limit, st, kb, n, ab, na, now, lim, res, cache, specs)
 	local tonumber, argv = tonumber, ARGV
 	local w = 5 -- arguments per limit
 	if specs then w = 2 end
@@ -211,12 +225,12 @@ local function decide(ALG, check, parse_limit, kb, n, ab, na, now, lim, res, cac
 		end
 	end
 
-	-- 5 per limit in <lim>: id, a, b, shadow, cost. The arguments the agent
+	-- 7 per limit in <lim>: id, a, b, shadow, cost, field, fb. The arguments the agent
 	-- sends most ("1", "0") are compared as strings (interned: one
 	-- comparison).
 	for i = 1, n do
 		local o = ab + w * i - w
-		local id, a, b, shadow
+		local id, a, b, shadow, field, fb
 		if specs then
 			local s = argv[o + 1]
 			local si = 1
@@ -224,10 +238,11 @@ local function decide(ALG, check, parse_limit, kb, n, ab, na, now, lim, res, cac
 			if not si or si < 1 or si > specs[0] or si % 1 ~= 0 then
 				return redis.error_reply('bad limit index ' .. tostring(s))
 			end
-			si = 4 * si
-			id, a, b, shadow = specs[si - 3], specs[si - 2], specs[si - 1], specs[si]
+			si = 6 * si
+			id, a, b, shadow = specs[si - 5], specs[si - 4], specs[si - 3], specs[si - 2]
+			field, fb = specs[si - 1], specs[si]
 		else
-			id, a, b, shadow = parse_limit(argv, o, cache)
+			id, a, b, shadow, field, fb = parse_limit(argv, o, cache)
 			if not id then
 				return redis.error_reply(a == 'bad parameters' and
 					'bad parameters for limit ' .. i or a)
@@ -248,33 +263,43 @@ local function decide(ALG, check, parse_limit, kb, n, ab, na, now, lim, res, cac
 			-- one limit and no batch, what most decisions are: what the rest
 			-- of this function does, without the arrays
 			local key = KEYS[kb + 1]
-			local ok, rc, ru, retry, sc, su, s1, s2 = ALG[2 * id - 1](key, now, cost, a, b)
+			local zset = id == 3 or id == 6
+			local v, at = key, nil
+			if not zset then v, at = ALG.read(st, key, field, fb) end
+			local ok, rc, ru, retry, sc, su, s1, s2 = ALG[2 * id - 1](v, now, cost, a, b, at)
 			if cost < 0 then ok = 1; retry = 0 end
 			local allowed = 1
 			if ok == 0 and not shadow then allowed = 0 end
 			if allowed == 1 and ok == 1 then
-				ALG[2 * id](key, now, cost, a, b, s1, s2, cache)
+				if zset then
+					ALG[2 * id](key, now, cost, a, b, s1, s2)
+				else
+					local v, ttl = ALG[2 * id](now, cost, a, b, s1, s2)
+					ALG.write(st, key, field, v, ttl, cache)
+					ALG.flush(st, now)
+				end
 				ru, su = rc, sc
 			end
 			if retry ~= 0 then retry = math.ceil(retry / 1000) end
 			return { allowed, 1, now, ok, ru, retry, math.ceil(su / 1000) }
 		end
-		local l = 5 * i - 5
+		local l = 7 * i - 7
 		lim = lim or {}
 		lim[l + 1], lim[l + 2], lim[l + 3], lim[l + 4], lim[l + 5] = id, a, b, shadow, cost
+		lim[l + 6], lim[l + 7] = field, fb
 	end
 
 	res = res or { 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 	local floor = math.floor
 	-- A report charges all <want> units: checked for them at once (what is
 	-- left, rem_u, does not depend on the cost asked).
-	local allowed = check(ALG, res, lim, n, kb, now, report and want or 1)
+	local allowed = check(ALG, st, res, lim, n, kb, now, report and want or 1)
 	local granted = allowed
 	if batch and want > 1 and (allowed == 1 or report) then
 		-- the most units every enforcing limit admits: what is left, in units
 		local fit = want
 		for i = 1, n do
-			local o = 5 * i - 5
+			local o = 7 * i - 7
 			local cost = lim[o + 5]
 			if not lim[o + 4] and cost > 0 then
 				local u = floor(res[9 * i - 6] / cost)
@@ -294,7 +319,7 @@ local function decide(ALG, check, parse_limit, kb, n, ab, na, now, lim, res, cac
 			if fit < minu and minu <= want then
 				-- wait for a whole lease if it comes soon enough
 				local rm = {}
-				local _, wait = check(ALG, rm, lim, n, kb, now, minu)
+				local _, wait = check(ALG, st, rm, lim, n, kb, now, minu)
 				if wait > 0 and wait <= life then
 					res, allowed, granted, fit = rm, 0, 0, 0
 				end
@@ -304,18 +329,18 @@ local function decide(ALG, check, parse_limit, kb, n, ab, na, now, lim, res, cac
 			local r2, ok2 = res, allowed
 			if fit > 1 then
 				r2 = {}
-				ok2 = check(ALG, r2, lim, n, kb, now, fit)
+				ok2 = check(ALG, st, r2, lim, n, kb, now, fit)
 			end
 			-- rem_u is exact for every algorithm; search down if rounding disagrees
 			if ok2 == 0 then
 				local lo, hi = 1, fit - 1
 				while lo < hi do
 					local mid = floor((lo + hi + 1) / 2)
-					if check(ALG, {}, lim, n, kb, now, mid) == 1 then lo = mid else hi = mid - 1 end
+					if check(ALG, st, {}, lim, n, kb, now, mid) == 1 then lo = mid else hi = mid - 1 end
 				end
 				fit = lo
 				r2 = {}
-				ok2 = check(ALG, r2, lim, n, kb, now, fit)
+				ok2 = check(ALG, st, r2, lim, n, kb, now, fit)
 			end
 			res, granted = r2, fit
 		end
@@ -326,14 +351,14 @@ local function decide(ALG, check, parse_limit, kb, n, ab, na, now, lim, res, cac
 	elseif batch and allowed == 0 and minu > 1 and minu <= want then
 		-- denied: the retry is for a whole batch when it comes soon enough
 		local rm = {}
-		local _, wait = check(ALG, rm, lim, n, kb, now, minu)
+		local _, wait = check(ALG, st, rm, lim, n, kb, now, minu)
 		if wait <= life then res = rm end
 	end
 
 	local lease_ms = 0
 	if batch then
 		for i = 1, n do
-			local o = 5 * i - 5
+			local o = 7 * i - 7
 			if lim[o + 1] == 2 or lim[o + 1] == 4 then -- a = the window
 				local a = lim[o + 2]
 				local left = (floor(now / a) + 1) * a - now
@@ -350,12 +375,18 @@ local function decide(ALG, check, parse_limit, kb, n, ab, na, now, lim, res, cac
 	local ceil, keys = math.ceil, KEYS
 	local out
 	for i = 1, n do
-		local o, r = 5 * i - 5, 9 * i - 9
+		local o, r = 7 * i - 7, 9 * i - 9
 		local ok = res[r + 1]
 		local rem, reset = res[r + 3], res[r + 6]
 		if allowed == 1 and (ok == 1 or report) then
-			ALG[2 * lim[o + 1]](keys[kb + i], now, res[r + 7], lim[o + 2], lim[o + 3],
-				res[r + 8], res[r + 9], cache)
+			local id = lim[o + 1]
+			if id == 3 or id == 6 then
+				ALG[2 * id](keys[kb + i], now, res[r + 7], lim[o + 2], lim[o + 3], res[r + 8])
+			else
+				local v, ttl = ALG[2 * id](now, res[r + 7], lim[o + 2], lim[o + 3], res[r + 8],
+					res[r + 9])
+				ALG.write(st, keys[kb + i], lim[o + 6], v, ttl, cache)
+			end
 			rem, reset = res[r + 2], res[r + 5]
 		end
 		if i == 1 then
@@ -367,6 +398,7 @@ local function decide(ALG, check, parse_limit, kb, n, ab, na, now, lim, res, cac
 		end
 	end
 	if n == 0 then out = { allowed, 0, now } end
+	ALG.flush(st, now)
 	if batch then
 		local j = 4 * n + 3
 		out[j + 1] = (allowed == 1) and granted or 0
@@ -380,7 +412,8 @@ local now = t[1] * 1000000 + t[2]
 
 local form = ARGV[1]
 if form ~= 'M' and form ~= 'X' and form ~= 'C' and form ~= 'Q' then
-	return decide(ALG, check, parse_limit, 0, #KEYS, 0, #ARGV, now, nil, nil, nil, nil)
+	return decide(ALG, check, parse_limit, { nd = 0 }, 0, #KEYS, 0, #ARGV, now, nil, nil, nil,
+		nil)
 end
 
 -- The multi form. The counts are checked for the whole call before any
@@ -406,12 +439,14 @@ if form == 'C' or form == 'Q' then
 	end
 	specs = { [0] = U }
 	for u = 1, U do
-		local id, a, b, shadow = parse_limit(argv, base + 4 * u - 3, nil)
+		local id, a, b, shadow, field, fb = parse_limit(argv, base + 4 * u - 3, nil)
 		if not id then
 			return redis.error_reply(a == 'bad parameters' and
 				'bad parameters for limit ' .. u or a)
 		end
-		specs[4 * u - 3], specs[4 * u - 2], specs[4 * u - 1], specs[4 * u] = id, a, b, shadow
+		local o = 6 * u
+		specs[o - 5], specs[o - 4], specs[o - 3], specs[o - 2] = id, a, b, shadow
+		specs[o - 1], specs[o] = field, fb
 	end
 	base, w = base + 1 + 4 * U, 2
 end
@@ -451,25 +486,26 @@ end
 -- KEYS[kb] and its counts at ARGV[ab + 1]. A Redis command that fails (or a
 -- script error) fails the decision where it happens: it ends this run, the
 -- caller records the error and starts another run at the next decision.
-local function run(ALG, check, decide, parse_limit, out, at, from, D, kb, ab, now, lim, res,
-		   cache, specs)
+local function run(ALG, check, decide, parse_limit, st, out, at, from, D, kb, ab, now, lim,
+		   res, cache, specs)
 	for j = from, D do
 		local n, nargs = at[2 * j - 1], at[2 * j]
-		out[j] = decide(ALG, check, parse_limit, kb, n, ab + 2, nargs, now, lim, res, cache,
+		out[j] = decide(ALG, check, parse_limit, st, kb, n, ab + 2, nargs, now, lim, res, cache,
 				specs)
 		kb, ab = kb + n, ab + 2 + nargs
 	end
 end
 
-local out, lim, res, cache = {}, nil, nil, nil
+local out, lim, res, cache, st = {}, nil, nil, nil, { nd = 0 }
 if D > 1 then cache = {} end
-if arrays then lim, res = { 0, 0, 0, 0, 0 }, { 0, 0, 0, 0, 0, 0, 0, 0, 0 } end
+if arrays then lim, res = { 0, 0, 0, 0, 0, 0, 0 }, { 0, 0, 0, 0, 0, 0, 0, 0, 0 } end
 local from = 1
 kb, ab = 0, base
 while from <= D do
-	local ok, e = pcall(run, ALG, check, decide, parse_limit, out, at, from, D, kb, ab, now, lim,
-			    res, cache, specs)
+	local ok, e = pcall(run, ALG, check, decide, parse_limit, st, out, at, from, D, kb, ab, now,
+			    lim, res, cache, specs)
 	if ok then break end
+	state_reset(st)
 	if type(e) == 'table' and e.err then e = e.err end
 	local j = #out + 1
 	out[j] = redis.error_reply(tostring(e))

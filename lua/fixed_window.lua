@@ -38,16 +38,15 @@ end
 
 -- <idx> and <left> (us until the window's end) are given by the month's
 -- functions only.
-local function fixed_window_check(key, now, cost, win, limit, idx, left)
+local function fixed_window_check(v, now, cost, win, limit, at, idx, left)
 	if not idx then
 		idx = math.floor(now / win)
 		left = (idx + 1) * win - now
 	end
 	local count = 0
-	local v = redis.call('GET', key)
 	if v then
-		local w, c = string.match(v, '^(%d+):(%d+)$')
-		if w and w + 0 == idx then
+		local w, c, e = string.match(v, '^(%d+):(%d+)()', at or 1)
+		if w and w + 0 == idx and (string.byte(v, e) or 124) == 124 then
 			count = c + 0
 			if count > 2 ^ 50 then count = 2 ^ 50 end -- COUNT_MAX
 		end
@@ -65,30 +64,23 @@ local function fixed_window_check(key, now, cost, win, limit, idx, left)
 	return 0, rem_c, rem_u, left, left, reset_u, count
 end
 
-local function fixed_window_commit(key, now, cost, win, limit, count, _, cache, idx, left)
+local function fixed_window_commit(now, cost, win, limit, count, _, idx, left)
 	if not idx then
 		idx = math.floor(now / win)
 		left = (idx + 1) * win - now
 	end
 	local c = count + cost
 	if c < 0 then c = 0 elseif c > 2 ^ 50 then c = 2 ^ 50 end -- COUNT_MAX
-	local ttl = math.ceil(left / 1000) + 1
-	local px = cache and cache[ttl]
-	if not px then
-		px = string.format('%d', ttl)
-		if cache then cache[ttl] = px end
-	end
-	redis.call('SET', key, string.format('%d:%d', idx, c), 'PX', px)
+	return string.format('%d:%d', idx, c), math.ceil(left / 1000) + 1
 end
 
 -- (the month's functions are the only ones that call others of the file)
-local function fixed_month_check(key, now, cost, _, limit)
+local function fixed_month_check(v, now, cost, _, limit, at)
 	local idx = month_index(now)
-	return fixed_window_check(key, now, cost, 1, limit, idx, month_start(idx + 1) - now)
+	return fixed_window_check(v, now, cost, 1, limit, at, idx, month_start(idx + 1) - now)
 end
 
-local function fixed_month_commit(key, now, cost, _, limit, count, _, cache)
+local function fixed_month_commit(now, cost, _, limit, count)
 	local idx = month_index(now)
-	fixed_window_commit(key, now, cost, 1, limit, count, nil, cache, idx,
-		month_start(idx + 1) - now)
+	return fixed_window_commit(now, cost, 1, limit, count, nil, idx, month_start(idx + 1) - now)
 end

@@ -23,16 +23,15 @@
 -- x + (-x) % 1 is ceil(x), exactly (Lua's % is x - floor(x), exact in
 -- doubles), without a function call. One tick is 2^-k us, so a division by
 -- 2^k is exact.
-local function gcra_check(key, now, cost, T, b)
+local function gcra_check(v, now, cost, T, b, at)
 	local DEBT_MAX = 2 ^ 51
 	local k = b % T
 	local tau = b - k
 	local one = 2 ^ k
 	local d = 0
-	local v = redis.call('GET', key)
 	if v then
-		local tu, tf = string.match(v, '^(%d+):?(%d*)$')
-		if tu then
+		local tu, tf, e = string.match(v, '^(%d+):?(%d*)()', at or 1)
+		if tu and (string.byte(v, e) or 124) == 124 then
 			tu = tu + 0 -- digits: converted as tonumber() would
 			if tu >= now then
 				if tu - now > DEBT_MAX / one then
@@ -68,7 +67,7 @@ local function gcra_check(key, now, cost, T, b)
 	return 0, 0, rem_u, retry + (-retry) % 1, reset_c, reset_u, nd, one
 end
 
-local function gcra_commit(key, now, cost, T, b, nd, one, cache)
+local function gcra_commit(now, cost, T, b, nd, one)
 	local whole = nd / one
 	whole = whole - whole % 1
 	local frac = nd - whole * one
@@ -76,16 +75,8 @@ local function gcra_commit(key, now, cost, T, b, nd, one, cache)
 	ttl = (ttl + (-ttl) % 1) / 1000
 	ttl = ttl + (-ttl) % 1
 	if ttl < 1 then ttl = 1 end
-	local v
 	if frac > 0 then
-		v = string.format('%d:%d', now + whole, frac)
-	else
-		v = string.format('%d', now + whole)
+		return string.format('%d:%d', now + whole, frac), ttl
 	end
-	local px = cache and cache[ttl]
-	if not px then
-		px = string.format('%d', ttl)
-		if cache then cache[ttl] = px end
-	end
-	redis.call('SET', key, v, 'PX', px)
+	return string.format('%d', now + whole), ttl
 end

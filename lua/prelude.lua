@@ -1,10 +1,11 @@
 -- SPDX-License-Identifier: MIT
 -- spoa-ratelimit decision script, assembled at build time (see the Makefile's
--- LUA list): this prelude, one file per algorithm, then the driver decide.lua.
+-- LUA list): this prelude, one file per algorithm, the key layouts
+-- (state.lua), then the driver decide.lua.
 --
--- Every algorithm has two functions. <alg>_check(key, now, cost, a, b) reads
--- its state and returns, without writing anything (a sliding log trims its
--- expired entries):
+-- Every algorithm has two functions. <alg>_check(s, now, cost, a, b, at)
+-- returns, without writing anything (a sliding log trims its expired
+-- entries):
 --   ok         1 if this limit admits <cost> tokens now, else 0
 --   rem_c      tokens left if the request is charged
 --   rem_u      tokens left if it is not
@@ -12,10 +13,14 @@
 --   reset_c    microseconds until the limit is fully available again, charged
 --   reset_u    the same, not charged
 --   s1, s2     the state its commit needs
--- <alg>_commit(key, now, cost, a, b, s1, s2, cache) charges the request
--- (called only if it passes, with the cost and the state of the check; the
--- optional table <cache> keeps the text of TTLs for the next decisions of the
--- call).
+-- <alg>_commit(now, cost, a, b, s1, s2) charges the request (called only if
+-- it passes, with the cost and the state of the check) and returns the new
+-- state's text and how long it matters (ms). Their state is a text the
+-- driver reads and writes (state.lua): the check is given it as <s> (nil:
+-- none) from position <at> (nil: 1) up to the next "|" or the end. The
+-- algorithms of a sorted set (sliding_log, concurrency) read and write their
+-- key themselves: their check is given the key as <s>, their commit the key
+-- first, and it returns nothing.
 -- All arithmetic is on integers below 2^53 (exact in Lua's doubles); the C
 -- models in src/core/limiter.c do the same operations in the same order. Costs
 -- (cost x units of a batch) are clamped to +-COUNT_MAX = 2^50 before any

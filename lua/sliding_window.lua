@@ -8,15 +8,14 @@
 --   a = window length (us), b = limit (requests per window)
 -- State for the commit: s1, s2 = the current and previous counts before this
 -- request.
-local function sliding_window_check(key, now, cost, win, limit)
+local function sliding_window_check(v, now, cost, win, limit, at)
 	local floor = math.floor
 	local COUNT_MAX = 2 ^ 50
 	local idx = floor(now / win)
 	local cur, prev = 0, 0
-	local v = redis.call('GET', key)
 	if v then
-		local w, c, p = string.match(v, '^(%d+):(%d+):(%d+)$')
-		if w then
+		local w, c, p, e = string.match(v, '^(%d+):(%d+):(%d+)()', at or 1)
+		if w and (string.byte(v, e) or 124) == 124 then
 			w = w + 0
 			if w == idx then
 				cur, prev = c + 0, p + 0
@@ -62,16 +61,10 @@ local function sliding_window_check(key, now, cost, win, limit)
 	return 0, rem_c, rem_u, retry, left + win, reset_u, cur, prev
 end
 
-local function sliding_window_commit(key, now, cost, win, limit, cur, prev, cache)
+local function sliding_window_commit(now, cost, win, limit, cur, prev)
 	local idx = math.floor(now / win)
 	local left = win - (now - idx * win)
 	local c = cur + cost
 	if c < 0 then c = 0 elseif c > 2 ^ 50 then c = 2 ^ 50 end -- COUNT_MAX
-	local ttl = math.ceil((left + win) / 1000) + 1
-	local px = cache and cache[ttl]
-	if not px then
-		px = string.format('%d', ttl)
-		if cache then cache[ttl] = px end
-	end
-	redis.call('SET', key, string.format('%d:%d:%d', idx, c, prev), 'PX', px)
+	return string.format('%d:%d:%d', idx, c, prev), math.ceil((left + win) / 1000) + 1
 end

@@ -690,6 +690,13 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 	    o->redis.max_reply_elements != n->redis.max_reply_elements ||
 	    o->redis.max_reply_depth != n->redis.max_reply_depth)
 		LOG(LOG_WARN, "reload: 'redis.max_reply_*' changed, ignored until restart");
+	if (o->redis.key_layout != n->redis.key_layout ||
+	    o->redis.key_layout_fallback != n->redis.key_layout_fallback)
+		LOG(LOG_NOTICE, "reload: Redis key layout now %u%s (was %u%s)",
+		    n->redis.key_layout, n->redis.key_layout == 2 && n->redis.key_layout_fallback ?
+		    ", reading layout 1 where it holds nothing" : "", o->redis.key_layout,
+		    o->redis.key_layout == 2 && o->redis.key_layout_fallback ?
+		    " with the layout 1 fallback" : "");
 	if (o->breaker_failures != n->breaker_failures)
 		LOG(LOG_WARN, "reload: 'redis.breaker_failures' changed, ignored until restart");
 	if (o->breaker_cooldown_ms != n->breaker_cooldown_ms)

@@ -519,7 +519,8 @@ static void load_redis(struct loader *ld, const config_setting_t *root)
 						  "max_concurrency", "batch_max", "password_file",
 						  "nameservers", "resolve_timeout_ms", "sentinel",
 						  "tls", "max_reply_bytes", "max_reply_elements",
-						  "max_reply_depth", NULL};
+						  "max_reply_depth", "key_layout",
+						  "key_layout_fallback", NULL};
 	struct agent_config *cfg = ld->cfg;
 	const config_setting_t *s = config_setting_get_member(root, "redis");
 	const struct cfg_key keys[] = {
@@ -541,6 +542,9 @@ static void load_redis(struct loader *ld, const config_setting_t *root)
 			 &cfg->redis.max_reply_depth),
 		KEY_UINT("breaker_failures", 1, 1000000, 5, &cfg->breaker_failures),
 		KEY_UINT("breaker_cooldown_ms", 1, 600000, 500, &cfg->breaker_cooldown_ms),
+		/* where the limits' states live (lua/state.lua) */
+		KEY_UINT("key_layout", 1, 2, 1, &cfg->redis.key_layout),
+		KEY_BOOL("key_layout_fallback", true, &cfg->redis.key_layout_fallback),
 	};
 
 	if (s && !config_setting_is_group(s))

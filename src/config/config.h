@@ -138,6 +138,8 @@ struct agent_config {
 		char *password_file;    /* owned or NULL: ... this file (resolved path) */
 		int password_line;      /* line of a 'password' written in the file, 0: none */
 		char *key_prefix;       /* owned */
+		unsigned key_layout;    /* 1: a key per limit; 2: a key per principal */
+		bool key_layout_fallback; /* layout 2 reads layout 1 where it holds nothing */
 		char *nameservers;      /* owned or NULL: "ip[:port],...", for host names */
 		unsigned resolve_timeout_ms; /* per DNS try, 0: the resolver's default */
 		char **sentinels;       /* owned, nsentinels "ip:port"s, or NULL: no Sentinel */

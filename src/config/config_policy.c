@@ -730,6 +730,8 @@ void load_candidate(struct loader *ld, const config_setting_t *root)
 	c->no_address = cfg->no_address;
 	c->unknown_keys = cfg->unknown_keys;
 	c->redis.key_prefix = xstrdup(cfg->redis.key_prefix);
+	c->redis.key_layout = cfg->redis.key_layout;
+	c->redis.key_layout_fallback = cfg->redis.key_layout_fallback;
 	policy_max_limits(cfg, &ep, &eg);
 	policy_max_limits(c, &cp, &cg);
 	if (ep + cp > STORE_MAX_LIMITS || eg + cg > STORE_MAX_LIMITS)

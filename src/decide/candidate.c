@@ -57,7 +57,7 @@
 
 /*
  * Adds the limits of candidate tier <t> to part <p> of <d> after every
- * enforced one, as add_limits() does, keyed "...:c:<limit><sfx>". A sampled
+ * enforced one, as add_limits() does, keyed as its field "c:<limit><sfx>". A sampled
  * candidate's global limits (part 1 or 2) are scaled by its sample.
  */
 static void cand_limits(struct decision *d, int p, const struct rule_tier *t,
@@ -76,8 +76,8 @@ static void cand_limits(struct decision *d, int p, const struct rule_tier *t,
 			cost = cost > 0 && d->cost != 0 ? decision_slot(d) : 0;
 			pt->conc = true;
 		}
-		limit_key(pt->q.keys[pt->q.n], sizeof(pt->q.keys[0]), d->rs->cfg->redis.key_prefix,
-			  principal, "}:c:", l->name, sfx);
+		limit_key(pt->q.keys[pt->q.n], sizeof(pt->q.keys[0]), d->rs->cfg, &l->lp, principal,
+			  true, l->name, sfx);
 		pt->q.params[pt->q.n] = l->lp;
 		pt->q.cost[pt->q.n] = cost;
 		if (p > 0 && c->cfg->cand_mode.sampled) {

@@ -42,7 +42,7 @@ struct tier_slot {
 };
 
 /*
- * Adds the limits of <t> to part <p> of <d>, keyed "<prefix>:{<principal>}:<limit><sfx>",
+ * Adds the limits of <t> to part <p> of <d>, keyed by limit_key() (<principal>, <limit><sfx>),
  * with the parameters of limit override <ov> (NULL: none).
  */
 static void add_limits(struct decision *d, int p, const struct rule_tier *t, const char *principal,
@@ -66,8 +66,8 @@ static void add_limits(struct decision *d, int p, const struct rule_tier *t, con
 			pt->conc = true;
 		}
 
-		limit_key(pt->q.keys[pt->q.n], sizeof(pt->q.keys[0]), d->rs->cfg->redis.key_prefix,
-			  principal, "}:", l->name, sfx);
+		limit_key(pt->q.keys[pt->q.n], sizeof(pt->q.keys[0]), d->rs->cfg, &l->lp, principal,
+			  false, l->name, sfx);
 		pt->q.params[pt->q.n] = l->lp;
 		pt->q.cost[pt->q.n] = cost;
 		if (cost > 0)

@@ -8,7 +8,9 @@
  * argument, else the default tier) and otherwise the source address, grouped
  * by prefix (IPv4 /32 and IPv6 /64 by default).
  *
- * Redis keys are "<prefix>:{<principal>}:<limit>": the principal part is a
+ * Redis keys are "<prefix>:v2:{<principal>}" (layout 2: one a principal,
+ * holding its limits' states) or "<prefix>:{<principal>}:<limit>" (layout 1,
+ * and the sorted sets in both; see limit_key()): the principal part is a
  * fixed-length digest (never the raw API key) or the hex of the masked
  * address, inside a hash tag so all limits of one principal live in one
  * Redis Cluster slot and are decided by one script call. Nothing a client
@@ -58,17 +60,41 @@ void principal_cache_free(struct agent *a)
 	FREE_AND_NULL(a->caches.digest);
 }
 
-/* Writes "<prefix>:{<principal><sep><limit><sfx>" into <k>, truncated like snprintf. */
-void limit_key(char *k, size_t cap, const char *prefix, const char *principal,
-	       const char *sep, const char *name, const char *sfx)
+/*
+ * Writes the key of limit <name><sfx> of <principal> (a candidate policy's limit
+ * when <cand>) with parameters <lp> into <k>, truncated like snprintf, in the
+ * key layout of <cfg> (lua/state.lua):
+ *   layout 1, and the sorted sets (sliding_log, concurrency) in both:
+ *     "<prefix>:{<principal>}:[c:]<name><sfx>"
+ *   layout 2: "<prefix>:v2:{<principal>}|<flags>#[c:]<name><sfx>"
+ * In layout 2 the part before '|' is the principal's key and the rest is the
+ * script's flags argument for this limit (shadow 1, read layout 1 where layout
+ * 2 holds nothing 2), the field of its state: store_cmd.c sends them apart.
+ * The whole string names the limit's state for the local stores (memstore.c).
+ */
+void limit_key(char *k, size_t cap, const struct agent_config *cfg, const struct limit_params *lp,
+	       const char *principal, bool cand, const char *name, const char *sfx)
 {
 	size_t len = 0;
 
 	k[0] = '\0';
-	len = str_cat(k, cap, len, prefix);
-	len = str_cat(k, cap, len, ":{");
-	len = str_cat(k, cap, len, principal);
-	len = str_cat(k, cap, len, sep);
+	len = str_cat(k, cap, len, cfg->redis.key_prefix);
+	if (cfg->redis.key_layout == 2 && lp->alg != ALG_SLIDING_LOG &&
+	    lp->alg != ALG_CONCURRENCY) {
+		char flags[4] = {(char)('0' + (lp->shadow ? 1 : 0) +
+					(cfg->redis.key_layout_fallback ? 2 : 0)), '#', '\0'};
+
+		len = str_cat(k, cap, len, ":v2:{");
+		len = str_cat(k, cap, len, principal);
+		len = str_cat(k, cap, len, "}|");
+		len = str_cat(k, cap, len, flags);
+	} else {
+		len = str_cat(k, cap, len, ":{");
+		len = str_cat(k, cap, len, principal);
+		len = str_cat(k, cap, len, "}:");
+	}
+	if (cand)
+		len = str_cat(k, cap, len, "c:");
 	len = str_cat(k, cap, len, name);
 	(void)str_cat(k, cap, len, sfx);
 }

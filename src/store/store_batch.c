@@ -58,21 +58,30 @@ struct batch_call {
 struct call_specs {
 	unsigned n;
 	struct limit_params p[CALL_SPECS_MAX];
+	const char *flags[CALL_SPECS_MAX];      /* in layout 2, their flags and field
+						 * (key_flags()), else NULL */
 	uint8_t idx[STORE_BATCH_MAX][STORE_MAX_LIMITS]; /* 1-based */
 };
 
-/* The index (1-based) of <lp> in <cs>, added if new; 0 when <cs> is full. */
-static unsigned spec_index(struct call_specs *cs, const struct limit_params *lp)
+/*
+ * The index (1-based) of limit <k> of <q> in <cs>, added if new; 0 when <cs> is
+ * full. In layout 2 a limit's field is part of what it is.
+ */
+static unsigned spec_index(struct call_specs *cs, const struct store_query *q, size_t k)
 {
+	const struct limit_params *lp = &q->params[k];
+	const char *f = key_flags(q->keys[k]);
 	unsigned i;
 
 	for (i = 0; i < cs->n; i++)
 		if (cs->p[i].alg == lp->alg && cs->p[i].a == lp->a && cs->p[i].b == lp->b &&
-		    cs->p[i].shadow == lp->shadow)
+		    cs->p[i].shadow == lp->shadow &&
+		    (f ? cs->flags[i] && strcmp(cs->flags[i], f) == 0 : !cs->flags[i]))
 			return i + 1;
 	if (cs->n == CALL_SPECS_MAX)
 		return 0;
 	cs->p[cs->n] = *lp;
+	cs->flags[cs->n] = f;
 	return ++cs->n;
 }
 
@@ -126,7 +135,7 @@ static bool call_specs_fit(const struct batch_call *b, struct call_specs *cs)
 	cs->n = 0;
 	for (i = 0; i < b->count; i++)
 		for (k = 0; k < b->cmds[i]->q.n; k++)
-			if (!(cs->idx[i][k] = (uint8_t)spec_index(cs, &b->cmds[i]->q.params[k])))
+			if (!(cs->idx[i][k] = (uint8_t)spec_index(cs, &b->cmds[i]->q, k)))
 				return false;
 	return true;
 }
@@ -318,7 +327,10 @@ static int batch_send_call(struct store_node *n, struct batch_call *b)
 			argv_num(&av, cs.p[i].alg);
 			argv_num(&av, cs.p[i].a);
 			argv_num(&av, cs.p[i].b);
-			argv_num(&av, cs.p[i].shadow ? 1 : 0);
+			if (cs.flags[i])
+				argv_str(&av, cs.flags[i], strlen(cs.flags[i]));
+			else
+				argv_num(&av, cs.p[i].shadow ? 1 : 0);
 		}
 		for (i = 0; i < b->count; i++)
 			push_compact_decisions(&av, cs.idx[i], &b->cmds[i]->q);

@@ -474,13 +474,37 @@ void argv_num(struct argv_buf *av, int64_t v)
 	av->lens[av->argc++] = fmt_i64(av->nums[av->nk++], v);
 }
 
-/* Appends the keys of <q>. */
+/*
+ * A query's key in layout 2 (limit_key()) is "<the principal's key>|<flags>#<field>":
+ * the Redis key is the part before '|', the script's flags argument the rest.
+ * The flags of <key>, or NULL in layout 1 (the key is the Redis key).
+ */
+const char *key_flags(const char *key)
+{
+	return strchr(key, '|') ? strchr(key, '|') + 1 : NULL;
+}
+
+/* Appends the Redis keys of <q>. */
 void query_push_keys(struct argv_buf *av, const struct store_query *q)
 {
 	size_t i;
 
-	for (i = 0; i < q->n; i++)
-		argv_str(av, q->keys[i], strlen(q->keys[i]));
+	for (i = 0; i < q->n; i++) {
+		const char *f = key_flags(q->keys[i]);
+
+		argv_str(av, q->keys[i], f ? (size_t)(f - 1 - q->keys[i]) : strlen(q->keys[i]));
+	}
+}
+
+/* Appends the flags argument of limit <i> of <q>: the shadow flag, or its key's. */
+static void push_flags(struct argv_buf *av, const struct store_query *q, size_t i)
+{
+	const char *f = key_flags(q->keys[i]);
+
+	if (f)
+		argv_str(av, f, strlen(f));
+	else
+		argv_num(av, q->params[i].shadow ? 1 : 0);
 }
 
 /* Appends the 5 arguments of each of limits <from> to <to> (excluded) of <q>. */
@@ -492,7 +516,7 @@ static void push_limits(struct argv_buf *av, const struct store_query *q, size_t
 		argv_num(av, q->params[i].alg);
 		argv_num(av, q->params[i].a);
 		argv_num(av, q->params[i].b);
-		argv_num(av, q->params[i].shadow ? 1 : 0);
+		push_flags(av, q, i);
 		argv_num(av, q->cost[i]);
 	}
 }

@@ -46,6 +46,7 @@ struct argv_buf {
 #define QUERY_DECISIONS(q) ((q)->ncand ? 2 : 1)
 void argv_str(struct argv_buf *av, const char *str, size_t len);
 void argv_num(struct argv_buf *av, int64_t v);
+const char *key_flags(const char *key);
 void query_push_keys(struct argv_buf *av, const struct store_query *q);
 void query_push_args(struct argv_buf *av, const struct store_query *q);
 void query_push_decisions(struct argv_buf *av, const struct store_query *q);

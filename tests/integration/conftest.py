@@ -520,6 +520,10 @@ def agent_config(listen, redis_address=None, **over):
             "connect_timeout_ms": 200,
             "command_timeout_ms": 150,
             "key_prefix": "rl",
+            # the agents of these tests keep their limits' states in key layout 2 (one
+            # key per client: lua/state.lua); layout 1, the default, is what the
+            # script-level tests and test_key_layout.py run
+            "key_layout": 2,
         },
         "limits": DEFAULT_LIMITS,
         "tiers": DEFAULT_TIERS,
@@ -536,6 +540,26 @@ def agent_config(listen, redis_address=None, **over):
         else:
             cfg[k] = v
     return cfg
+
+
+def limit_state(cmd, principal, field, prefix="rl"):
+    """The state text Redis holds for limit <field> (its name; "@<endpoint>" after it for
+    an endpoint's, "c:" before it for a candidate policy's) of <principal> ("k:<32 hex>",
+    "ip4:..."): its entry in the principal's key (key layout 2, the agents' default), else
+    its own key (layout 1); None when neither holds it. <cmd> sends one command
+    (Redis.cmd, a cluster node's)."""
+    v = cmd("GET", "%s:v2:{%s}" % (prefix, principal))
+    for e in (v.split("|")[1:] if v else []):
+        name, _, state = e.partition("=")
+        if name == field:
+            return state
+    key = "%s:{%s}:%s" % (prefix, principal, field)
+    return cmd("GET", key) if cmd("TYPE", key) == "string" else None
+
+
+def key_principal(api_key):
+    """The principal part of the Redis keys of API key <api_key>: "k:" + 32 hex digits."""
+    return "k:" + hashlib.sha256(api_key.encode()).hexdigest()[:32]
 
 
 # The fleet's fingerprint secret of the tests (metrics.fingerprint_secret_file): every

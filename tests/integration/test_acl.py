@@ -46,6 +46,12 @@ def check_works(a, port):
     """Decisions, heartbeat, overrides and ctl through the ACL user of <a>."""
     vs = decide(a, "acl-exact", 6)
     assert [v["allow"] for v in vs] == [1] * 5 + [0] and not any(v.get("degraded") for v in vs)
+    # the same client in another tier: one entry of its key written, the others kept (the
+    # script reads what the key has left: PTTL)
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        v = c.request(51, 1, [sc.rl_message(key="acl-exact", tier="pro")])
+    assert v["allow"] == 1 and not v.get("degraded"), v
     # the gateway heartbeat (its own script) counted this agent
     wait_until(lambda: redis_cmd(port, "ZCARD", "rl:{gw}:gateways") >= 1, 10, 0.1,
                "the heartbeat written")

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import spop_client as sc
 import pytest
 
-from conftest import SPOA_BIN, LcList, Stack, to_libconfig, wait_until
+from conftest import SPOA_BIN, LcList, Stack, key_principal, limit_state, to_libconfig, wait_until
 from test_cluster import redis_cluster  # noqa: F401 (the fixture)
 from test_ops import pipeline, scrape
 
@@ -93,8 +93,8 @@ def test_candidate_reports_exactly_what_enforcing_it_denies(gateway, redis):
         assert "q=100" in r.h("RateLimit-Policy"), r
         assert r.h("RateLimit-Limit") == "100", r
         assert r.h("X-RateLimit-Degraded") is None, r
-    # its own keys, next to today's
-    assert redis.cmd("EXISTS", "rl:{%s}:c:key_hour" % principal(s1, "cand-k1")) == 1
+    # its own states, next to today's (entry "c:key_hour" of the principal's key)
+    assert limit_state(redis.cmd, key_principal("cand-k1"), "c:key_hour") is not None
 
     def cand_counts(m):
         got = {(x["tier"], x["rule"]): v for n, x, v in m.samples
@@ -144,12 +144,6 @@ def test_candidate_reports_exactly_what_enforcing_it_denies(gateway, redis):
                   if n == "spoa_ratelimit_candidate_top_denied") == \
         sorted((x["rule"], x["client"], v) for n, x, v in m2.samples
                if n == "spoa_ratelimit_top_denied")
-
-
-def principal(s, key):
-    """The Redis principal part of API key <key> ("k:" + 32 hex digits)."""
-    import hashlib
-    return "k:" + hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 def test_lifted_denials_are_counted(gateway):
@@ -205,7 +199,7 @@ def test_candidate_in_the_multi_form(agent, redis):
     m = scrape(a)
     assert m.get("spoa_ratelimit_redis_batch_calls_total") > 0
     # the global bucket was charged 50 times (what the candidate admitted), not 120
-    g = redis.cmd("GET", "rl:{g:all}:c:g80")
+    g = limit_state(redis.cmd, "g:all", "c:g80")
     assert g is not None
     # 80 per hour: 50 charged leave 30, one every 45 s; its TAT is ~50 x 45 s ahead
     t = redis.cmd("TIME")
@@ -215,8 +209,9 @@ def test_candidate_in_the_multi_form(agent, redis):
 
 def test_promotion_keeps_unchanged_buckets(gateway, redis):
     """Promotion is a reload with the candidate's sections at the top level: a limit the
-    candidate kept unchanged keeps its bucket (its key holds the same state), a new limit
-    starts full, the candidate's own buckets are left to expire."""
+    candidate kept unchanged keeps its bucket (the same state: its entry in the principal's
+    key, key layout 2), a new limit starts full, the candidate's own buckets ("c:" entries)
+    are left to expire."""
     today = {"key_hour": {"rate": 5, "period": "1h"}, "anon_hour": {"rate": 3, "period": "1h"}}
     cand_limits = dict(today, key_burst={"rate": 3, "period": "1h"})
     cand_tiers = {"free": {"limits": ["key_hour", "key_burst"]}}
@@ -239,7 +234,7 @@ def test_promotion_keeps_unchanged_buckets(gateway, redis):
     assert [r.status for r in got] == [200, 200, 429], got
     assert json.loads(got[2].body)["violated-policies"] == ["key_hour"]
     # the candidate's bucket of key_burst (3 charged) is not the new policy's
-    assert redis.cmd("EXISTS", "rl:{%s}:c:key_burst" % principal(s, "promo-1")) == 1
+    assert limit_state(redis.cmd, key_principal("promo-1"), "c:key_burst") is not None
 
 
 def check(tmp, text):
@@ -315,10 +310,10 @@ def test_candidate_global_denial_takes_back_the_principal_charge(agent, redis):
                                         rule="g2", result="would_deny") == 3 or None,
                      "candidate counters")
     # the refunds are sent after the answers: wait for the bucket to settle at 2 tokens
-    key = "rl:{%s}:c:c3600" % principal(None, "gl-1")
+    p = key_principal("gl-1")
 
     def ahead():
-        v, t = redis.cmd("GET", key), redis.cmd("TIME")
+        v, t = limit_state(redis.cmd, p, "c:c3600"), redis.cmd("TIME")
         s = (int(v.split(":")[0]) - int(t[0]) * 1000000 - int(t[1])) / 1e6
         return s if s < 2.5 else None
     assert 1.0 < wait_until(ahead, 3, 0.05, "the refunds") <= 2.0
@@ -465,7 +460,7 @@ def test_sampled_candidate_keeps_local_quotas_and_is_exact_for_its_clients(agent
                                                 tier="t", rule=r2, result=r)
                     for r, r2 in (("would_allow", "-"), ("would_deny", "c5"))}
         sampled = [k for k in sends
-                   if redis.cmd("EXISTS", "%s:{%s}:c:c5" % (prefix, principal(None, k)))]
+                   if limit_state(redis.cmd, key_principal(k), "c:c5", prefix) is not None]
         want = {"would_allow": sum(min(sends[k], 5) for k in sampled),
                 "would_deny": sum(max(0, sends[k] - 5) for k in sampled)}
         published(a, lambda m: would(m) == want or None, "candidate counts %r" % want)
@@ -526,7 +521,7 @@ def test_sampled_candidate_scales_its_global_limits(agent, redis):
             key = "gs-%d" % i
             c.request(sid, 1, [sc.rl_message(key=key, tier="t", path="/y")])
             sid += 2
-            if redis.cmd("EXISTS", "rl:{%s}:c:c100" % principal(None, key)):
+            if limit_state(redis.cmd, key_principal(key), "c:c100") is not None:
                 break
         else:
             pytest.fail("no sampled client among 64 at sample 0.5")

@@ -22,7 +22,8 @@ import pytest
 
 import spop_client as sc
 from test_ops import Prom
-from conftest import REDIS_BIN, REDIS_CLI, REPO, _resp_read, free_port, wait_port, wait_until
+from conftest import (REDIS_BIN, REDIS_CLI, REPO, _resp_read, free_port, limit_state, wait_port,
+                      wait_until)
 
 SLOTS = 16384
 
@@ -80,7 +81,23 @@ def principal_tag(api_key):
 
 
 def redis_key(api_key, limit):
+    """The layout 1 key of limit <limit> of an API key (its own key: the sorted sets of
+    concurrency and sliding_log limits, or any limit with redis.key_layout = 1)."""
     return "rl:{%s}:%s" % (principal_tag(api_key), limit)
+
+
+def state_key(api_key):
+    """The key of an API key's principal in key layout 2 (the default): one key holding the
+    states of all its string-state limits (gcra, fixed and sliding windows); same hash tag,
+    same slot as its layout 1 keys."""
+    return "rl:v2:{%s}" % principal_tag(api_key)
+
+
+def has_state(node, api_key, limit):
+    """Whether <node> holds a state of limit <limit> of an API key (its entry in the
+    principal's layout 2 key, else its layout 1 key); a node not owning the key's slot
+    answers MOVED (RuntimeError)."""
+    return limit_state(node.cmd, principal_tag(api_key), limit) is not None
 
 
 def api_keys_where(pred, prefix, n):
@@ -424,7 +441,7 @@ def test_limits_exact_over_all_slots(agent, redis_cluster, tmp):
 
     # our CRC16 agrees with the cluster for the agent's keys and the tag corner cases
     check = crc16_checker(tmp)
-    names = [redis_key(k, "key_h") for k in keys] + TAG_CASES
+    names = [state_key(k) for k in keys] + TAG_CASES
     ours = [int(x) for x in check(names)[1:]]
     assert ours == [cl.nodes[0].cmd("CLUSTER", "KEYSLOT", n) for n in names]
 
@@ -441,7 +458,7 @@ def test_limits_exact_over_all_slots(agent, redis_cluster, tmp):
     for port, ks in owners.items():
         node = cl.by_port(port)
         for k in ks:
-            assert node.cmd("EXISTS", redis_key(k, "key_h")) == 1, (k, port)
+            assert has_state(node, k, "key_h"), (k, port)
     log = a.proc.log_text()
     assert "cluster mode" in log and "3 masters" in log
     assert "MOVED" not in log and "ASK" not in log
@@ -471,7 +488,7 @@ def test_decisions_of_one_master_share_a_call_across_slots(agent, redis_cluster)
     calls = sum(evalsha_calls(m) for m in masters) - calls0
     for k in keys:
         assert allowed_degraded(got[k]) == (3, 0), (k, got[k])
-        assert cl.owner(key_slot(principal_tag(k))).cmd("EXISTS", redis_key(k, "key_h")) == 1
+        assert has_state(cl.owner(key_slot(principal_tag(k))), k, "key_h"), k
     for k in keys[:10]:
         assert allowed_degraded(more[k]) == (0, 0), (k, more[k])
     status, body = a.http("/metrics")
@@ -539,9 +556,9 @@ def test_cross_slot_calls_through_a_slot_migration(agent, redis_cluster):
     assert n_deg == after["timeout"] - before["timeout"] and n_deg <= 3, (n_deg, before, after)
     for k in same + [mig]:
         if k in answers:
-            assert dst.cmd("EXISTS", redis_key(k, "key_h")) == 1, k
+            assert has_state(dst, k, "key_h"), k
     for k in rest:
-        assert src.cmd("EXISTS", redis_key(k, "key_h")) == 1, k
+        assert has_state(src, k, "key_h"), k
     # no decision answered with the node's error: each was sent again alone
     assert "script error" not in a.proc.log_text()
 
@@ -573,7 +590,7 @@ def test_slot_migration_under_traffic(agent, redis_cluster):
         assert allowed_degraded(decide_n(c, 1, fresh[0], 5)) == (3, 0)
         time.sleep(0.2)
         names = src.cmd("CLUSTER", "GETKEYSINSLOT", slot, 1000)
-        assert redis_key(busy, "busy_d") in names
+        assert state_key(busy) in names
         assert src.cmd("MIGRATE", "127.0.0.1", dst.port, "", 0, 5000, "KEYS", *names) == "OK"
         # the keys left: every decision of the slot is asked to the target
         assert allowed_degraded(decide_n(c, 101, fresh[1], 5)) == (3, 0)
@@ -596,9 +613,9 @@ def test_slot_migration_under_traffic(agent, redis_cluster):
     assert allowed == len(answers) - degraded
     check_exact_sequence(answers)
     for k, limit in [(busy, "busy_d")] + [(k, "key_h") for k in fresh]:
-        assert dst.cmd("EXISTS", redis_key(k, limit)) == 1, k
+        assert has_state(dst, k, limit), k
         with pytest.raises(RuntimeError, match="MOVED %d " % slot):
-            src.cmd("EXISTS", redis_key(k, limit))
+            src.cmd("EXISTS", state_key(k))
     log = a.proc.log_text()
     assert "ASK %d %s" % (slot, dst.address) in log
     assert "%s connected" % dst.address in log
@@ -654,7 +671,7 @@ def test_master_killed_replica_promoted(agent, redis_cluster):
     with sc.SpopClient(a.addr) as c:
         c.hello()
         assert allowed_degraded(decide_n(c, 1, fresh, 5)) == (3, 0)
-    assert replica.cmd("EXISTS", redis_key(fresh, "key_h")) == 1
+    assert has_state(replica, fresh, "key_h")
     log = a.proc.log_text()
     assert "%s left the topology" % victim.address in log
     assert a.alive()
@@ -721,7 +738,7 @@ def test_acl_user_without_cluster_permission(agent, redis_cluster):
         for i, k in enumerate(keys):
             assert allowed_degraded(decide_n(c, 1 + 10 * i, k, 4)) == (3, 0), k
     for k in keys:
-        assert cl.owner(key_slot(principal_tag(k))).cmd("EXISTS", redis_key(k, "key_h")) == 1
+        assert has_state(cl.owner(key_slot(principal_tag(k))), k, "key_h"), k
     log = a.proc.log_text()
     assert "single Redis (NOPERM" in log and "sent MOVED: cluster mode" in log
     assert log.count("connected, script") == 3

@@ -11,7 +11,7 @@ import time
 
 import spop_client as sc
 from conftest import (FP_SECRET, agent_config, check_config, fingerprint, fp_secret_file,
-                      unkeyed_prefix, wait_until)
+                      key_principal, limit_state, unkeyed_prefix, wait_until)
 from test_overrides import HASH, ctl, ctl_ok, digest_hex
 
 # one request a day per key: the second is denied, and lands in /top
@@ -87,8 +87,8 @@ def test_same_secret_same_fingerprint_another_secret_another(agent, redis, tmp):
         assert unkeyed_prefix("guessable-key", 8) not in shown
         assert shown[3:] != unkeyed_prefix("guessable-key")
     # the Redis key names do not depend on the secret: one shared budget for the key
-    keys = redis.cmd("KEYS", "rl:{k:%s}*" % digest_hex("guessable-key"))
-    assert keys, redis.cmd("KEYS", "*")
+    assert limit_state(redis.cmd, key_principal("guessable-key"), "tight") is not None, \
+        redis.cmd("KEYS", "*")
 
 
 def test_block_by_fingerprint_from_one_agents_top_is_enforced_by_another(agent, redis, tmp):

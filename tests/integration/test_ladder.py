@@ -180,12 +180,17 @@ def test_random_keys_are_limited_like_one_anonymous_client(agent, redis):
         # a key with a known tier keeps its tier
         v = q.ask(key="rnd-known", tier="t", ip="10.9.9.9")
         assert v["allow"] == 1 and v["rule"] == "k6", v
-    # one anonymous key per address and one per known key, whatever the flood (the
-    # fixture's readiness probe comes from 127.0.0.1)
+    # one anonymous key per address and one per known key (key layout 2: a key per
+    # principal), each holding its one limit's entry, whatever the flood (the fixture's
+    # readiness probe comes from 127.0.0.1)
     keys = sorted(k for k in redis.cmd("KEYS", "rl:*") if "{gw}" not in k
                   and "7f000001" not in k)
-    assert keys == ["rl:{ip4:0a090909/32}:anon5", "rl:{ip4:0a09090a/32}:anon5",
-                    "rl:{k:%s}:k6" % sc_digest("rnd-known")], keys
+    want = {"rl:v2:{ip4:0a090909/32}": "anon5", "rl:v2:{ip4:0a09090a/32}": "anon5",
+            "rl:v2:{k:%s}" % sc_digest("rnd-known"): "k6"}
+    assert keys == sorted(want), keys
+    for k, field in want.items():
+        v = redis.cmd("GET", k)
+        assert [e.partition("=")[0] for e in v.split("|")[1:]] == [field], (k, v)
 
 
 def test_default_tier_for_unknown_keys_is_still_possible(agent, redis):

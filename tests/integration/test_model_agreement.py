@@ -146,9 +146,11 @@ def test_fixed_window_is_calendar_aligned(redis):
 # (the decision script takes its time from Redis TIME), as the driver calls one limit.
 MONTH_AT = """
 local now, cost, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local ok, rc, ru, retry, sc, su, s1 = fixed_month_check(KEYS[1], now, cost, 1, limit)
+local ok, rc, ru, retry, sc, su, s1 = fixed_month_check(redis.call('GET', KEYS[1]), now, cost,
+                                                         1, limit)
 if ok == 1 then
-    fixed_month_commit(KEYS[1], now, cost, 1, limit, s1, nil, nil)
+    local v, ttl = fixed_month_commit(now, cost, 1, limit, s1)
+    redis.call('SET', KEYS[1], v, 'PX', ttl)
     ru, su = rc, sc
 end
 return { ok, ok, ru, math.ceil(retry / 1000), math.ceil(su / 1000) }

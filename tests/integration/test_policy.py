@@ -28,8 +28,8 @@ import time
 import pytest
 
 import spop_client as sc
-from conftest import (HAPROXY_DIR, LcList, agent_config, check_config, parse_sf_list, to_libconfig,
-                      wait_until)
+from conftest import (HAPROXY_DIR, LcList, agent_config, check_config, key_principal, limit_state,
+                      parse_sf_list, to_libconfig, wait_until)
 
 
 # ---------------------------------------------------------------------------------------
@@ -237,6 +237,17 @@ def digest32(key):
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
+def layout2_entries(cmd, principal, prefix="rl"):
+    """The entries of <principal>'s key in key layout 2 ("<prefix>:v2:{<principal>}",
+    "|<field>=<state>" each): {field: state}, {} when there is no such key."""
+    v = cmd("GET", "%s:v2:{%s}" % (prefix, principal))
+    out = {}
+    for e in (v.split("|")[1:] if v else []):
+        field, _, state = e.partition("=")
+        out[field] = state
+    return out
+
+
 # ---------------------------------------------------------------------------------------
 # Harness self-check: endpoints need a libconfig list of groups
 
@@ -350,10 +361,13 @@ def test_short_and_long_limits_both_enforced(setup):
     assert out.strip() == "", out
     h_allowed(e.get("/", api_key="sl-b"), "m6", 3, [("m6", 6, 60)])      # 6 - 2 - 1
     if e.store == "redis":
-        # the Redis keys: one per (principal, limit), named as documented
-        p = "rl:{k:%s}:" % digest32("sl-b")
-        assert e.redis.cmd("EXISTS", p + "m6") == 1 and e.redis.cmd("EXISTS", p + "d2") == 1
-        assert e.redis.cmd("PTTL", p + "d2") > 3600 * 1000
+        # the Redis key: one per principal (key layout 2), named as documented, with an
+        # entry per limit; written last by a decision of the minute limit alone, it
+        # still lives as long as the day limit's entry needs (more than an hour)
+        p = key_principal("sl-b")
+        ent = layout2_entries(e.redis.cmd, p)
+        assert "m6" in ent and "d2" in ent, ent
+        assert e.redis.cmd("PTTL", "rl:v2:{%s}" % p) > 3600 * 1000
 
 
 # ---------------------------------------------------------------------------------------
@@ -380,10 +394,14 @@ def test_anonymous_ip_grouping(setup):
         # a keyed request from a blocked address uses its key's budget
         v_allowed(c.ask(key="anon-k", ip="2001:db8::1"), "k", 4, [("k", 5, 60)])
     if e.store == "redis":
-        keys = set(e.redis.cmd("KEYS", "rl:{ip*"))
-        assert {"rl:{ip6:20010db8000000000000000000000000/64}:anon",
-                "rl:{ip6:20010db8000000010000000000000000/64}:anon",
-                "rl:{ip4:c0000207/32}:anon", "rl:{ip4:c0000208/32}:anon"} <= keys, keys
+        # a key per principal (key layout 2), each holding the anonymous limit's entry
+        principals = ["ip6:20010db8000000000000000000000000/64",
+                      "ip6:20010db8000000010000000000000000/64",
+                      "ip4:c0000207/32", "ip4:c0000208/32"]
+        keys = set(e.redis.cmd("KEYS", "rl:v2:{ip*"))
+        assert {"rl:v2:{%s}" % p for p in principals} <= keys, keys
+        for p in principals:
+            assert "anon" in layout2_entries(e.redis.cmd, p), (p, keys)
 
 
 def test_anonymous_prefix_settings(setup):
@@ -550,8 +568,8 @@ def test_global_endpoint_limit_and_refunds(setup):
     h_allowed(e.get("/", api_key="gl-c"), "k", 99, [("k", 100, 3600)])
     h_allowed(e.get("/", api_key="gl-b"), "k", 97, [("k", 100, 3600)])  # 2 passed, not 5
     if e.store == "redis":
-        assert e.redis.cmd("EXISTS", "rl:{g:report}:glob") == 1
-        assert e.redis.cmd("EXISTS", "rl:{k:%s}:per_key@report" % digest32("gl-b")) == 1
+        assert limit_state(e.redis.cmd, "g:report", "glob") is not None
+        assert limit_state(e.redis.cmd, key_principal("gl-b"), "per_key@report") is not None
     # B's own limit was refunded after each global denial: without the global limit
     # B has exactly 3 - 2 = 1 left
     reload_with(e.agent, endpoints=LcList([dict(ep, global_limits=[])]))
@@ -564,23 +582,27 @@ def test_global_endpoint_limit_and_refunds(setup):
 
 def test_refund_redis_state(redis, agent):
     """Redis specifically: after a split denial (the global script allowed and charged,
-    the principal's denied) the global key is back to the state it had before."""
+    the principal's denied) the global limit's state (its entry in principal g:g's key)
+    is back to what it was before."""
     a = agent(redis=redis, **with_anon(dict(
         limits={"own": lim(1, "1h"), "glob": lim(10, "1h")}, tiers={"t": {"limits": ["own"]}},
         endpoints=LcList([{"name": "g", "path_prefix": "/g", "global_limits": ["glob"]}]))))
     e = Env("redis", redis, a, None)
     with e.spop() as c:
         v_allowed(c.ask(key="rs", path="/g"), "own", 0)
-        before = int(e.redis.cmd("GET", "rl:{g:g}:glob"))
+
+        def glob():
+            return int(limit_state(e.redis.cmd, "g:g", "glob"))
+        before = glob()
         for _ in range(3):
             v_denied(c.ask(key="rs", path="/g"), "own", 3601)
         # TAT: charged +360 s, then refunded -360 s. The refund is a separate command
         # that may reach Redis just after the ACK: poll briefly. (The agent's own next
         # decision is queued behind it on the same connection.)
-        wait_until(lambda: int(e.redis.cmd("GET", "rl:{g:g}:glob")) == before, 2, 0.02,
+        wait_until(lambda: glob() == before, 2, 0.02,
                    "global TAT back to %d" % before)
         v_allowed(c.ask(key="rs2", path="/g"), "own", 0)
-        assert int(e.redis.cmd("GET", "rl:{g:g}:glob")) == before + 360 * 10 ** 6
+        assert glob() == before + 360 * 10 ** 6
 
 
 # ---------------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ import time
 import pytest
 
 import spop_client as sc
-from conftest import (HAProxy, LcList, StubApp, agent_env, free_port, parse_sf_list, to_libconfig,
-                      wait_until)
+from conftest import (HAProxy, LcList, StubApp, agent_env, free_port, key_principal,
+                      limit_state, parse_sf_list, to_libconfig, wait_until)
 from test_ops import Prom
 
 # cb: a bucket of 10, one token every 6 s; cw: a day's window, its count read exactly.
@@ -44,14 +44,14 @@ def digest(key):
 
 
 def window_count(redis, key, limit="cw"):
-    """The count in a fixed window's key ("<window>:<count>"), 0 when absent."""
-    v = redis.cmd("GET", "rl:{k:%s}:%s" % (digest(key), limit))
+    """The count in a fixed window's state ("<window>:<count>"), 0 when absent."""
+    v = limit_state(redis.cmd, key_principal(key), limit)
     return int(v.split(":")[1]) if v else 0
 
 
 def bucket_owed_s(redis, key, limit="cb"):
     """Seconds of tokens a GCRA bucket owes now: its TAT minus Redis time."""
-    v = redis.cmd("GET", "rl:{k:%s}:%s" % (digest(key), limit))
+    v = limit_state(redis.cmd, key_principal(key), limit)
     t = redis.cmd("TIME")
     now = int(t[0]) * 1000000 + int(t[1])
     return (int(v.split(":")[0]) - now) / 1e6
@@ -556,8 +556,9 @@ def test_shadow_name_travels_back_through_haproxy(redis, agent, procs, tmp, app)
 def test_spop_reload_removing_a_limit_leaves_its_charge(agent, redis):
     """A reload removes limit cw from the tier between a request and its response: the
     response's refund adjusts the limits in force (cb), and leaves cw's charge as it is,
-    which is no longer enforced and expires with its key (see doc/configuration.md,
-    Post-charges, "Reloads")."""
+    which is no longer enforced and expires with its state (its entry in the client's key,
+    which expires with its last entry: see doc/configuration.md, Post-charges, "Reloads",
+    and "Key layouts")."""
     a = agent(redis=redis, metrics=True, **CFG)
     with sc.SpopClient(a.addr) as c:
         c.hello()
@@ -573,5 +574,6 @@ def test_spop_reload_removing_a_limit_leaves_its_charge(agent, redis):
         # cb got 4 tokens back (24 s of a 6 s token), cw kept its 5
         wait_until(lambda: bucket_owed_s(redis, "removed") < owed - 20, 5, what="cb refunded")
         assert window_count(redis, "removed") == 5
-        ttl = redis.cmd("PTTL", "rl:{k:%s}:cw" % digest("removed"))
+        # the key of the client's limits (cb's and cw's states) expires within cw's day
+        ttl = redis.cmd("PTTL", "rl:v2:{%s}" % key_principal("removed"))
         assert 0 < ttl <= 86400 * 1000 + 1000, ttl

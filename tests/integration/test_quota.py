@@ -1,7 +1,6 @@
 """Local quotas: the batch modes of the script (grants and reports), leases, pre-checks,
 coalescing and a lease held through a Redis outage (src/policy/quota.c, lua/decide.lua)."""
 import datetime
-import hashlib
 import pathlib
 import random
 import re
@@ -12,7 +11,7 @@ import time
 import pytest
 
 import spop_client as sc
-from conftest import SPOA_BIN, LcList, wait_until
+from conftest import SPOA_BIN, LcList, key_principal, limit_state, wait_until
 from test_model_agreement import FIXED, GCRA, LOG, SLIDING, script
 from test_ops import pipeline, scrape
 
@@ -42,6 +41,16 @@ def script_calls(redis):
 
 def granted(rep):
     return rep[-2]
+
+
+def state(redis, api_key, limit="q"):
+    """The state text Redis holds for limit <limit> of API key <api_key> (None: none)."""
+    return limit_state(redis.cmd, key_principal(api_key), limit)
+
+
+def window_count(redis, api_key, limit="q"):
+    """The count of a fixed window's state ("<window>:<count>") of API key <api_key>."""
+    return int(state(redis, api_key, limit).split(":")[1])
 
 
 # ---------------------------------------------------------------------------------------
@@ -308,7 +317,6 @@ def test_leases_go_back_when_the_traffic_stops(agent, redis):
                     precheck=False, flush_ms=300, lease_ms=10000)
     a = agent(redis=redis, metrics=True, **cfg)
     wait_gateways(a)
-    key = "rl:{k:%s}:q" % hashlib.sha256(b"back").hexdigest()[:32]
     interval = 3600 * 10**3             # us per token
 
     def redis_now():
@@ -321,7 +329,7 @@ def test_leases_go_back_when_the_traffic_stops(agent, redis):
 
     def charged():
         """Units charged since the first one (a fresh bucket: TAT = now + cost x T)."""
-        tat = int(redis.cmd("GET", key).split(":")[0])
+        tat = int(state(redis, "back").split(":")[0])
         lo, hi = -(-(tat - t_after) // interval), (tat - t_before) // interval
         assert lo == hi, (lo, hi)
         return lo
@@ -340,12 +348,11 @@ def test_sigterm_gives_a_window_lease_back(agent, redis):
                     precheck=False)
     a = agent(redis=redis, metrics=True, **cfg)
     wait_gateways(a)
-    key = "rl:{k:%s}:q" % hashlib.sha256(b"wback").hexdigest()[:32]
     answers = pipeline(a.addr, [sc.rl_message(key="wback")] * 100, conns=1, window=8)
     assert counts(answers) == (100, 0)
-    assert int(redis.cmd("GET", key).split(":")[1]) > 100, "a lease held"
+    assert window_count(redis, "wback") > 100, "a lease held"
     assert a.stop() == 0
-    assert int(redis.cmd("GET", key).split(":")[1]) == 100
+    assert window_count(redis, "wback") == 100
 
 
 def test_precheck_goes_synchronous_near_the_limit(agent, redis):
@@ -368,9 +375,7 @@ def test_precheck_goes_synchronous_near_the_limit(agent, redis):
     assert quota_metric(p, "prechecked") <= 300 - 60
     assert script_calls(redis) - before >= 60 // 8
     # everything admitted is charged in Redis
-    key = "rl:{k:%s}:q" % hashlib.sha256(b"pre").hexdigest()[:32]
-    wait_until(lambda: int(redis.cmd("GET", key).split(":")[1]) == 300, 2,
-               what="reports charged")
+    wait_until(lambda: window_count(redis, "pre") == 300, 2, what="reports charged")
 
 
 def test_slow_key_stays_exact_and_hot_key_switches(agent, redis):
@@ -425,9 +430,8 @@ def test_denied_by_another_part_leaves_no_precheck_charge(agent, redis):
     allowed, degraded = counts(answers)
     assert (allowed, degraded) == (5, 0)
     assert quota_metric(scrape(a), "prechecked") > 0
-    key = "rl:{k:%s}:own" % hashlib.sha256(b"rf").hexdigest()[:32]
     time.sleep(0.3)                                  # reports are due after 20 ms
-    assert int(redis.cmd("GET", key).split(":")[1]) == 5
+    assert window_count(redis, "rf", "own") == 5
 
 
 def test_shadow_limit_enforced_after_reload_is_not_served_locally(agent, redis):
@@ -453,7 +457,6 @@ def test_sigterm_reports_prechecked_usage(agent, redis):
                     leases=False, flush_ms=60000)
     a = agent(redis=redis, metrics=True, **cfg)
     wait_gateways(a)
-    key = "rl:{k:%s}:q" % hashlib.sha256(b"term").hexdigest()[:32]
     admitted = counts(pipeline(a.addr, [sc.rl_message(key="term")] * 40, conns=1,
                                window=1))[0]
     for _ in range(40):             # end with usage not reported yet
@@ -461,9 +464,9 @@ def test_sigterm_reports_prechecked_usage(agent, redis):
             break
         admitted += counts(pipeline(a.addr, [sc.rl_message(key="term")], conns=1))[0]
     assert scrape(a).get("spoa_ratelimit_precheck_unreported") > 0
-    assert int(redis.cmd("GET", key).split(":")[1]) < admitted
+    assert window_count(redis, "term") < admitted
     assert a.stop() == 0
-    assert int(redis.cmd("GET", key).split(":")[1]) == admitted
+    assert window_count(redis, "term") == admitted
 
 
 def test_lease_expires_and_is_not_spent_after(agent, redis):

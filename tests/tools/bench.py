@@ -24,6 +24,7 @@ Rows:
   D  the agent with store = "allow", the same load.
   E  the agent deciding against Redis, the same load. Before it, the argv of one of its
      EVALSHA calls is captured with MONITOR and checked against the argv P sends.
+  G  row E in key layout 2 (redis.key_layout = 2: one key per client, lua/state.lua).
   K  row E with a concurrency limit beside the rate limit: a slot taken in each decision's
      call and given back by the response message, which spop-load -L sends after each ACK
      naming a slot, as HAProxy does; Redis script calls per decision against row E's.
@@ -46,6 +47,8 @@ Rows:
   S  sustained: spop-load paced (-r) at stepped rates against a fresh exact agent each
      step, with the default command timeout; the highest rate answered with 0 degraded
      answers (and nothing unanswered).
+  L  Redis memory per client in each key layout: 100,000 clients of a tier of 100/s and
+     1,000,000/day, each decided once by the script on an empty Redis of its own.
 
 CPU per decision: utime + stime of the agent (and its workers), of Redis and of HAProxy
 read from /proc/PID/stat before and after the measured run, divided by the decisions
@@ -78,6 +81,7 @@ import rlharness as rh  # noqa: E402
 API_KEY = "bench"
 BIG = 10 ** 9
 LIMIT = "bench_second"
+FLAGS = "2#" + LIMIT                # the flags argument of the limit in key layout 2
 KEY_PREFIX = "bench"
 ALG_GCRA = 1
 DEFAULT_COMMAND_TIMEOUT_MS = 5      # src/config/config.c: what the agents here run with
@@ -535,15 +539,18 @@ def captured_argv(h, args, aport, rport, timeout=5.0):
                 break
             toks = MONITOR_ARG_RE.findall(line)
             if toks and toks[0].upper() in ("EVALSHA", "EVAL") and len(toks) > 3 and \
-                    toks[3].endswith("}:" + LIMIT):
+                    "{k:" in toks[3]:
                 return [re.sub(r"\\(.)", r"\1", t) for t in toks]
     raise rh.SetupError("MONITOR saw no script call from the agent")
 
 
-def principal_key(api_key):
-    """The agent's Redis key of <api_key> for the bench limit (src/decide/principal.c)."""
-    return "%s:{k:%s}:%s" % (KEY_PREFIX, hashlib.sha256(api_key.encode()).hexdigest()[:32],
-                             LIMIT)
+def principal_key(api_key, layout=1):
+    """The agent's Redis key of <api_key> for the bench limit (src/decide/principal.c), in
+    key layout <layout>."""
+    digest = hashlib.sha256(api_key.encode()).hexdigest()[:32]
+    if layout == 2:
+        return "%s:v2:{k:%s}" % (KEY_PREFIX, digest)
+    return "%s:{k:%s}:%s" % (KEY_PREFIX, digest, LIMIT)
 
 
 def gcra_params(model):
@@ -569,22 +576,28 @@ def print_degraded_by(h, ag):
         print("               degraded by %s" % why)
 
 
-def run_exact_agent(h, args, agent_bin, rport, red, sha, params):
-    """Row E: the agent deciding against Redis, spop-load paced at --rate; its argv checked."""
-    print("[E] agent + Redis, exact (one GCRA limit): spop-load -c4 -p32 -r %d -d %d"
-          % (args.rate, args.duration))
-    ag, aport, _ = rh.start_agent(h, agent_bin, agent_config("redis", rport), "agent-E")
+def run_exact_agent(h, args, agent_bin, rport, red, sha, params, layout=1):
+    """Row E: the agent deciding against Redis, spop-load paced at --rate; its argv checked.
+    Row G: the same in key layout 2."""
+    setup = "E" if layout == 1 else "G"
+    print("[%s] agent + Redis, exact (one GCRA limit, key layout %d): spop-load -c4 -p32 -r %d "
+          "-d %d" % (setup, layout, args.rate, args.duration))
+    cfg = agent_config("redis", rport)
+    cfg["redis"]["key_layout"] = layout
+    ag, aport, _ = rh.start_agent(h, agent_bin, cfg, "agent-" + setup)
+    if layout == 2:
+        params = params[:3] + [FLAGS] + params[4:]
     try:
         time.sleep(0.3)
         got = captured_argv(h, args, aport, rport)
-        want = ["EVALSHA", sha, "1", principal_key("key-0")] + [str(x) for x in params]
+        want = ["EVALSHA", sha, "1", principal_key("key-0", layout)] + [str(x) for x in params]
         if got != want:
             raise rh.SetupError("the agent's script call is not what redis-benchmark would "
                                 "send:\n    agent: %s\n    bench: %s" % (got, want))
         print("    agent's call (MONITOR): %s" % " ".join(
             t if len(t) < 48 else t[:12] + "..." for t in got))
         calls0 = script_calls(rport)
-        row = paced_row(h, args, "E", "agent exact", ag, aport, red)
+        row = paced_row(h, args, setup, "agent exact", ag, aport, red)
         row["calls"] = (script_calls(rport) - calls0) / max(1, row["n"])
         print("               script calls per decision %.3f" % row["calls"])
         return row
@@ -826,6 +839,86 @@ def run_tls_agent(h, args, agent_bin):
         h.stop(red)
 
 
+MEM_CLIENTS = 100000                # clients of row L
+
+
+def limit_params(model, alg, rate, period_ms, burst):
+    """a and b of a limit, as limit_params_init() computes them (limit_model)."""
+    out = subprocess.run([str(model), "--params", str(alg), str(rate), str(period_ms),
+                          str(burst)], capture_output=True, text=True, timeout=10).stdout.split()
+    if len(out) != 3:
+        raise rh.SetupError("limit_model --params gave %r" % out)
+    return int(out[0]), int(out[1])
+
+
+def layout_memory(h, args, script):
+    """Row L: Redis memory per client in each key layout. MEM_CLIENTS clients of a tier
+    of 100/s and 1,000,000/day (GCRA "sec", fixed window "day"; API keys' principals),
+    each decided once by the script in one layout on an empty Redis of its own:
+    used_memory before, just after, and once the per-second states have expired (their
+    keys deleted in layout 1; in layout 2 the entry stays in its client's key, which the
+    day's entry keeps), divided by the clients."""
+    print("[L] Redis memory per client, %d clients of 100/s + 1,000,000/day, each decided "
+          "once" % MEM_CLIENTS)
+    sec = limit_params(args.model, ALG_GCRA, 100, 1000, 100)
+    day = (86400 * 10 ** 6, 10 ** 6)
+    out = {}
+    for layout in (1, 2):
+        red, port = rh.start_redis(h, "redis-L%d" % layout)
+        try:
+            sha = rh.redis_cmd(port, "SCRIPT", "LOAD", script.read_text())
+
+            def used():
+                info = rh.redis_cmd(port, "INFO", "memory")
+                info = info.decode() if isinstance(info, bytes) else info
+                return int(re.search(r"used_memory:(\d+)", info).group(1))
+
+            def nkeys():
+                return int(rh.redis_cmd(port, "DBSIZE"))
+            u0 = used()
+            with socket.create_connection((rh.LOCALHOST, port), timeout=30) as sock:
+                f = sock.makefile("rb")
+                for base in range(0, MEM_CLIENTS, 1000):
+                    buf = []
+                    for i in range(base, min(base + 1000, MEM_CLIENTS)):
+                        p = "k:" + hashlib.sha256(b"client-%d" % i).hexdigest()[:32]
+                        if layout == 1:
+                            keys = ["%s:{%s}:sec" % (KEY_PREFIX, p),
+                                    "%s:{%s}:day" % (KEY_PREFIX, p)]
+                            flags = ["0", "0"]
+                        else:
+                            keys = ["%s:v2:{%s}" % (KEY_PREFIX, p)] * 2
+                            flags = ["2#sec", "2#day"]
+                        argv = ["EVALSHA", sha, "2"] + keys + \
+                            [str(ALG_GCRA), str(sec[0]), str(sec[1]), flags[0], "1",
+                             "2", str(day[0]), str(day[1]), flags[1], "1"]
+                        buf.append(b"*%d\r\n" % len(argv) + b"".join(
+                            b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in argv))
+                    sock.sendall(b"".join(buf))
+                    for _ in buf:
+                        r = rh.resp_read(f)
+                        if not isinstance(r, list) or r[0] != 1:
+                            raise rh.SetupError("row L: the script answered %r" % (r,))
+            u1, k1 = used(), nkeys()
+            time.sleep(1.5)
+            # the per-second states are over: a SCAN of the key space deletes the keys it
+            # meets that expired (what Redis's own expiry cycle does, in time)
+            cursor = "0"
+            while True:
+                cursor, _ = rh.redis_cmd(port, "SCAN", cursor, "COUNT", "10000")
+                if cursor == "0":
+                    break
+            u2, k2 = used(), nkeys()
+            out[layout] = {"after": (u1 - u0) / MEM_CLIENTS, "expired": (u2 - u0) / MEM_CLIENTS,
+                           "keys": (k1, k2)}
+            print("    layout %d: %.1f B a client just after (%d keys), %.1f B once the "
+                  "per-second states expired (%d keys)" % (layout, out[layout]["after"], k1,
+                                                           out[layout]["expired"], k2))
+        finally:
+            h.stop(red)
+    return {"setup": "L", "mem": out}
+
+
 def redis_bench(h, args, setup, label, rport, red, cmd, decisions=1):
     """redis-benchmark -P 32 -c 8 of <cmd> (with __rand_int__ over BENCH_KEYS keys); CPU
     per decision, <decisions> a call."""
@@ -995,7 +1088,7 @@ def main():
 
     per_wrk = 15 + args.warmup + 2 * (args.duration + 3)
     per_spop = 10 + args.duration
-    bound = 75 + 3 * per_wrk + 4 * per_spop + 30 + 2 * 60 + args.steps * (args.step + 8)
+    bound = 115 + 3 * per_wrk + 5 * per_spop + 30 + 2 * 60 + args.steps * (args.step + 8)
     h = rh.Harness("rl-bench-", bound)
     h.keep = args.keep
     return rh.run_guarded(h, lambda: run(h, args, agent_bin, script))
@@ -1017,7 +1110,7 @@ def run(h, args, agent_bin, script):
     print()
 
     a, b = gcra_params(args.model)
-    params = [ALG_GCRA, a, b, 0, 1]        # alg, a, b, shadow, cost: src/store/store.c cmd_send
+    params = [ALG_GCRA, a, b, 0, 1]        # alg, a, b, shadow, cost: src/store/store_cmd.c
 
     # ---- A, B, C through HAProxy
     text = rh.HAPROXY_CFG.read_text()
@@ -1048,6 +1141,8 @@ def run(h, args, agent_bin, script):
     sha = rh.redis_cmd(rport, "SCRIPT", "LOAD", script.read_text())
     seed_sha = rh.redis_cmd(rport, "SCRIPT", "LOAD", SEED_LUA)
     rows["E"] = run_exact_agent(h, args, agent_bin, rport, red, sha, params)
+    print()
+    rows["G"] = run_exact_agent(h, args, agent_bin, rport, red, sha, params, layout=2)
     print()
     rows["K"] = run_concurrency_agent(h, args, agent_bin, rport, red)
     print()
@@ -1088,6 +1183,8 @@ def run(h, args, agent_bin, script):
     rows["S"] = sustained(h, args, agent_bin, rport, red, rows["P"]["rate"])
     h.stop(red)
     print()
+    rows["L"] = layout_memory(h, args, script)
+    print()
 
     report(args, http, rows)
     print()
@@ -1098,9 +1195,10 @@ def run(h, args, agent_bin, script):
 
 def report(args, http, rows):
     order = [(s, r) for s in "ABC" for r in http[s]] + \
-        [(k, rows[k]) for k in "NDEKRTWPQFMS" if rows.get(k)]
+        [(k, rows[k]) for k in "NDEGKRTWPQFMS" if rows.get(k)]
     names = {"A": "no SPOE", "B": "null agent", "C": "exact", "N": "spoa-example",
              "D": 'agent "allow"', "E": "agent exact", "T": "agent exact TLS",
+             "G": "agent exact, key layout 2",
              "K": "exact + concurrency", "R": "exact, 3-master cluster",
              "W": "exact + /status flood",
              "P": "our script -P32",
@@ -1108,6 +1206,7 @@ def report(args, http, rows):
              "M": "multi form D=%d -P32" % MULTI_D, "S": "sustained exact"}
     how = {"A": "wrk", "B": "wrk", "C": "wrk", "N": "spop-load -r %d" % args.rate,
            "D": "spop-load -r %d" % args.rate, "E": "spop-load -r %d" % args.rate,
+           "G": "spop-load -r %d" % args.rate,
            "K": "spop-load -r %d -L" % args.rate, "R": "spop-load -r %d" % args.rate,
            "T": "spop-load -r %d" % args.rate, "W": "spop-load -r %d" % args.rate,
            "P": "redis-benchmark", "Q": "redis-benchmark", "F": "redis-benchmark",
@@ -1191,6 +1290,22 @@ def report(args, http, rows):
          d50 <= 0.15 and not note, "<= 0.15", note)
     line("light load wrk -c1: exact p99 - no SPOE p99 (C - A)", "%+.3f ms" % d99,
          d99 <= 0.5 and not note, "<= 0.5", note)
+    L = rows.get("L")
+    if L:
+        m1, m2 = L["mem"][1], L["mem"][2]
+        best = min(m1["after"], m2["after"])
+        line("Redis memory per client, 100/s + 1M/day, the better layout (L)",
+             "%.0f B" % best, best <= 160, "<= 160",
+             "layout 1 %.0f B, layout 2 %.0f B: %.2f" % (m1["after"], m2["after"],
+                                                         m2["after"] / m1["after"]))
+        print("  %-68s %9s" % ("  ... once the per-second states expired (L), layout 2 / 1",
+                               "%.0f / %.0f B" % (m2["expired"], m1["expired"])))
+    G = rows.get("G")
+    if G and E["cpu"].get("redis") and G["cpu"].get("redis"):
+        note = clean(G, E)
+        x = G["cpu"]["redis"] / E["cpu"]["redis"]
+        print("  %-68s %9s%s" % ("Redis CPU per exact decision, key layout 2 / layout 1 (G / E)",
+                                 "%.2f" % x, "  (" + note + ")" if note else ""))
     F, M = rows["F"], rows["M"]
     print()
     print("what bounds the Redis ratios (no targets: the same Redis, the same run)")

@@ -13,8 +13,9 @@ EVAL: round trips) and the Redis time spent in them (usec), per decision; and th
 would-be denials (spoa_ratelimit_candidate_decisions_total) raw and divided by the sample,
 against the truth. The limits are daily (nothing refills during a run), so what enforcing the
 candidate denies is known from the load alone: a client of n requests, n - 300 of them.
-The sampled clients are found afterwards by their candidate keys in Redis: the raw count must
-be the truth for them (exact for the sampled clients), the estimate is a sample's.
+The sampled clients are found afterwards by their candidate limit's state in Redis (its entry
+"c:per_day" in the client's key, or its own key in key layout 1): the raw count must be the
+truth for them (exact for the sampled clients), the estimate is a sample's.
 
 Standard library only (plus tests/integration/spop_client.py); everything on loopback.
 Exit status 0, or 2 when something could not be set up.
@@ -113,6 +114,16 @@ def principal(key):
     return "k:" + hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
+def has_state(port, prefix, principal, field):
+    """Whether Redis holds a state for limit <field> of <principal>: an entry in the
+    principal's key "<prefix>:v2:{<principal>}" (key layout 2, the default), or the limit's
+    own key "<prefix>:{<principal>}:<field>" (layout 1)."""
+    v = rh.redis_cmd(port, "GET", "%s:v2:{%s}" % (prefix, principal))
+    if v and ("|%s=" % field) in v:
+        return True
+    return bool(rh.redis_cmd(port, "EXISTS", "%s:{%s}:%s" % (prefix, principal, field)))
+
+
 def one_run(h, args, redis_port, keys, name, mode):
     mport = rh.free_ports(1)[0]
     # a generous command timeout and no spoe_timeout: every decision reaches Redis, none
@@ -146,7 +157,7 @@ def one_run(h, args, redis_port, keys, name, mode):
     sampled = set()
     if mode is not None:
         for k in set(keys):
-            if rh.redis_cmd(redis_port, "EXISTS", "%s:{%s}:c:per_day" % (name, principal(k))):
+            if has_state(redis_port, name, principal(k), "c:per_day"):
                 sampled.add(k)
 
     def d(name, **labels):
@@ -215,10 +226,10 @@ def run(h, args):
     print()
     print("calls/dec: decision script calls (EVALSHA + EVAL: decisions, grants, reports, "
           "refunds) per decision; usec/dec: Redis time in them per decision.")
-    print("clients: clients sampled (with candidate keys); would_deny: the candidate's raw "
-          "count, (!n) when not the truth for its sampled clients; estimate: would_deny / "
-          "sample; deny clients: distinct clients it would deny (HyperLogLog) / sample, and "
-          "the truth.")
+    print("clients: clients sampled (with a candidate state in Redis); would_deny: the "
+          "candidate's raw count, (!n) when not the truth for its sampled clients; estimate: "
+          "would_deny / sample; deny clients: distinct clients it would deny (HyperLogLog) / "
+          "sample, and the truth.")
     print("load average at the end %.1f" % os.getloadavg()[0])
     return 0
 

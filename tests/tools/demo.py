@@ -202,10 +202,12 @@ def run(h, agent_bin, nreq):
         print("  responses that failed open (agent error / Redis degraded): %d" % fail_open)
 
     keys = sorted(k for k in rh.redis_cmd(redis_port, "KEYS", "rl:*") or [] if "{k:" in k)
-    print("  Redis keys of the API key (one per limit, written by both agents; the principal"
-          " is a digest):")
+    print("  Redis keys of the API key (one per limit, or in key layout 2 one per principal"
+          " with an entry per limit; written by both agents; the principal is a digest):")
     for k in keys[:4]:
-        print("    %s" % k)
+        v = rh.redis_cmd(redis_port, "GET", k) if ":v2:{" in k else None
+        fields = [e.partition("=")[0] for e in v.split("|")[1:]] if v else []
+        print("    %s%s" % (k, "  (limits: %s)" % ", ".join(fields) if fields else ""))
     print()
 
     # ---- sample headers

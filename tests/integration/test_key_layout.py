@@ -1,10 +1,10 @@
 """The key layouts of the decision script (lua/state.lua): layout 2 keeps every state of a
 principal in one key and decides exactly as layout 1, a key per limit, does.
 
-The exact comparisons run the assembled script behind a test-only prefix that reads Redis
-TIME from a key and records, for each SET ... PX and PEXPIRE, when the key would expire
-(ms of the test's clock) instead of setting it; the script's text is the one the agent
-embeds.
+The exact comparisons run the assembled script behind test_script_multi's test-only prefix,
+which reads Redis TIME from a key and records, for each SET ... PX and PEXPIRE, when the key
+would expire (ms of the test's clock) instead of setting it; the script's text is the one the
+agent embeds.
 """
 import random
 
@@ -12,37 +12,10 @@ import pytest
 
 from conftest import HAProxy, key_principal, limit_state, wait_until
 from test_model_agreement import FIXED, GCRA, LOG, MONTH, SLIDING, script
-from test_script_multi import Conn, Err, compact_argv, limit_pool, multi_argv, \
+from test_script_multi import FAKE_CLOCK, Conn, Err, compact_argv, limit_pool, multi_argv, \
     random_decision, set_clock
 
 CONC = 6
-
-# Redis TIME from "test:clock" ("<s> <us>"); when a key expires (ms) into the hash "test:exp".
-FAKE_CLOCK = r"""
-local real_redis = redis
-local function clock_ms()
-	local s, us = string.match(real_redis.call('GET', 'test:clock'), '^(%d+) (%d+)$')
-	return s * 1000 + math.floor(us / 1000)
-end
-local redis = setmetatable({ call = function(cmd, ...)
-	local a = { ... }
-	if cmd == 'TIME' then
-		local s, us = string.match(real_redis.call('GET', 'test:clock'), '^(%d+) (%d+)$')
-		return { s, us }
-	elseif cmd == 'SET' and a[3] == 'PX' then
-		real_redis.call('HSET', 'test:exp', a[1], clock_ms() + a[4])
-		return real_redis.call('SET', a[1], a[2])
-	elseif cmd == 'PEXPIRE' then
-		real_redis.call('HSET', 'test:exp', a[1], clock_ms() + a[2])
-		return 1
-	elseif cmd == 'PTTL' then
-		local e = real_redis.call('HGET', 'test:exp', a[1])
-		if not e or e - clock_ms() <= 0 then return -2 end
-		return e - clock_ms()
-	end
-	return real_redis.call(cmd, ...)
-end }, { __index = real_redis })
-"""
 
 STRING_ALGS = (GCRA, FIXED, SLIDING, MONTH)
 

@@ -15,20 +15,26 @@ import pytest
 from test_limit_math import params
 from test_model_agreement import FIXED, GCRA, LOG, SLIDING, run_model, script
 
-# Redis TIME from the key "test:clock" ("<s> <us>"); TTLs into the hash "test:ttl".
+# Redis TIME from the key "test:clock" ("<s> <us>"); TTLs into the hash "test:ttl", and when
+# each key would expire (ms of the test's clock) into "test:exp".
 FAKE_CLOCK = r"""
 local real_redis = redis
+local function clock()
+	local s, us = string.match(real_redis.call('GET', 'test:clock'), '^(%d+) (%d+)$')
+	return s, us
+end
 local redis = setmetatable({ call = function(cmd, ...)
 	local a = { ... }
 	if cmd == 'TIME' then
-		local s, us = string.match(real_redis.call('GET', 'test:clock'), '^(%d+) (%d+)$')
+		local s, us = clock()
 		return { s, us }
-	elseif cmd == 'SET' and a[3] == 'PX' then
-		real_redis.call('HSET', 'test:ttl', a[1], a[4])
+	elseif (cmd == 'SET' and a[3] == 'PX') or cmd == 'PEXPIRE' then
+		local ttl = a[4] or a[2]
+		local s, us = clock()
+		real_redis.call('HSET', 'test:ttl', a[1], ttl)
+		real_redis.call('HSET', 'test:exp', a[1], s * 1000 + math.floor(us / 1000) + ttl)
+		if cmd == 'PEXPIRE' then return 1 end
 		return real_redis.call('SET', a[1], a[2])
-	elseif cmd == 'PEXPIRE' then
-		real_redis.call('HSET', 'test:ttl', a[1], a[2])
-		return 1
 	end
 	return real_redis.call(cmd, ...)
 end }, { __index = real_redis })

@@ -207,6 +207,7 @@ end
 -- (state.lua); what the decision charged there is written when it ends.
 local function decide(ALG, check, parse_limit, st, kb, n, ab, na, now, lim, res, cache, specs)
 	local tonumber, argv = tonumber, ARGV
+	st.fb = nil
 	local w = 5 -- arguments per limit
 	if specs then w = 2 end
 	local batch = na >= w * n + 3

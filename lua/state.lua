@@ -33,8 +33,9 @@
 -- <st> is the call's table of the layout 2 keys read: st[key] = its text as
 -- the call left it ("" for none), st[1..st.nd] the keys the decision changed,
 -- written by state_flush() when it ends (st[-d]: the longest TTL, ms, of what it
--- wrote in key st[d]), and st.fb the layout 1
--- states read. A decision that fails leaves the table to be dropped
+-- wrote in key st[d]), and st.fb the layout 1 states the decision read (its
+-- own: a decision of layout 1 after it in the call may write them; decide()
+-- drops it). A decision that fails leaves the table to be dropped
 -- (state_reset()): what it held unwritten is not seen by the next decision.
 
 -- The state of a limit: a text and where in it the state starts (up to the
@@ -70,6 +71,10 @@ local function state_read(st, key, ndl, fb)
 	end
 	local v = o[k1]
 	if v == nil then
+		-- an error reads as no state: a key of another type, or, in a
+		-- cluster, a key not on this node while its slot moves (usually one
+		-- that never existed: failing the decision would fail every first
+		-- decision of a limit there until the move ends)
 		v = redis.pcall('GET', k1)
 		if type(v) ~= 'string' then v = false end
 		o[k1] = v

@@ -485,11 +485,35 @@ static int64_t mul_clamp(int64_t c, int64_t units)
  * free expired entries and evict live ones (see memstore_evictions()); never
  * fails, invokes no callback, keeps no reference to <q> or <res>.
  */
+/*
+ * The name of the state of a query's key <key> in <buf> (STORE_KEY_MAX), its length in
+ * <*len>: the key itself, but in key layout 2 ("<principal key>|<flags>#<field>",
+ * limit_key()) without its flags: a limit's state is the same whether it is a shadow,
+ * or Redis's layout 1 is read for it.
+ */
+static const char *state_name(const char *key, char *buf, size_t *len)
+{
+	const char *bar = strchr(key, '|'), *hash = bar ? strchr(bar, '#') : NULL;
+	size_t a;
+
+	*len = strnlen(key, STORE_KEY_MAX);
+	if (!hash)
+		return key;
+	a = (size_t)(bar + 1 - key);
+	memcpy(buf, key, a);
+	memcpy(buf + a, hash + 1, *len - (size_t)(hash + 1 - key));
+	*len -= (size_t)(hash - bar);
+	buf[*len] = '\0';
+	return buf;
+}
+
 static void decide_policy(struct memstore *m, const struct store_query *q, int64_t now_us,
 			  struct store_result *res)
 {
 	struct limit_state st[STORE_MAX_LIMITS];
 	struct memstore_entry *ent[STORE_MAX_LIMITS]; /* by first occurrence; ref */
+	char names[STORE_MAX_LIMITS][STORE_KEY_MAX];
+	const char *name[STORE_MAX_LIMITS];     /* state_name() of each key */
 	uint64_t h[STORE_MAX_LIMITS];
 	size_t len[STORE_MAX_LIMITS], first[STORE_MAX_LIMITS], win[STORE_MAX_LIMITS];
 	size_t n = q->n < STORE_MAX_LIMITS ? q->n : STORE_MAX_LIMITS;
@@ -501,12 +525,12 @@ static void decide_policy(struct memstore *m, const struct store_query *q, int64
 	memstore_sweep(m, now_us, MEMSTORE_SWEEP_MAX);
 
 	for (i = 0; i < n; i++) {
-		len[i] = strnlen(q->keys[i], STORE_KEY_MAX);
-		h[i] = hll_siphash13(m->k0, m->k1, q->keys[i], len[i]);
+		name[i] = state_name(q->keys[i], names[i], &len[i]);
+		h[i] = hll_siphash13(m->k0, m->k1, name[i], len[i]);
 		first[i] = i;
 		for (j = 0; j < i; j++) {
 			if (first[j] == j && h[j] == h[i] && len[j] == len[i] &&
-			    memcmp(q->keys[j], q->keys[i], len[i]) == 0) {
+			    memcmp(name[j], name[i], len[i]) == 0) {
 				first[i] = j;
 				break;
 			}
@@ -517,7 +541,7 @@ static void decide_policy(struct memstore *m, const struct store_query *q, int64
 			continue;
 		}
 		memset(&st[i], 0, sizeof(st[i]));
-		j = slot_find(m, h[i], q->keys[i], len[i]);
+		j = slot_find(m, h[i], name[i], len[i]);
 		if (j == SIZE_MAX)
 			continue;
 		if (entry_expiry(m, m->slots[j].e) <= now_us) {
@@ -575,7 +599,7 @@ static void decide_policy(struct memstore *m, const struct store_query *q, int64
 						    charged_expiry(&q->params[w], &st[w], now_us,
 								   res->v[w].reset_ms));
 			} else if (charged && q->cost[w] > 0) {
-				entry_insert(m, h[i], q->keys[i], len[i], &st[w],
+				entry_insert(m, h[i], name[i], len[i], &st[w],
 					     charged_expiry(&q->params[w], &st[w], now_us,
 							    res->v[w].reset_ms),
 					     now_us);

@@ -181,6 +181,23 @@ def test_layout2_reads_layout1_where_it_holds_nothing(conn):
     assert r[0] == 1 and r[4] == 4, r
 
 
+def test_layout1_read_is_the_decisions_own(conn):
+    """What a layout 2 decision read of layout 1 is its own: a layout 1 decision after it
+    in the same call (a refund of a request decided before a reload, say) may change it,
+    and a layout 2 decision after that reads it again, as separate calls would."""
+    sha = conn.cmd("SCRIPT", "LOAD", script())
+    win = (FIXED, 3600 * 10**6, 5, 0)
+    for _ in range(5):
+        assert decide1(conn, sha, "rl:{f}:day", win)[0] == 1
+    l2 = [str(x) for x in win[:3]] + ["2#day", "1"]
+    l1 = [str(x) for x in win[:3]] + ["0", "-3"]
+    r = conn.cmd("EVALSHA", sha, 3, "rl:v2:{f}", "rl:{f}:day", "rl:v2:{f}",
+                 "M", 3, 1, 0, *l2, 1, 0, *l1, 1, 0, *l2)
+    assert [x[0] for x in r] == [0, 1, 1], r
+    assert r[2][4] == 2, r                      # 5 - 3 given back + 1
+    assert entries(conn, "rl:v2:{f}")["day"].endswith(":3"), entries(conn, "rl:v2:{f}")
+
+
 def test_layout2_key_of_another_kind(conn):
     """The principal's key holding something else: another type is the decision's error
     (as in layout 1); text that is not an entry of the limit says nothing of it: the limit

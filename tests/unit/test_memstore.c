@@ -325,6 +325,37 @@ static void test_memstore_denial_charges_nothing(void **state)
 }
 
 /*
+ * Key layout 2 (limit_key()): "<principal key>|<flags>#<field>". The flags (a shadow,
+ * Redis's layout 1 read or not) are not part of the state's name: a reload that turns a
+ * shadow limit into an enforcing one, or the fallback off, keeps the local counts; two
+ * fields of one principal are two states.
+ */
+static void test_memstore_layout2_flags_are_not_the_name(void **state)
+{
+	struct memstore *m = memstore_new(16);
+	struct limit_params p;
+	struct limit_verdict v;
+
+	(void)state;
+	limit_params_init(&p, ALG_FIXED_WINDOW, 5, 86400000, 0);
+	assert_true(decide1(m, "rl:v2:{k:1}|3#day", &p, 2, T0, &v));       /* shadow, fallback */
+	assert_true(decide1(m, "rl:v2:{k:1}|0#day", &p, 2, T0, &v));       /* enforcing, none */
+	assert_int_equal(v.remaining, 1);
+	assert_true(decide1(m, "rl:v2:{k:1}|2#day", &p, 1, T0, &v));
+	assert_int_equal(v.remaining, 0);
+	assert_false(decide1(m, "rl:v2:{k:1}|0#day", &p, 1, T0, NULL));
+	assert_int_equal(memstore_size(m), 1);
+	/* another field, another principal: their own states */
+	assert_true(decide1(m, "rl:v2:{k:1}|0#hour", &p, 5, T0, &v));
+	assert_true(decide1(m, "rl:v2:{k:2}|0#day", &p, 5, T0, &v));
+	/* layout 1 keys are names as they are */
+	assert_true(decide1(m, "rl:{k:1}:day", &p, 5, T0, &v));
+	assert_int_equal(memstore_size(m), 4);
+	assert_true(memstore_check(m));
+	memstore_free(m);
+}
+
+/*
  * memstore_forget_idle() frees the entries no decision used since a time,
  * live or not, and keeps the others with their state: a decision that only
  * reads an entry (a denial) counts as a use. Many keys, so that deletions
@@ -818,6 +849,7 @@ int main(void)
 		cmocka_unit_test(test_memstore_keys_compared_by_bytes),
 		cmocka_unit_test(test_memstore_random_keys_100k),
 		cmocka_unit_test(test_memstore_forget_idle),
+		cmocka_unit_test(test_memstore_layout2_flags_are_not_the_name),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

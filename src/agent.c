@@ -693,10 +693,10 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 	if (o->redis.key_layout != n->redis.key_layout ||
 	    o->redis.key_layout_fallback != n->redis.key_layout_fallback)
 		LOG(LOG_NOTICE, "reload: Redis key layout now %u%s (was %u%s)",
-		    n->redis.key_layout, n->redis.key_layout == 2 && n->redis.key_layout_fallback ?
-		    ", reading layout 1 where it holds nothing" : "", o->redis.key_layout,
-		    o->redis.key_layout == 2 && o->redis.key_layout_fallback ?
-		    " with the layout 1 fallback" : "");
+		    n->redis.key_layout, n->redis.key_layout_fallback ?
+		    ", reading layout 1 where it holds nothing" : ", no fallback",
+		    o->redis.key_layout, o->redis.key_layout_fallback ?
+		    ", reading layout 1 where it holds nothing" : ", no fallback");
 	if (o->breaker_failures != n->breaker_failures)
 		LOG(LOG_WARN, "reload: 'redis.breaker_failures' changed, ignored until restart");
 	if (o->breaker_cooldown_ms != n->breaker_cooldown_ms)

@@ -207,7 +207,10 @@ static void on_node_ready(struct store_node *n)
 		refresh_request(s);
 	else
 		refresh_kick(s); /* one may have waited for a ready node */
-	node_send_parked(n);
+	/* what waited at the seed before the mode was known goes once it is
+	 * (store_admit(), node_route_parked()) */
+	if (!(n == s->seed && s->mode == MODE_UNKNOWN))
+		node_send_parked(n);
 }
 
 /* node_ops.lost: <n>'s connection is gone, a reconnect scheduled. */
@@ -310,7 +313,12 @@ static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 
 /*
  * The node a new query for <slot> goes to, or NULL with the reason in <st>:
- * no ready owner (DOWN), saturated (BUSY), breaker open (BREAKER).
+ * no ready owner (DOWN), saturated (BUSY), breaker open (BREAKER). Before Redis
+ * first answered (the mode unknown: a process just started), the seed while it
+ * connects: the query waits there (cmd_submit()) rather than failing at once,
+ * so the first decisions of a fresh process (a worker restarted under traffic)
+ * are decided when Redis is a few milliseconds away; a seed that cannot
+ * connect fails them (node_ops.lost), their deadline bounds the wait.
  */
 static struct store_node *store_admit(struct store *s, const char *key, size_t len,
 				      enum store_status *st)
@@ -322,7 +330,11 @@ static struct store_node *store_admit(struct store *s, const char *key, size_t l
 		*st = STORE_SHUTDOWN;
 		return NULL;
 	}
-	if (!n || n->state != ND_READY) {
+	if (!n && s->mode == MODE_UNKNOWN)
+		n = s->seed;
+	if (!n || (n->state != ND_READY &&
+		   !(s->mode == MODE_UNKNOWN && n == s->seed &&
+		     (n->state == ND_CONNECTING || n->state == ND_HANDSHAKE)))) {
 		*st = STORE_DOWN;
 		return NULL;
 	}

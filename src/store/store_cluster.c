@@ -218,6 +218,7 @@ static void slots_reply_cb(struct rconn *rc, void *reply, void *privdata)
 	struct store_node *n = rconn_data(rc);
 	struct store *s = n->s;
 	redisReply *rep = reply;
+	bool unknown = s->mode == MODE_UNKNOWN;
 
 	(void)privdata;
 	if (s->refresh_node != n || s->freeing)
@@ -244,6 +245,9 @@ static void slots_reply_cb(struct rconn *rc, void *reply, void *privdata)
 		if (s->mode == MODE_UNKNOWN)
 			s->refresh_wanted = true;
 	}
+	/* the first decisions of the process waited at the seed for this */
+	if (unknown && s->mode != MODE_UNKNOWN && s->seed)
+		node_route_parked(s->seed);
 }
 
 /* Where to send CLUSTER SLOTS: a ready node, healthy masters first, rotating. */

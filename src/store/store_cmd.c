@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "crc16.h"
 #include "log.h"
 #include "pool.h"
 #include "reply_parse.h"
@@ -289,6 +290,39 @@ void node_send_parked(struct store_node *n)
 	}
 }
 
+/*
+ * Sends what waited at the seed <n> for the mode to be known (store_admit()) to
+ * where its key lives now: the seed of a single Redis, a cluster's slot owner
+ * (sent, or parked there while it connects). What cannot go is answered DOWN.
+ * Invokes user callbacks only on failure.
+ */
+void node_route_parked(struct store_node *n)
+{
+	struct store *s = n->s;
+	struct list moving;
+
+	list_init(&moving);
+	while (!list_empty(&n->parked)) {
+		struct store_cmd *c = LIST_ELEM(n->parked.next, struct store_cmd, park);
+
+		cmd_unpark(c);
+		list_append(&moving, &c->park);
+	}
+	while (!list_empty(&moving)) {
+		struct store_cmd *c = LIST_ELEM(moving.next, struct store_cmd, park);
+		const char *key = c->kind == CMD_DECIDE ? c->q.keys[0] : c->hkey;
+		struct store_node *to = s->slots[s->mode == MODE_SINGLE ? 0 :
+						 crc16_key_slot(key, strnlen(key, STORE_KEY_MAX))];
+
+		list_del(&c->park);
+		list_init(&c->park);
+		if (!to || cmd_dispatch_nocb(to, c) < 0) {
+			cmd_answer(c, STORE_DOWN, NULL);
+			cmd_free(c);
+		}
+	}
+}
+
 /* Takes <c> off its node's queue: it is ours to send or free. */
 static void cmd_unqueue(struct store_cmd *c)
 {
@@ -331,25 +365,34 @@ static double cmd_bound(const struct store_cmd *c, double at)
  * else command_timeout_ms from now. Returns 0 or -1 (<c> untouched). Never
  * invokes user callbacks.
  */
-static int cmd_start(struct store_node *n, struct store_cmd *c)
+/*
+ * Gives <c>, sent (or parked) at <now>, its deadline: its caller's answer time,
+ * else command_timeout_ms from <now> (from when it is written, if it is:
+ * cmds_written()); in the FIFO of its kind.
+ */
+static void cmd_wait_for(struct store *s, struct store_cmd *c, double now)
 {
-	struct store *s = n->s;
 	struct list *fifo = &s->waiting;
 
-	if (cmd_send(n, c, false) < 0)
-		return -1;
 	if (c->answer_by > 0) {
 		c->deadline = c->answer_by;
 		fifo = &s->waiting_by;
 	} else {
-		c->deadline = c->sent_at + s->command_timeout_ms / 1000.;
-		c->unwritten = true;
+		c->deadline = now + s->command_timeout_ms / 1000.;
+		c->unwritten = !c->parked;
 	}
 	/* the timer follows the earliest deadline: arm it when this one is the
 	 * only command of its FIFO (another may have armed it earlier: fine) */
 	list_append(fifo, &c->node);
 	if (fifo->next == &c->node)
 		cmd_timer_arm(s);
+}
+
+static int cmd_start(struct store_node *n, struct store_cmd *c)
+{
+	if (cmd_send(n, c, false) < 0)
+		return -1;
+	cmd_wait_for(n->s, c, c->sent_at);
 	return 0;
 }
 
@@ -812,6 +855,17 @@ int cmd_submit(struct store_node *n, struct store_cmd *c)
 {
 	struct store *s = n->s;
 
+	if (n->state != ND_READY) {
+		/* the seed still connecting (store_admit()): parked there, its
+		 * deadline running, sent when it is ready */
+		if (cmd_dispatch_nocb(n, c) < 0) {
+			cmd_free(c);
+			s->stats.failed[STORE_DOWN]++;
+			return -STORE_DOWN;
+		}
+		cmd_wait_for(s, c, mono());
+		return 0;
+	}
 	if (n->probing || (list_empty(&n->queue) && limit_room(n))) {
 		if (cmd_start(n, c) == 0)
 			return 0;

@@ -68,6 +68,7 @@ double cmd_wait(const struct store_cmd *c, double now);
 /* the commands waiting at a node */
 void node_fail_parked(struct store_node *n, enum store_status st);
 void node_send_parked(struct store_node *n);
+void node_route_parked(struct store_node *n);
 void node_fail_queue(struct store_node *n, enum store_status st);
 void node_send_queue(struct store_node *n);
 

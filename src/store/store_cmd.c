@@ -443,18 +443,24 @@ void node_send_queue(struct store_node *n)
  * Returns 0, or -1 when <n> can take nothing (<c> untouched). Never invokes
  * user callbacks.
  */
-int cmd_dispatch_nocb(struct store_node *n, struct store_cmd *c)
+/* Parks <c> at <n> (sent by node_send_parked() or node_route_parked()). */
+static void cmd_park(struct store_node *n, struct store_cmd *c)
 {
-	if (n->state == ND_READY)
-		return cmd_send(n, c, c->retried);
-	if (n->state != ND_CONNECTING && n->state != ND_HANDSHAKE)
-		return -1;
 	c->at = n;
 	c->parked = true;
 	/* not on a connection: its answer says nothing of <n>'s health (a failed
 	 * connect must not count once per command parked here) */
 	c->sent_at = 0;
 	list_append(&n->parked, &c->park);
+}
+
+int cmd_dispatch_nocb(struct store_node *n, struct store_cmd *c)
+{
+	if (n->state == ND_READY)
+		return cmd_send(n, c, c->retried);
+	if (n->state != ND_CONNECTING && n->state != ND_HANDSHAKE)
+		return -1;
+	cmd_park(n, c);
 	return 0;
 }
 
@@ -855,14 +861,11 @@ int cmd_submit(struct store_node *n, struct store_cmd *c)
 {
 	struct store *s = n->s;
 
-	if (n->state != ND_READY) {
-		/* the seed still connecting (store_admit()): parked there, its
-		 * deadline running, sent when it is ready */
-		if (cmd_dispatch_nocb(n, c) < 0) {
-			cmd_free(c);
-			s->stats.failed[STORE_DOWN]++;
-			return -STORE_DOWN;
-		}
+	if (s->mode == MODE_UNKNOWN) {
+		/* the seed before Redis's mode is known (store_admit()): parked
+		 * there, its deadline running, sent where its key lives once the
+		 * mode is known (node_route_parked()) */
+		cmd_park(n, c);
 		cmd_wait_for(s, c, mono());
 		return 0;
 	}

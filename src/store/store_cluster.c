@@ -38,7 +38,11 @@ void slot_set(struct store *s, unsigned slot, struct store_node *n)
 
 /*
  * <n> left the topology: nothing new goes to it; the tick closes it once the
- * replies it owes are in. Parked commands are answered DOWN (user callbacks).
+ * replies it owes are in, and what is queued there (sent as they come in;
+ * a MOVED is followed). What is parked there, waiting for it to connect,
+ * goes where the new map says (an ASK's target that owns no slot yet leaves
+ * the map of a refresh answered meanwhile: its command goes back to the
+ * owner, which asks again). Invokes user callbacks (on failure).
  */
 static void node_retire(struct store_node *n)
 {
@@ -49,8 +53,7 @@ static void node_retire(struct store_node *n)
 	LOG(LOG_NOTICE, "redis %s left the topology", n->name);
 	if (n->state == ND_DISCONNECTED)
 		ev_timer_stop(n->s->loop, &n->conn_timer);
-	node_fail_parked(n, STORE_DOWN);
-	node_fail_queue(n, STORE_DOWN);
+	node_route_parked(n);
 }
 
 /* ---- replies ------------------------------------------------------------- */

@@ -291,10 +291,13 @@ void node_send_parked(struct store_node *n)
 }
 
 /*
- * Sends what waited at the seed <n> for the mode to be known (store_admit()) to
- * where its key lives now: the seed of a single Redis, a cluster's slot owner
- * (sent, or parked there while it connects). What cannot go is answered DOWN.
- * Invokes user callbacks only on failure.
+ * Sends what is parked at <n> to where its key lives now, by the slot map: the
+ * seed of a single Redis, a cluster's slot owner (sent, or parked there while
+ * it connects), without ASKING (an owner still migrating the slot answers ASK
+ * again). For what waited at the seed for the mode to be known
+ * (store_admit()), and what waited for a node that left the topology before
+ * it connected (the target of an ASK, a master replaced). What cannot go is
+ * answered DOWN. Invokes user callbacks only on failure.
  */
 void node_route_parked(struct store_node *n)
 {
@@ -316,6 +319,7 @@ void node_route_parked(struct store_node *n)
 
 		list_del(&c->park);
 		list_init(&c->park);
+		c->asking = false;
 		if (!to || cmd_dispatch_nocb(to, c) < 0) {
 			cmd_answer(c, STORE_DOWN, NULL);
 			cmd_free(c);
@@ -438,11 +442,6 @@ void node_send_queue(struct store_node *n)
 	}
 }
 
-/*
- * Sends <c> to <n> now if it is ready, or parks it there while it connects.
- * Returns 0, or -1 when <n> can take nothing (<c> untouched). Never invokes
- * user callbacks.
- */
 /* Parks <c> at <n> (sent by node_send_parked() or node_route_parked()). */
 static void cmd_park(struct store_node *n, struct store_cmd *c)
 {
@@ -454,6 +453,11 @@ static void cmd_park(struct store_node *n, struct store_cmd *c)
 	list_append(&n->parked, &c->park);
 }
 
+/*
+ * Sends <c> to <n> now if it is ready, or parks it there while it connects.
+ * Returns 0, or -1 when <n> can take nothing (<c> untouched). Never invokes
+ * user callbacks.
+ */
 int cmd_dispatch_nocb(struct store_node *n, struct store_cmd *c)
 {
 	if (n->state == ND_READY)

@@ -21,6 +21,8 @@ import time
 import pytest
 
 import spop_client as sc
+from delay_proxy import DelayProxy
+from fake_redis import FakeRedis, resp_array, resp_int, script_reply
 from test_ops import Prom
 from conftest import (REDIS_BIN, REDIS_CLI, REPO, _resp_read, free_port, limit_state, wait_port,
                       wait_until)
@@ -620,6 +622,72 @@ def test_slot_migration_under_traffic(agent, redis_cluster):
     assert "ASK %d %s" % (slot, dst.address) in log
     assert "%s connected" % dst.address in log
     assert "MOVED %d " % slot in log or log.count("slots changed owner") > 1
+
+
+def slots_reply(port):
+    """A CLUSTER SLOTS answer: every slot on the master at 127.0.0.1:<port>."""
+    return resp_array([resp_array([resp_int(0), resp_int(SLOTS - 1),
+                                   resp_array([b"$9\r\n127.0.0.1\r\n", resp_int(port)])])])
+
+
+def test_ask_target_leaving_the_map_while_it_connects(agent):
+    """A decision sent by ASK to a master the agent had not met (it joined the cluster to
+    import the slot, and is slow to answer a new connection) waits there while it connects.
+    A topology refresh answered meanwhile leaves that master out of the map, since it owns no
+    slot yet: the decision goes back to the slot's owner, which asks again, and is decided
+    by the target once it is up. It was answered "down" at once (a degraded answer in the
+    middle of a migration, seen as a flaky test_slot_migration_under_traffic). Fake nodes:
+    the owner asks for one key, and moves another once (a MOVED asks for the map)."""
+    asked, moved = "asked-key", "moved-key"
+    akey, mkey = state_key(asked).encode(), state_key(moved).encode()
+    moved_once = []
+    target = FakeRedis()
+    slow = DelayProxy(target.port, join_delay=0.5)
+
+    def owner_script(nkeys, argv):
+        keys = argv[3:3 + nkeys]
+        if akey in keys:
+            return b"-ASK %d %s\r\n" % (key_slot(akey), slow.address.encode())
+        if mkey in keys and not moved_once:
+            moved_once.append(1)
+            return b"-MOVED %d %s\r\n" % (key_slot(mkey), owner.address.encode())
+        return script_reply(nkeys)
+
+    owner = FakeRedis(script=owner_script)
+    owner.slots = target.slots = [slots_reply(owner.port)]
+    answers = {}
+    try:
+        a = agent(redis=owner, log_level="debug",
+                  redis_cfg={"command_timeout_ms": 3000, "connect_timeout_ms": 3000})
+
+        def decide(name, key):
+            with sc.SpopClient(a.addr, timeout=10) as c:
+                c.hello()
+                answers[name] = c.request(1, 1, [sc.rl_message(key=key)])
+
+        th = threading.Thread(target=decide, args=("asked", asked))
+        th.start()
+        wait_until(lambda: "ASK %d" % key_slot(akey) in a.proc.log_text(), 5,
+                   interval=0.01, what="the ASK")
+        decide("moved", moved)             # its MOVED asks for the map: the target is not in it
+        th.join(10)
+        assert not th.is_alive()
+        log = a.proc.log_text()
+        assert "redis %s left the topology" % slow.address in log
+        for name in ("moved", "asked"):
+            v = answers[name]
+            assert v["allow"] == 1 and not v.get("degraded"), (name, v)
+        # decided by the target, after ASKING; asked twice by the owner
+        with target.lock:
+            cmds = [c[0].upper() for c in target.commands]
+        i = next(i for i, c in enumerate(target.commands) if akey in c)
+        assert cmds[i - 1] == b"ASKING", cmds
+        with owner.lock:
+            assert sum(1 for c in owner.commands if akey in c) == 2
+    finally:
+        slow.close()
+        target.close()
+        owner.close()
 
 
 def test_master_killed_replica_promoted(agent, redis_cluster):

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from conftest import SPOA_BIN, Redis, wait_until
+from delay_proxy import DelayProxy
 from test_overload import metric
 from test_tls import OPENSSL, PKI, TLSRedis
 
@@ -167,59 +168,13 @@ def test_wrong_ca(agent, procs, tmp):
     assert "redis %s connected over TLS" % r.address in a.proc.log_text()
 
 
-class SlowProxy:
-    """A TCP proxy on loopback to <port>: each connection it accepts waits <delay_s> before
-    it is joined to the upstream (a Redis a few milliseconds away when a process starts)."""
-
-    def __init__(self, port, delay_s):
-        import socket
-        import threading
-        self.port, self.delay_s, self.closing = port, delay_s, False
-        self.lsock = socket.create_server(("127.0.0.1", 0))
-        self.address = "127.0.0.1:%d" % self.lsock.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        import socket
-        import threading
-        while not self.closing:
-            try:
-                c, _ = self.lsock.accept()
-            except OSError:
-                return
-            time.sleep(self.delay_s)
-            up = socket.create_connection(("127.0.0.1", self.port))
-            for a, b in ((c, up), (up, c)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(a, b):
-        try:
-            while True:
-                d = a.recv(65536)
-                if not d:
-                    break
-                b.sendall(d)
-        except OSError:
-            pass
-        for s in (a, b):
-            try:
-                s.close()
-            except OSError:
-                pass
-
-    def close(self):
-        self.closing = True
-        self.lsock.close()
-
-
 def test_first_decisions_wait_for_redis_a_few_ms_away(agent, redis):
     """A process that starts listening before its first connection to Redis is up (a
     worker restarted under traffic): its first decisions wait for it, within their
     deadline, and are decided, not answered degraded (they were: "down", seen as a flaky
     test_rolling_worker_restart_through_haproxy)."""
     import spop_client as sc
-    proxy = SlowProxy(redis.port, 0.08)
+    proxy = DelayProxy(redis.port, join_delay=0.08)
     try:
         a = agent(redis=proxy, wait_redis=False, metrics=True)
         t0 = time.monotonic()

@@ -78,7 +78,6 @@ struct reply_budget {
 static redisReply *reply_free_list; /* linked through ->element */
 static unsigned reply_nfree;
 
-/* The budget of <task>'s reader, or NULL (a reader not made by reply_reader_new()). */
 /* Bulk strings: their bytes follow a header of their length (RESP3's verbatim too). */
 static bool is_bulk(int type)
 {
@@ -89,6 +88,7 @@ static bool is_bulk(int type)
 	return type == REDIS_REPLY_STRING;
 }
 
+/* The budget of <task>'s reader, or NULL (a reader not made by reply_reader_new()). */
 static struct reply_budget *budget_of(const redisReadTask *task)
 {
 	struct reply_budget *b = task->privdata;

@@ -592,6 +592,7 @@ int agent_new(struct ev_loop *loop, struct ruleset *rs, const struct agent_opts 
 			.queue_timeout_ms = rs->cfg->redis.queue_timeout_ms,
 			.max_concurrency = rs->cfg->redis.max_concurrency,
 			.batch_max = rs->cfg->redis.batch_max,
+			.batch_wait_us = rs->cfg->redis.batch_wait_us,
 			.reply_limits = &limits,
 		};
 
@@ -686,6 +687,8 @@ void agent_swap_rules(struct agent *a, struct ruleset *rs)
 		LOG(LOG_WARN, "reload: 'redis.max_concurrency' changed, ignored until restart");
 	if (o->redis.batch_max != n->redis.batch_max)
 		LOG(LOG_WARN, "reload: 'redis.batch_max' changed, ignored until restart");
+	if (o->redis.batch_wait_us != n->redis.batch_wait_us)
+		LOG(LOG_WARN, "reload: 'redis.batch_wait_us' changed, ignored until restart");
 	if (o->redis.max_reply_bytes != n->redis.max_reply_bytes ||
 	    o->redis.max_reply_elements != n->redis.max_reply_elements ||
 	    o->redis.max_reply_depth != n->redis.max_reply_depth)

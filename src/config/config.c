@@ -516,7 +516,8 @@ static void load_redis(struct loader *ld, const config_setting_t *root)
 						  "connect_timeout_ms", "command_timeout_ms",
 						  "max_pending", "breaker_failures",
 						  "breaker_cooldown_ms", "queue_timeout_ms",
-						  "max_concurrency", "batch_max", "password_file",
+						  "max_concurrency", "batch_max", "batch_wait_us",
+						  "password_file",
 						  "nameservers", "resolve_timeout_ms", "sentinel",
 						  "tls", "max_reply_bytes", "max_reply_elements",
 						  "max_reply_depth", "key_layout",
@@ -533,6 +534,8 @@ static void load_redis(struct loader *ld, const config_setting_t *root)
 		KEY_UINT("max_concurrency", 2, 100000, 256, &cfg->redis.max_concurrency),
 		/* 64: STORE_BATCH_MAX, the most the store sends in one call */
 		KEY_UINT("batch_max", 1, 64, 32, &cfg->redis.batch_max),
+		/* 0: a batch leaves at the end of the turn that made it */
+		KEY_UINT("batch_wait_us", 0, 5000, 0, &cfg->redis.batch_wait_us),
 		/* what one reply may be (store_reply.h): far above the largest asked for */
 		KEY_UINT("max_reply_bytes", 1 << 16, 1 << 30, REPLY_MAX_BYTES_DEFAULT,
 			 &cfg->redis.max_reply_bytes),

@@ -158,6 +158,7 @@ struct agent_config {
 		unsigned queue_timeout_ms; /* longest wait for room to send (0: command timeout) */
 		unsigned max_concurrency;  /* ceiling of a node's adaptive concurrency limit */
 		unsigned batch_max;        /* decisions per script call, 1 = one each */
+		unsigned batch_wait_us;    /* a partial batch waits this long for more, 0: none */
 		unsigned max_reply_bytes;  /* one reply's bounds (store_reply.h) */
 		unsigned max_reply_elements;
 		unsigned max_reply_depth;

@@ -161,6 +161,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
 
 #include "crc16.h"
 #include "log.h"
@@ -235,28 +237,148 @@ static const struct cmd_ops cmd_ops = {
 	.refresh = refresh_request,
 };
 
+/* ---- partial batches waiting for more (redis.batch_wait_us) ---------------- */
+
+/* <n>'s batch may wait for more: it is partial, young, and its connection up. */
+static bool batch_may_wait(const struct store_node *n, double now)
+{
+	const struct store *s = n->s;
+
+	return s->batch_wait_s > 0 && n->nbatch && n->nbatch < s->batch_max &&
+	       now - n->batch_since < s->batch_wait_s && n->rc && n->state == ND_READY;
+}
+
+static void linger_stop(struct store_node *n)
+{
+	if (!n->lingering)
+		return;
+	list_del(&n->linger_node);
+	n->lingering = false;
+}
+
+/*
+ * Arms the timer for the first waiting batch to leave, or disarms it. A
+ * timerfd, to the microsecond: the loop's own timers (epoll) would wake up to
+ * a millisecond late, several times the wait.
+ */
+static void linger_arm(struct store *s, double now)
+{
+	struct itimerspec its = {{0, 0}, {0, 0}};
+	double first = 0, in;
+	struct list *l;
+
+	for (l = s->lingerq.next; l != &s->lingerq; l = l->next) {
+		struct store_node *n = LIST_ELEM(l, struct store_node, linger_node);
+		double due = n->batch_since + s->batch_wait_s;
+
+		if (!first || due < first)
+			first = due;
+	}
+	if (first) {
+		in = first > now ? first - now : 0.;
+		its.it_value.tv_sec = (time_t)in;
+		its.it_value.tv_nsec = (long)((in - (double)its.it_value.tv_sec) * 1e9);
+		if (!its.it_value.tv_sec && its.it_value.tv_nsec < 1000)
+			its.it_value.tv_nsec = 1000; /* 0 would disarm it */
+	}
+	if (timerfd_settime(s->linger_fd, 0, &its, NULL) < 0)
+		BUG_ON(1); /* a valid timerfd and value cannot fail */
+}
+
+/*
+ * The flusher found <n> with a batch: true when it waits for more decisions
+ * (in lingerq, the timer armed), false when it is to leave now. A batch
+ * leaves when it is full, batch_wait_us after its first decision joined it,
+ * or when its connection goes; a decision's deadline (cmds_written()) counts
+ * its wait.
+ */
+static bool batch_linger(struct store_node *n, double now)
+{
+	struct store *s = n->s;
+
+	if (!batch_may_wait(n, now)) {
+		linger_stop(n);
+		return false;
+	}
+	if (!n->lingering) {
+		n->lingering = true;
+		list_append(&s->lingerq, &n->linger_node);
+		linger_arm(s, now);
+	}
+	return true;
+}
+
+/*
+ * Sends the waiting batches whose wait is over (or that cannot wait any
+ * more), each decision's wait counted from now. Invokes user callbacks (a
+ * connection gone: DOWN).
+ */
+static void batch_release(struct store *s, double now)
+{
+	struct list due, *l, *tmp;
+
+	list_init(&due);
+	list_for_each_safe(l, tmp, &s->lingerq) {
+		struct store_node *n = LIST_ELEM(l, struct store_node, linger_node);
+
+		if (batch_may_wait(n, now))
+			continue;
+		list_del(&n->linger_node);
+		list_append(&due, &n->linger_node);
+	}
+	while (!list_empty(&due)) {
+		struct store_node *n = LIST_ELEM(due.next, struct store_node, linger_node);
+
+		list_del(&n->linger_node);
+		n->lingering = false;
+		for (l = n->batch.next; l != &n->batch; l = l->next)
+			cmd_sent_now(LIST_ELEM(l, struct store_cmd, park), now);
+		batch_flush(n);
+		if (n->rc && n->state == ND_READY)
+			rconn_flush(n->rc);
+	}
+	linger_arm(s, mono());
+}
+
 /*
  * Before the loop polls: writes what every node's connection was given in
  * this iteration, one write() per node for all its commands (rconn_flush()),
  * each node's batch first (batch_flush()): the commands leave in the turn
  * that made them, without a poll to say the socket is writable. What the
- * socket does not take is left to the connection's write watcher.
+ * socket does not take is left to the connection's write watcher. With
+ * redis.batch_wait_us, a partial batch younger than that waits for more
+ * (batch_linger()): it leaves when it is full or at linger_cb().
  */
 static void flusher_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 {
 	struct store *s = w->data;
+	double now = mono();
 
-	cmds_written(s, mono());
+	cmds_written(s, now);
 	while (!list_empty(&s->flushq)) {
 		struct store_node *n = LIST_ELEM(s->flushq.next, struct store_node, flush_node);
 
 		list_del(&n->flush_node);
 		n->flush_pending = false;
-		batch_flush(n);
+		if (!batch_linger(n, now))
+			batch_flush(n);
 		if (n->rc && n->state == ND_READY)
 			rconn_flush(n->rc);
 	}
 	ev_prepare_stop(loop, w);
+}
+
+/* The wait of the first partial batch is over: those due leave (batch_release()). */
+static void linger_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct store *s = w->data;
+	uint64_t expirations;
+
+	(void)loop;
+	(void)revents;
+	if (read(s->linger_fd, &expirations, sizeof(expirations)) < 0 && errno != EAGAIN)
+		LOG(LOG_ERR, "redis batch timer: %s", strerror(errno));
+	batch_release(s, mono());
 }
 
 /*
@@ -675,6 +797,7 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 {
 	struct endpoint ep;
 	struct store *s;
+	int linger_fd = -1;
 
 	if (opts->nsentinels) {
 		memset(&ep, 0, sizeof(ep));
@@ -682,6 +805,14 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 		ep.sentinel = true;
 	} else if (seed_endpoint(opts->address, &ep, err, errlen) < 0) {
 		return -1;
+	}
+	if (opts->batch_wait_us) {
+		linger_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+		if (linger_fd < 0) {
+			snprintf(err, errlen, "redis.batch_wait_us: cannot make a timer: %s",
+				 strerror(errno));
+			return -1;
+		}
 	}
 	s = xcalloc(1, sizeof(*s));
 	s->loop = loop;
@@ -700,6 +831,7 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 	if (s->max_concurrency < LIMIT_MIN)
 		s->max_concurrency = LIMIT_MIN;
 	s->batch_max = opts->batch_max ? opts->batch_max : 32;
+	s->batch_wait_s = opts->batch_wait_us / 1e6;
 	if (opts->reply_limits)
 		s->reply_limits = *opts->reply_limits;
 	else
@@ -713,9 +845,15 @@ int store_new(struct ev_loop *loop, const struct store_opts *opts, struct store 
 	list_init(&s->waiting_by);
 	list_init(&s->queued);
 	list_init(&s->flushq);
+	list_init(&s->lingerq);
 	cmd_pool_warm(s);
 	ev_prepare_init(&s->flusher, flusher_cb);
 	s->flusher.data = s;
+	s->linger_fd = linger_fd;
+	ev_io_init(&s->linger_io, linger_cb, linger_fd, EV_READ);
+	s->linger_io.data = s;
+	if (linger_fd >= 0)
+		ev_io_start(s->loop, &s->linger_io);
 	s->slots = xcalloc(CRC16_SLOTS, sizeof(*s->slots));
 	s->scratch = xcalloc(CRC16_SLOTS, sizeof(*s->scratch));
 	ev_timer_init(&s->cmd_timer, cmd_timer_cb, 0., 0.);
@@ -765,6 +903,10 @@ void store_free(struct store *s)
 	s->freeing = true;
 	ev_timer_stop(s->loop, &s->cmd_timer);
 	ev_timer_stop(s->loop, &s->tick);
+	if (s->linger_fd >= 0) {
+		ev_io_stop(s->loop, &s->linger_io);
+		close(s->linger_fd);
+	}
 	ev_prepare_stop(s->loop, &s->flusher);
 	ev_ref(s->loop);
 	ev_check_stop(s->loop, &s->turn_begin);

@@ -68,6 +68,7 @@ struct store_opts {
 	unsigned queue_timeout_ms;      /* longest wait for room to send (command_timeout_ms) */
 	unsigned max_concurrency;       /* ceiling of a node's adaptive concurrency limit (256) */
 	unsigned batch_max;             /* decisions per script call (32; 1: one each) */
+	unsigned batch_wait_us;         /* a partial batch waits this long for more (0: none) */
 	const struct reply_limits *reply_limits; /* one reply's bounds, every connection's
 					 * (copied); NULL: the defaults */
 };

@@ -425,6 +425,16 @@ void cmds_written(struct store *s, double now)
 }
 
 /*
+ * <c> (in a batch that waited for more, redis.batch_wait_us) leaves now: its
+ * wait is counted from here, its deadline still from cmds_written().
+ */
+void cmd_sent_now(struct store_cmd *c, double now)
+{
+	c->sent_at = now;
+	c->busy_at = store_busy(c->s, now);
+}
+
+/*
  * Sends what was queued at <n> while it has room under its limit, oldest
  * first. Invokes user callbacks (a send that fails is answered DOWN).
  */
@@ -680,7 +690,8 @@ static bool cmd_batch_take(struct store_node *n, struct store_cmd *c, bool eval)
 		return false;
 	c->batched = true;
 	list_append(&n->batch, &c->park);
-	n->nbatch++;
+	if (!n->nbatch++ && n->s->batch_wait_s > 0)
+		n->batch_since = mono();
 	return true;
 }
 

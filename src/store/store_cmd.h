@@ -56,6 +56,7 @@ struct store_cmd *cmd_new(struct store *s, enum cmd_kind kind, size_t qsize);
 void cmd_free(struct store_cmd *c);
 void cmd_pool_warm(struct store *s);
 void cmds_written(struct store *s, double now);
+void cmd_sent_now(struct store_cmd *c, double now);
 void cmd_pool_free(struct store *s);
 bool cmd_live(const struct store_cmd *c);
 void cmd_answer(struct store_cmd *c, enum store_status st, const struct store_result *r);

@@ -132,6 +132,9 @@ struct store_node {
 	struct list flush_node;         /* in store.flushq while flush_pending */
 	struct list batch;              /* store_cmd.park: decisions for the next call */
 	unsigned nbatch;
+	double batch_since;             /* mono() its first decision joined the batch */
+	bool lingering;                 /* in store.lingerq: a partial batch waits for more */
+	struct list linger_node;
 	bool flush_pending;             /* commands written to ac's buffer, not yet sent */
 	unsigned nqueued;
 	uint64_t errors[STORE_EC_COUNT]; /* error replies by class */
@@ -225,6 +228,11 @@ struct store {
 	double answer_budget_s;         /* HAProxy's share a decision's reply gets, 0: unknown */
 	unsigned max_concurrency;       /* ceiling of the nodes' limits */
 	unsigned batch_max;             /* decisions per script call (1: no batching) */
+	double batch_wait_s;            /* a partial batch waits this long for more, 0: none */
+	struct list lingerq;            /* store_node.linger_node: partial batches waiting */
+	int linger_fd;                  /* a timerfd for the first of them to leave, or -1
+					 * (the loop's timers wake up to a millisecond late) */
+	ev_io linger_io;
 	struct store_stats stats;
 	bool freeing;
 	struct store_cmd *cmd_pool;     /* owned: freed commands of CMD_POOL_SIZE bytes, for reuse */

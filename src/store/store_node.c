@@ -588,6 +588,8 @@ void node_free(struct store_node *n)
 	node_close(n);
 	if (n->flush_pending)
 		list_del(&n->flush_node);
+	if (n->lingering)
+		list_del(&n->linger_node);
 	if (s->refresh_node == n)
 		s->refresh_node = NULL;
 	breaker_set(n, false);

@@ -90,3 +90,39 @@ def test_a_flushed_script_is_loaded_again_for_a_whole_batch(agent, redis):
     assert all(v.get("degraded") is None for v in vs), [v for v in vs if v.get("degraded")]
     assert sum(v["allow"] for v in vs) == 50 + 100
     assert scrape(a).get("spoa_ratelimit_redis_breaker_opened_total") == 0
+
+
+def two_decisions_apart(a, redis, gap_s, max_gap_s, tries=5):
+    """Two decisions of fresh keys on one connection, their NOTIFYs written <gap_s> apart
+    (so the agent reads them in two loop turns): the script calls Redis saw for them.
+    A machine too busy to keep the gap within <max_gap_s> is given another try."""
+    import time
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        for i in range(tries):
+            calls0 = script_calls(redis)
+            t0 = time.monotonic()
+            c.send(sc.notify(10 + 4 * i, 1, [sc.rl_message(key="bw-a%d" % i, tier="t")]))
+            time.sleep(gap_s)
+            c.send(sc.notify(12 + 4 * i, 1, [sc.rl_message(key="bw-b%d" % i, tier="t")]))
+            gap = time.monotonic() - t0
+            acks = [c.recv_frame(timeout=5), c.recv_frame(timeout=5)]
+            assert all(sc.ack_vars(f.payload)["allow"] == 1 for f in acks), acks
+            if gap < max_gap_s:
+                return script_calls(redis) - calls0
+    raise AssertionError("the two NOTIFYs were never written within %.0f ms of each other"
+                         % (max_gap_s * 1000))
+
+
+def test_batch_wait_gathers_decisions_of_several_turns(agent, redis):
+    """redis.batch_wait_us: a partial batch waits that long for more decisions, so two
+    NOTIFYs read a millisecond apart share one script call; without it (the default)
+    each leaves at the end of its own turn, in a call of its own."""
+    waiting = agent(redis=redis, metrics=True, redis_cfg={"batch_wait_us": 5000}, **CFG)
+    assert two_decisions_apart(waiting, redis, 0.001, 0.003) == 1
+    wait_until(lambda: scrape(waiting).get("spoa_ratelimit_redis_batched_decisions_total") == 2,
+               3, 0.05, "the batch counters to be published")
+    m = scrape(waiting)
+    assert m.get("spoa_ratelimit_redis_batch_calls_total") == 1
+    at_once = agent(redis=redis, name="agent-2", **CFG)
+    assert two_decisions_apart(at_once, redis, 0.02, 1.0) == 2

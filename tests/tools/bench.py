@@ -30,10 +30,11 @@ Rows:
      naming a slot, as HAProxy does; Redis script calls per decision against row E's.
   R  row E against a 3-master Redis Cluster of its own (no replicas): Redis CPU summed
      over the masters per decision, and script calls per decision, against row E's.
+  U  row E at a third of its rate, on the same Redis: the rate each master of row R sees.
   T  row E over TLS (a Redis of its own with --tls-port).
-     E, R and T run again, interleaved, for --rounds in all (3): the ratios R / E and
-     T / E are taken within each round and their median is the figure (a single run
-     moves with whatever else the machine does); the agent's CPU of row E likewise.
+     E, R, U and T run again, interleaved, for --rounds in all (3): the ratios R / E,
+     R / U and T / E are taken within each round and their median is the figure (a single
+     run moves with whatever else the machine does); the agent's CPU of row E likewise.
   W  /status.json asked 1,000 times a second by two threads, on the agent of row E's
      setup: first alone (its idle CPU measured before and subtracted), on fresh connections
      and on kept-alive ones: agent CPU per request; then with row E's paced load, on fresh
@@ -654,6 +655,27 @@ def run_cluster_agent(h, args, agent_bin):
             h.stop(p)
 
 
+def run_third_agent(h, args, agent_bin, rport, red):
+    """Row U: row E at a third of its rate, on the same one Redis: the rate each master of row
+    R's cluster sees. Redis wakes about as often for a third of the decisions, so what a
+    wake-up costs weighs three times more on each: R / U says what the cluster adds beyond
+    that, R / E what outgrowing one Redis costs at the same rate."""
+    targs = argparse.Namespace(**vars(args))
+    targs.rate = max(1, args.rate // 3)
+    print("[U] agent + Redis, exact, a third of row E's rate (a master's share in row R): "
+          "spop-load -c4 -p32 -r %d -d %d" % (targs.rate, args.duration))
+    ag, aport, _ = rh.start_agent(h, agent_bin, agent_config("redis", rport), "agent-U")
+    try:
+        time.sleep(0.3)
+        calls0 = script_calls(rport)
+        row = paced_row(h, targs, "U", "agent exact, a third of the rate", ag, aport, red)
+        row["calls"] = (script_calls(rport) - calls0) / max(1, row["n"])
+        print("               script calls per decision %.3f" % row["calls"])
+        return row
+    finally:
+        h.stop(ag)
+
+
 def run_concurrency_agent(h, args, agent_bin, rport, red):
     """Row K: row E with a concurrency limit beside the rate limit (one slot a request,
     taken in the decision's call, given back by the response message: spop-load -L sends
@@ -1096,7 +1118,7 @@ def main():
     per_wrk = 15 + args.warmup + 2 * (args.duration + 3)
     per_spop = 10 + args.duration
     bound = 115 + 3 * per_wrk + 5 * per_spop + 30 + 2 * 60 + args.steps * (args.step + 8) + \
-        max(0, args.rounds - 1) * (3 * per_spop + 40)
+        max(0, args.rounds - 1) * (4 * per_spop + 40) + per_spop + 10
     h = rh.Harness("rl-bench-", bound)
     h.keep = args.keep
     return rh.run_guarded(h, lambda: run(h, args, agent_bin, script))
@@ -1156,17 +1178,20 @@ def run(h, args, agent_bin, script):
     print()
     rows["R"] = run_cluster_agent(h, args, agent_bin)
     print()
+    rows["U"] = run_third_agent(h, args, agent_bin, rport, red)
+    print()
     rows["T"] = run_tls_agent(h, args, agent_bin)
     print()
     rows["W"] = run_status_flood(h, args, agent_bin, rport, red)
     print()
     # more rounds of E, R and T, interleaved: one run of each moves with whatever else the
     # machine does; the ratios R / E and T / E are taken within a round, then the median
-    rounds = [{"E": rows["E"], "R": rows["R"], "T": rows["T"]}]
+    rounds = [{"E": rows["E"], "R": rows["R"], "U": rows["U"], "T": rows["T"]}]
     for i in range(2, args.rounds + 1):
-        print("[E R T] round %d of %d" % (i, args.rounds))
+        print("[E R U T] round %d of %d" % (i, args.rounds))
         rounds.append({"E": run_exact_agent(h, args, agent_bin, rport, red, sha, params),
                        "R": run_cluster_agent(h, args, agent_bin),
+                       "U": run_third_agent(h, args, agent_bin, rport, red),
                        "T": run_tls_agent(h, args, agent_bin)})
         print()
     rows["rounds"] = rounds
@@ -1213,11 +1238,12 @@ def run(h, args, agent_bin, script):
 
 def report(args, http, rows):
     order = [(s, r) for s in "ABC" for r in http[s]] + \
-        [(k, rows[k]) for k in "NDEGKRTWPQFMS" if rows.get(k)]
+        [(k, rows[k]) for k in "NDEGKRUTWPQFMS" if rows.get(k)]
     names = {"A": "no SPOE", "B": "null agent", "C": "exact", "N": "spoa-example",
              "D": 'agent "allow"', "E": "agent exact", "T": "agent exact TLS",
              "G": "agent exact, key layout 2",
              "K": "exact + concurrency", "R": "exact, 3-master cluster",
+             "U": "exact, a third of the rate",
              "W": "exact + /status flood",
              "P": "our script -P32",
              "Q": "seed script -P32", "F": "floor script -P32",
@@ -1226,6 +1252,7 @@ def report(args, http, rows):
            "D": "spop-load -r %d" % args.rate, "E": "spop-load -r %d" % args.rate,
            "G": "spop-load -r %d" % args.rate,
            "K": "spop-load -r %d -L" % args.rate, "R": "spop-load -r %d" % args.rate,
+           "U": "spop-load -r %d" % max(1, args.rate // 3),
            "T": "spop-load -r %d" % args.rate, "W": "spop-load -r %d" % args.rate,
            "P": "redis-benchmark", "Q": "redis-benchmark", "F": "redis-benchmark",
            "M": "redis-benchmark", "S": "spop-load -r, 0 degraded"}
@@ -1304,6 +1331,16 @@ def report(args, http, rows):
         line("Redis CPU per exact decision, 3-master cluster / one Redis (R / E)", "%.2f" % x,
              x <= 1.2 and not note, "<= 1.2", note or "median; %s; %.3f / %.3f script calls "
              "a decision" % (listed(res, "%.2f"), R.get("calls", 0), E.get("calls", 0)))
+        # why: each master runs at a third of the rate, where a Redis wake-up is shared by
+        # fewer decisions (no target: information)
+        for what, a_, b_ in (("one Redis at a third of the rate / at the rate (U / E)", "U", "E"),
+                             ("3-master cluster / one Redis at a third of the rate (R / U)",
+                              "R", "U")):
+            vs = per_round(lambda x, y: x["cpu"].get("redis", 0) / y["cpu"]["redis"], a_, b_)
+            print("  %-68s %9s  %s" % ("  ... " + what,
+                                      "%.2f" % med(vs) if vs else "n/a",
+                                      "(" + listed(vs, "%.2f") + ")" if vs else
+                                      "(no clean round)"))
     x = P["cpu"]["redis"] / seed
     line("Redis CPU per call at -P32, our script / seed's (P / Q)", "%.2f" % x, x <= 0.5,
          "<= 0.5")

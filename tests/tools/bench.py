@@ -52,7 +52,8 @@ Rows:
      step, with the default command timeout; the highest rate answered with 0 degraded
      answers (and nothing unanswered).
   L  Redis memory per client in each key layout: 100,000 clients of a tier of 100/s and
-     1,000,000/day, each decided once by the script on an empty Redis of its own.
+     1,000,000/day, each decided once by the script on an empty Redis of its own; again
+     on Valkey when valkey-server is installed (or VALKEY_BIN names one).
 
 CPU per decision: utime + stime of the agent (and its workers), of Redis and of HAProxy
 read from /proc/PID/stat before and after the measured run, divided by the decisions
@@ -877,22 +878,27 @@ def limit_params(model, alg, rate, period_ms, burst):
     return int(out[0]), int(out[1])
 
 
-def layout_memory(h, args, script):
+def layout_memory(h, args, script, server=None):
     """Row L: Redis memory per client in each key layout. MEM_CLIENTS clients of a tier
     of 100/s and 1,000,000/day (GCRA "sec", fixed window "day"; API keys' principals),
     each decided once by the script in one layout on an empty Redis of its own:
     used_memory before, just after, and once the per-second states have expired (their
     keys deleted in layout 1; in layout 2 the entry stays in its client's key, which the
-    day's entry keeps), divided by the clients."""
-    print("[L] Redis memory per client, %d clients of 100/s + 1,000,000/day, each decided "
-          "once" % MEM_CLIENTS)
+    day's entry keeps), divided by the clients. <server>: a Valkey binary instead of
+    redis-server (row L on Valkey)."""
+    print("[L] %s memory per client, %d clients of 100/s + 1,000,000/day, each decided "
+          "once" % ("Valkey" if server else "Redis", MEM_CLIENTS))
     sec = limit_params(args.model, ALG_GCRA, 100, 1000, 100)
     day = (86400 * 10 ** 6, 10 ** 6)
     out = {}
     for layout in (1, 2):
-        red, port = rh.start_redis(h, "redis-L%d" % layout)
+        red, port = rh.start_redis(h, "%s-L%d" % ("valkey" if server else "redis", layout),
+                                   server=server)
         try:
             sha = rh.redis_cmd(port, "SCRIPT", "LOAD", script.read_text())
+            if layout == 1:
+                out["version"] = server_version(port)
+                print("    %s" % out["version"])
 
             def used():
                 info = rh.redis_cmd(port, "INFO", "memory")
@@ -943,6 +949,25 @@ def layout_memory(h, args, script):
         finally:
             h.stop(red)
     return {"setup": "L", "mem": out}
+
+
+def server_version(port):
+    """"Redis 7.0.15" or "Valkey 9.1.2": what answers on <port> (INFO server)."""
+    info = rh.redis_cmd(port, "INFO", "server")
+    info = info.decode() if isinstance(info, bytes) else info
+    m = re.search(r"valkey_version:(\S+)", info)
+    if m:
+        return "Valkey " + m.group(1)
+    m = re.search(r"redis_version:(\S+)", info)
+    return "Redis " + (m.group(1) if m else "?")
+
+
+def valkey_server():
+    """A valkey-server binary (VALKEY_BIN, or on the PATH), or None."""
+    p = os.environ.get("VALKEY_BIN") or shutil.which("valkey-server")
+    if not p and os.access("/usr/bin/valkey-server", os.X_OK):
+        p = "/usr/bin/valkey-server"
+    return p
 
 
 def redis_bench(h, args, setup, label, rport, red, cmd, decisions=1):
@@ -1118,7 +1143,7 @@ def main():
     per_wrk = 15 + args.warmup + 2 * (args.duration + 3)
     per_spop = 10 + args.duration
     bound = 115 + 3 * per_wrk + 5 * per_spop + 30 + 2 * 60 + args.steps * (args.step + 8) + \
-        max(0, args.rounds - 1) * (4 * per_spop + 40) + per_spop + 10
+        max(0, args.rounds - 1) * (4 * per_spop + 40) + per_spop + 10 + 60
     h = rh.Harness("rl-bench-", bound)
     h.keep = args.keep
     return rh.run_guarded(h, lambda: run(h, args, agent_bin, script))
@@ -1227,6 +1252,13 @@ def run(h, args, agent_bin, script):
     h.stop(red)
     print()
     rows["L"] = layout_memory(h, args, script)
+    print()
+    valkey = valkey_server()
+    if valkey:
+        rows["LV"] = layout_memory(h, args, script, server=valkey)
+    else:
+        print("[L] on Valkey: not available (no valkey-server: Debian 13 packages it; or set "
+              "VALKEY_BIN)")
     print()
 
     report(args, http, rows)
@@ -1360,16 +1392,22 @@ def report(args, http, rows):
          d50 <= 0.15 and not note, "<= 0.15", note)
     line("light load wrk -c1: exact p99 - no SPOE p99 (C - A)", "%+.3f ms" % d99,
          d99 <= 0.5 and not note, "<= 0.5", note)
-    L = rows.get("L")
-    if L:
+    for key in ("L", "LV"):
+        L = rows.get(key)
+        if not L:
+            continue
+        # per layout, the higher of its two moments (just after; once the per-second
+        # states expired): the better layout by that
         m1, m2 = L["mem"][1], L["mem"][2]
-        best = min(m1["after"], m2["after"])
-        line("Redis memory per client, 100/s + 1M/day, the better layout (L)",
+        w1, w2 = max(m1["after"], m1["expired"]), max(m2["after"], m2["expired"])
+        best = min(w1, w2)
+        line("memory per client, 100/s + 1M/day, the better layout, %s" % L["mem"]["version"],
              "%.0f B" % best, best <= 160, "<= 160",
-             "layout 1 %.0f B, layout 2 %.0f B: %.2f" % (m1["after"], m2["after"],
-                                                         m2["after"] / m1["after"]))
-        print("  %-68s %9s" % ("  ... once the per-second states expired (L), layout 2 / 1",
-                               "%.0f / %.0f B" % (m2["expired"], m1["expired"])))
+             "layout %d; the higher of just after / once expired" % (1 if w1 <= w2 else 2))
+        print("  %-68s %9s" % ("  ... layout 1: just after / once the per-second states expired",
+                               "%.0f / %.0f B" % (m1["after"], m1["expired"])))
+        print("  %-68s %9s" % ("  ... layout 2: just after / once the per-second states expired",
+                               "%.0f / %.0f B" % (m2["after"], m2["expired"])))
     G = rows.get("G")
     if G and E["cpu"].get("redis") and G["cpu"].get("redis"):
         note = clean(G, E)

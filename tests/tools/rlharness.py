@@ -293,10 +293,10 @@ def indent(text, pad="    "):
 # ---------------------------------------------------------------------------------------
 # Components
 
-def start_redis(h, name="redis", extra=()):
+def start_redis(h, name="redis", extra=(), server=None):
     """redis-server on a free port, no persistence; <extra>: more command-line options
-    (e.g. ("--enable-debug-command", "yes"))."""
-    redis_bin = which("redis-server", "REDIS_BIN")
+    (e.g. ("--enable-debug-command", "yes")); <server>: another server's binary (Valkey's)."""
+    redis_bin = server or which("redis-server", "REDIS_BIN")
     rdir = h.tmp / name
     rdir.mkdir(exist_ok=True)
 

@@ -509,6 +509,28 @@ static void load_root_keys(struct loader *ld, const config_setting_t *root)
 	load_keys(ld, root, keys, ARRAY_SIZE(keys));
 }
 
+/*
+ * redis.batch_wait_us counts in the deadline of every decision that waits: at
+ * most half of what a decision is given for its reply (spoe_timeout's share
+ * when set, else the command timeout), or the decisions of a partial batch
+ * would be answered degraded for the wait alone.
+ */
+static void check_batch_wait(struct loader *ld, const config_setting_t *s)
+{
+	const struct agent_config *cfg = ld->cfg;
+	unsigned budget_ms = config_answer_budget_ms(cfg);
+
+	if (!budget_ms)
+		budget_ms = config_command_timeout_ms(cfg);
+	if (s && cfg->redis.batch_wait_us > budget_ms * 500u)
+		add_err(ld, line_of(config_setting_get_member(s, "batch_wait_us")),
+			"redis.batch_wait_us = %u: at most %u, half of the %u ms a decision is "
+			"given for its reply (%s): lower it, or raise that",
+			cfg->redis.batch_wait_us, budget_ms * 500u, budget_ms,
+			config_answer_budget_ms(cfg) ? "spoe_timeout's share"
+						     : "redis.command_timeout_ms");
+}
+
 /* redis { ... }: where Redis is, how the agent logs in, its timeouts and bounds. */
 static void load_redis(struct loader *ld, const config_setting_t *root)
 {
@@ -576,6 +598,7 @@ static void load_redis(struct loader *ld, const config_setting_t *root)
 	ld->group = "redis";
 	load_keys(ld, s, keys, ARRAY_SIZE(keys));
 	ld->group = NULL;
+	check_batch_wait(ld, s);
 }
 
 /*

@@ -239,13 +239,37 @@ static const struct cmd_ops cmd_ops = {
 
 /* ---- partial batches waiting for more (redis.batch_wait_us) ---------------- */
 
+/*
+ * How long a partial batch may wait: redis.batch_wait_us, at most half of what
+ * a decision is given for its reply (reply_budget(), which a reload of the
+ * timeouts may shorten): the wait counts in its deadline.
+ */
+static double batch_wait(const struct store *s)
+{
+	double half = reply_budget(s) / 2;
+
+	return s->batch_wait_s < half ? s->batch_wait_s : half;
+}
+
 /* <n>'s batch may wait for more: it is partial, young, and its connection up. */
 static bool batch_may_wait(const struct store_node *n, double now)
 {
 	const struct store *s = n->s;
 
 	return s->batch_wait_s > 0 && n->nbatch && n->nbatch < s->batch_max &&
-	       now - n->batch_since < s->batch_wait_s && n->rc && n->state == ND_READY;
+	       now - n->batch_since < batch_wait(s) && n->rc && n->state == ND_READY;
+}
+
+/*
+ * <n>'s waiting batch leaves now: each decision's wait is counted from now
+ * (cmd_sent_now()), so the adaptive limit samples Redis, not the wait.
+ */
+static void batch_restamp(struct store_node *n, double now)
+{
+	struct list *l;
+
+	for (l = n->batch.next; l != &n->batch; l = l->next)
+		cmd_sent_now(LIST_ELEM(l, struct store_cmd, park), now);
 }
 
 static void linger_stop(struct store_node *n)
@@ -269,7 +293,7 @@ static void linger_arm(struct store *s, double now)
 
 	for (l = s->lingerq.next; l != &s->lingerq; l = l->next) {
 		struct store_node *n = LIST_ELEM(l, struct store_node, linger_node);
-		double due = n->batch_since + s->batch_wait_s;
+		double due = n->batch_since + batch_wait(s);
 
 		if (!first || due < first)
 			first = due;
@@ -297,7 +321,11 @@ static bool batch_linger(struct store_node *n, double now)
 	struct store *s = n->s;
 
 	if (!batch_may_wait(n, now)) {
-		linger_stop(n);
+		if (n->lingering) {
+			/* full, or its wait over before the timer said so */
+			batch_restamp(n, now);
+			linger_stop(n);
+		}
 		return false;
 	}
 	if (!n->lingering) {
@@ -331,8 +359,7 @@ static void batch_release(struct store *s, double now)
 
 		list_del(&n->linger_node);
 		n->lingering = false;
-		for (l = n->batch.next; l != &n->batch; l = l->next)
-			cmd_sent_now(LIST_ELEM(l, struct store_cmd, park), now);
+		batch_restamp(n, now);
 		batch_flush(n);
 		if (n->rc && n->state == ND_READY)
 			rconn_flush(n->rc);

@@ -490,8 +490,9 @@ static void cmd_expire(struct store *s, struct list *l, double now)
 		cmd_unpark(c);
 		/* sent and unanswered in time: congestion at that node if it
 		 * kept us waiting late (half the budget), unless the time went
-		 * to this agent's own turns */
-		if (!parked && c->at && cmd_wait(c, now) >= reply_budget(s) / 2)
+		 * to this agent's own turns; a decision still in a batch was
+		 * not sent (batch_flush() drops it) */
+		if (!parked && !c->batched && c->at && cmd_wait(c, now) >= reply_budget(s) / 2)
 			limit_decrease(c->at, now);
 		cmd_answer(c, STORE_TIMEOUT, NULL);
 		if (parked)

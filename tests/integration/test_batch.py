@@ -118,7 +118,8 @@ def test_batch_wait_gathers_decisions_of_several_turns(agent, redis):
     """redis.batch_wait_us: a partial batch waits that long for more decisions, so two
     NOTIFYs read a millisecond apart share one script call; without it (the default)
     each leaves at the end of its own turn, in a call of its own."""
-    waiting = agent(redis=redis, metrics=True, redis_cfg={"batch_wait_us": 5000}, **CFG)
+    waiting = agent(redis=redis, metrics=True,
+                    redis_cfg={"batch_wait_us": 5000, "command_timeout_ms": 20}, **CFG)
     assert two_decisions_apart(waiting, redis, 0.001, 0.003) == 1
     wait_until(lambda: scrape(waiting).get("spoa_ratelimit_redis_batched_decisions_total") == 2,
                3, 0.05, "the batch counters to be published")
@@ -126,3 +127,31 @@ def test_batch_wait_gathers_decisions_of_several_turns(agent, redis):
     assert m.get("spoa_ratelimit_redis_batch_calls_total") == 1
     at_once = agent(redis=redis, name="agent-2", **CFG)
     assert two_decisions_apart(at_once, redis, 0.02, 1.0) == 2
+
+
+def test_a_waiting_batch_leaving_full_samples_redis_not_the_wait(agent, redis):
+    """A decision that waited in a partial batch (redis.batch_wait_us) until a later one
+    filled it: what its round trip tells the adaptive concurrency limit and the node's
+    latency (/status) is Redis's time from when the batch left, not the wait. The wait
+    was counted when the batch was full (it left from the flusher, not the timer): ten
+    pairs of decisions 4 ms apart, two a batch, put the first of each at over 4 ms, the
+    node's p90 in the 6.4 ms bucket."""
+    import time
+    from test_status import status_json
+    a = agent(redis=redis, metrics=True,
+              redis_cfg={"batch_wait_us": 5000, "batch_max": 2, "command_timeout_ms": 20},
+              **CFG)
+    calls0 = script_calls(redis)
+    with sc.SpopClient(a.addr) as c:
+        c.hello()
+        for i in range(10):
+            c.send(sc.notify(10 + 4 * i, 1, [sc.rl_message(key="bl-a%d" % i, tier="t")]))
+            time.sleep(0.004)
+            c.send(sc.notify(12 + 4 * i, 1, [sc.rl_message(key="bl-b%d" % i, tier="t")]))
+            acks = [c.recv_frame(timeout=5), c.recv_frame(timeout=5)]
+            assert all(sc.ack_vars(f.payload)["allow"] == 1 for f in acks), acks
+    assert script_calls(redis) - calls0 <= 12       # mostly in pairs: the batches waited
+    [node] = status_json(a)["redis"]["nodes"]
+    assert node["replies"] >= 10 and node["p90_ms"] is not None
+    assert node["p90_ms"] <= 3.2, node              # bucket bounds: ... 1.6, 3.2, 6.4 ms
+    assert node["limit"] == 256, node               # never cut: no reply was late

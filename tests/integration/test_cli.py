@@ -64,6 +64,34 @@ def test_check_says_the_redis_deadlines(agent_bin, tmp, spoe, cmd, says):
     assert "%s: redis deadlines: %s\n" % (p, says) in r.stdout, r.stdout
 
 
+@pytest.mark.parametrize("spoe, cmd, wait, says", [
+    (None, None, 2500, None),
+    (None, None, 2501, "at most 2500, half of the 5 ms a decision is given for its reply "
+                       "(redis.command_timeout_ms)"),
+    (None, 10, 5000, None),
+    ("5ms", 10, 2001, "at most 2000, half of the 4 ms a decision is given for its reply "
+                      "(spoe_timeout's share)"),
+])
+def test_check_batch_wait_within_the_deadline(agent_bin, tmp, spoe, cmd, wait, says):
+    """redis.batch_wait_us counts in the deadline of the decisions that wait: more than
+    half of what a decision is given for its reply is refused, with the bound and why."""
+    cfg = agent_config("127.0.0.1:%d" % free_port(), "127.0.0.1:6379", spoe_timeout=spoe)
+    if cmd is None:
+        del cfg["redis"]["command_timeout_ms"]
+    else:
+        cfg["redis"]["command_timeout_ms"] = cmd
+    cfg["redis"]["batch_wait_us"] = wait
+    p = tmp / "batch_wait.conf"
+    p.write_text(to_libconfig(cfg))
+    r = run(agent_bin, "-c", "-f", p)
+    if says is None:
+        assert r.returncode == 0, r
+    else:
+        assert r.returncode == 1, r
+        assert re.search(re.escape(str(p)) + r":\d+: redis.batch_wait_us = %d: %s" % (
+            wait, re.escape(says)), r.stderr), r.stderr
+
+
 BAD = '''listen = "127.0.0.1:1";
 store = "redis";
 redis = { address = "127.0.0.1:6379"; };

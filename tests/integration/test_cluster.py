@@ -690,6 +690,70 @@ def test_ask_target_leaving_the_map_while_it_connects(agent):
         owner.close()
 
 
+def test_master_leaving_the_map_answers_what_it_was_sent(agent):
+    """A decision written to a master, its answer still on the way, when a topology refresh
+    leaves that master out of the map (a master importing a slot, reached by ASK; or one
+    whose slots a failover or a resharding took): its connection stays open until what it
+    carries is answered, and the decision is decided by that answer, not answered "down"
+    while Redis may well have made it (and counted it). Fake nodes: the
+    seed owns every slot, asks for one key (the target answers through a proxy that holds
+    replies for 1 s) and moves another once, which asks the seed for the map."""
+    mine, moved = "held-key", "moved-key"
+    hkey, mkey = state_key(mine).encode(), state_key(moved).encode()
+    held = FakeRedis()
+    slow = DelayProxy(held.port)
+    moved_once = []
+
+    def seed_script(nkeys, argv):
+        keys = argv[3:3 + nkeys]
+        if hkey in keys:
+            return b"-ASK %d %s\r\n" % (key_slot(hkey), slow.address.encode())
+        if mkey in keys and len(moved_once) < 1:
+            moved_once.append(1)
+            return b"-MOVED %d %s\r\n" % (key_slot(mkey), seed.address.encode())
+        return script_reply(nkeys)
+
+    seed = FakeRedis(script=seed_script)
+    seed.slots = held.slots = [slots_reply(seed.port)]
+    answers = {}
+    try:
+        a = agent(redis=seed, log_level="debug",
+                  redis_cfg={"command_timeout_ms": 3000, "connect_timeout_ms": 3000})
+
+        def decide(name, key):
+            with sc.SpopClient(a.addr, timeout=10) as c:
+                c.hello()
+                answers[name] = c.request(1, 1, [sc.rl_message(key=key)])
+
+        decide("first", mine)                      # connected to the target
+        assert answers["first"]["allow"] == 1 and not answers["first"].get("degraded")
+        n0 = held.count("EVALSHA")
+        slow.delay = 1.0
+        th = threading.Thread(target=decide, args=("held", mine))
+        th.start()
+        wait_until(lambda: held.count("EVALSHA") > n0, 5, interval=0.01,
+                   what="the decision written to the target")
+        t0 = time.monotonic()
+        left = "redis %s left the topology" % slow.address
+        retired = a.proc.log_text().count(left)
+        decide("moved", moved)                     # its MOVED asks the seed for the map
+        wait_until(lambda: a.proc.log_text().count(left) > retired, 5, interval=0.01,
+                   what="the target retired")
+        assert th.is_alive(), answers.get("held")  # not answered when it was retired
+        th.join(10)
+        assert not th.is_alive()
+        waited = time.monotonic() - t0
+        for name in ("moved", "held"):
+            v = answers[name]
+            assert v["allow"] == 1 and not v.get("degraded"), (name, v)
+        assert waited >= 0.5, waited               # by the held reply, not at once
+        assert held.count("EVALSHA") == n0 + 1     # decided once, where it was sent
+    finally:
+        slow.close()
+        held.close()
+        seed.close()
+
+
 def test_master_killed_replica_promoted(agent, redis_cluster):
     """A master (not the seed) is killed with SIGKILL and its replica takes over: decisions
     of its slots are degraded only during the switch (bounded), the other masters' keys are

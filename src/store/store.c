@@ -442,8 +442,11 @@ static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 			node_close(n);
 			node_lost(n);
 		}
+		/* a retired node goes once idle; one still connecting is let
+		 * finish (its connect timeout bounds it): an ASK's target
+		 * retired by a refresh is asked for again soon after */
 		if (n->retired && !n->out && list_empty(&n->parked) && list_empty(&n->queue) &&
-		    s->refresh_node != n)
+		    s->refresh_node != n && n->state != ND_CONNECTING && n->state != ND_HANDSHAKE)
 			node_free(n);
 		else if (n->named)
 			node_ttl_check(n, now);

@@ -26,6 +26,7 @@ class DelayProxy:
         self.closing = threading.Event()
         self.socks = []
         self.threads = []
+        self.accepted = 0               # connections accepted so far
         self._spawn(self._accept)
 
     @property
@@ -45,6 +46,7 @@ class DelayProxy:
                 continue
             except OSError:
                 return
+            self.accepted += 1
             self._spawn(self._join, c)
 
     def _join(self, c):

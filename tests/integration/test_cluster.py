@@ -630,23 +630,32 @@ def slots_reply(port):
                                    resp_array([b"$9\r\n127.0.0.1\r\n", resp_int(port)])])])
 
 
-def test_ask_target_leaving_the_map_while_it_connects(agent):
+@pytest.mark.parametrize("second_ask_s", [0, 0.3])
+def test_ask_target_leaving_the_map_while_it_connects(agent, second_ask_s):
     """A decision sent by ASK to a master the agent had not met (it joined the cluster to
     import the slot, and is slow to answer a new connection) waits there while it connects.
     A topology refresh answered meanwhile leaves that master out of the map, since it owns no
     slot yet: the decision goes back to the slot's owner, which asks again, and is decided
     by the target once it is up. It was answered "down" at once (a degraded answer in the
     middle of a migration, seen as a flaky test_slot_migration_under_traffic). Fake nodes:
-    the owner asks for one key, and moves another once (a MOVED asks for the map)."""
+    the owner asks for one key, and moves another once (a MOVED asks for the map). The
+    target's connection in progress is kept meanwhile, even when the owner's second ASK
+    comes <second_ask_s> late: it was freed (and started again) when the owner was slower
+    than the agent's 100 ms tick."""
     asked, moved = "asked-key", "moved-key"
     akey, mkey = state_key(asked).encode(), state_key(moved).encode()
     moved_once = []
     target = FakeRedis()
     slow = DelayProxy(target.port, join_delay=0.5)
 
+    asks = []
+
     def owner_script(nkeys, argv):
         keys = argv[3:3 + nkeys]
         if akey in keys:
+            asks.append(1)
+            if len(asks) == 2:
+                time.sleep(second_ask_s)
             return b"-ASK %d %s\r\n" % (key_slot(akey), slow.address.encode())
         if mkey in keys and not moved_once:
             moved_once.append(1)
@@ -684,6 +693,7 @@ def test_ask_target_leaving_the_map_while_it_connects(agent):
         assert cmds[i - 1] == b"ASKING", cmds
         with owner.lock:
             assert sum(1 for c in owner.commands if akey in c) == 2
+        assert slow.accepted == 1          # one connection to the target, kept
     finally:
         slow.close()
         target.close()

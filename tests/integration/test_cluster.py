@@ -630,6 +630,43 @@ def slots_reply(port):
                                    resp_array([b"$9\r\n127.0.0.1\r\n", resp_int(port)])])])
 
 
+# agents in front of fake nodes: their log says what the agent did, replies are held long
+FAKE_AGENT = dict(log_level="debug",
+                  redis_cfg={"command_timeout_ms": 3000, "connect_timeout_ms": 3000})
+
+
+def asking_owner(akey, mkey, target, on_ask=None):
+    """A fake master of every slot that answers ASK toward <target> (a node, a proxy) for
+    <akey> (calling <on_ask>(n) at the n-th), MOVED to itself once for <mkey> (which makes
+    the agent ask for the map), and decides everything else."""
+    asks, moved_once = [], []
+
+    def script(nkeys, argv):
+        keys = argv[3:3 + nkeys]
+        if akey in keys:
+            asks.append(1)
+            if on_ask:
+                on_ask(len(asks))
+            return b"-ASK %d %s\r\n" % (key_slot(akey), target.address.encode())
+        if mkey in keys and not moved_once:
+            moved_once.append(1)
+            return b"-MOVED %d %s\r\n" % (key_slot(mkey), owner.address.encode())
+        return script_reply(nkeys)
+
+    owner = FakeRedis(script=script)
+    owner.slots = [slots_reply(owner.port)]
+    return owner
+
+
+def decider(a, answers):
+    """decide(name, api_key): one decision on a connection of its own, into <answers>."""
+    def decide(name, key):
+        with sc.SpopClient(a.addr, timeout=10) as c:
+            c.hello()
+            answers[name] = c.request(1, 1, [sc.rl_message(key=key)])
+    return decide
+
+
 @pytest.mark.parametrize("second_ask_s", [0, 0.3])
 def test_ask_target_leaving_the_map_while_it_connects(agent, second_ask_s):
     """A decision sent by ASK to a master the agent had not met (it joined the cluster to
@@ -644,36 +681,15 @@ def test_ask_target_leaving_the_map_while_it_connects(agent, second_ask_s):
     than the agent's 100 ms tick."""
     asked, moved = "asked-key", "moved-key"
     akey, mkey = state_key(asked).encode(), state_key(moved).encode()
-    moved_once = []
     target = FakeRedis()
     slow = DelayProxy(target.port, join_delay=0.5)
-
-    asks = []
-
-    def owner_script(nkeys, argv):
-        keys = argv[3:3 + nkeys]
-        if akey in keys:
-            asks.append(1)
-            if len(asks) == 2:
-                time.sleep(second_ask_s)
-            return b"-ASK %d %s\r\n" % (key_slot(akey), slow.address.encode())
-        if mkey in keys and not moved_once:
-            moved_once.append(1)
-            return b"-MOVED %d %s\r\n" % (key_slot(mkey), owner.address.encode())
-        return script_reply(nkeys)
-
-    owner = FakeRedis(script=owner_script)
-    owner.slots = target.slots = [slots_reply(owner.port)]
+    owner = asking_owner(akey, mkey, slow,
+                         on_ask=lambda n: time.sleep(second_ask_s) if n == 2 else None)
+    target.slots = owner.slots
     answers = {}
     try:
-        a = agent(redis=owner, log_level="debug",
-                  redis_cfg={"command_timeout_ms": 3000, "connect_timeout_ms": 3000})
-
-        def decide(name, key):
-            with sc.SpopClient(a.addr, timeout=10) as c:
-                c.hello()
-                answers[name] = c.request(1, 1, [sc.rl_message(key=key)])
-
+        a = agent(redis=owner, **FAKE_AGENT)
+        decide = decider(a, answers)
         th = threading.Thread(target=decide, args=("asked", asked))
         th.start()
         wait_until(lambda: "ASK %d" % key_slot(akey) in a.proc.log_text(), 5,
@@ -705,36 +721,19 @@ def test_master_leaving_the_map_answers_what_it_was_sent(agent):
     leaves that master out of the map (a master importing a slot, reached by ASK; or one
     whose slots a failover or a resharding took): its connection stays open until what it
     carries is answered, and the decision is decided by that answer, not answered "down"
-    while Redis may well have made it (and counted it). Fake nodes: the
-    seed owns every slot, asks for one key (the target answers through a proxy that holds
-    replies for 1 s) and moves another once, which asks the seed for the map."""
+    while Redis may well have made it (and counted it). Fake nodes: the seed owns every
+    slot, asks for one key (the target answers through a proxy that holds replies for 1 s)
+    and moves another once, which asks the seed for the map."""
     mine, moved = "held-key", "moved-key"
     hkey, mkey = state_key(mine).encode(), state_key(moved).encode()
     held = FakeRedis()
     slow = DelayProxy(held.port)
-    moved_once = []
-
-    def seed_script(nkeys, argv):
-        keys = argv[3:3 + nkeys]
-        if hkey in keys:
-            return b"-ASK %d %s\r\n" % (key_slot(hkey), slow.address.encode())
-        if mkey in keys and len(moved_once) < 1:
-            moved_once.append(1)
-            return b"-MOVED %d %s\r\n" % (key_slot(mkey), seed.address.encode())
-        return script_reply(nkeys)
-
-    seed = FakeRedis(script=seed_script)
-    seed.slots = held.slots = [slots_reply(seed.port)]
+    seed = asking_owner(hkey, mkey, slow)
+    held.slots = seed.slots
     answers = {}
     try:
-        a = agent(redis=seed, log_level="debug",
-                  redis_cfg={"command_timeout_ms": 3000, "connect_timeout_ms": 3000})
-
-        def decide(name, key):
-            with sc.SpopClient(a.addr, timeout=10) as c:
-                c.hello()
-                answers[name] = c.request(1, 1, [sc.rl_message(key=key)])
-
+        a = agent(redis=seed, **FAKE_AGENT)
+        decide = decider(a, answers)
         decide("first", mine)                      # connected to the target
         assert answers["first"]["allow"] == 1 and not answers["first"].get("degraded")
         n0 = held.count("EVALSHA")

@@ -347,31 +347,6 @@ static int batch_send_call(struct store_node *n, struct batch_call *b)
 }
 
 /*
- * Drops from <n>'s batch the decisions answered while they waited in it (their
- * deadline passed: a long turn, a batch waiting for more). Like a shed query,
- * they are not sent: their caller has its answer, and Redis would count what
- * nobody was told it admitted.
- */
-static void batch_drop_answered(struct store_node *n)
-{
-	struct list *l, *next;
-
-	for (l = n->batch.next; l != &n->batch; l = next) {
-		struct store_cmd *c = LIST_ELEM(l, struct store_cmd, park);
-
-		next = l->next;
-		if (cmd_live(c))
-			continue;
-		list_del(&c->park);
-		list_init(&c->park);
-		c->batched = false;
-		n->nbatch--;
-		n->out--;
-		cmd_free(c);
-	}
-}
-
-/*
  * Sends <n>'s batch (the flusher, before the loop polls): calls of up to
  * batch_max decisions, a lone decision in the single form. What cannot be
  * sent (the connection is gone) is answered DOWN. Invokes user callbacks.
@@ -380,7 +355,6 @@ void batch_flush(struct store_node *n)
 {
 	struct store *s = n->s;
 
-	batch_drop_answered(n);
 	while (n->nbatch) {
 		struct batch_call *b;
 

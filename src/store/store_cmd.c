@@ -479,6 +479,24 @@ int cmd_dispatch_nocb(struct store_node *n, struct store_cmd *c)
 }
 
 /* Answers TIMEOUT the sent commands of FIFO <l> whose deadline passed at <now>. */
+/*
+ * <c>, answered while it waited in its node's batch (its deadline passed: a
+ * long turn, a batch waiting for more), leaves the batch and is freed: like a
+ * shed query it is not sent, as its caller has its answer and Redis would
+ * count what nobody was told it admitted.
+ */
+static void cmd_batch_drop(struct store_cmd *c)
+{
+	struct store_node *n = c->at;
+
+	list_del(&c->park);
+	list_init(&c->park);
+	c->batched = false;
+	n->nbatch--;
+	n->out--;
+	cmd_free(c);
+}
+
 static void cmd_expire(struct store *s, struct list *l, double now)
 {
 	while (!list_empty(l)) {
@@ -491,12 +509,14 @@ static void cmd_expire(struct store *s, struct list *l, double now)
 		/* sent and unanswered in time: congestion at that node if it
 		 * kept us waiting late (half the budget), unless the time went
 		 * to this agent's own turns; a decision still in a batch was
-		 * not sent (batch_flush() drops it) */
+		 * not sent */
 		if (!parked && !c->batched && c->at && cmd_wait(c, now) >= reply_budget(s) / 2)
 			limit_decrease(c->at, now);
 		cmd_answer(c, STORE_TIMEOUT, NULL);
 		if (parked)
 			cmd_free(c);
+		else if (c->batched)
+			cmd_batch_drop(c);
 	}
 }
 

@@ -150,7 +150,10 @@ def test_a_waiting_batch_leaving_full_samples_redis_not_the_wait(agent, redis):
             c.send(sc.notify(12 + 4 * i, 1, [sc.rl_message(key="bl-b%d" % i, tier="t")]))
             acks = [c.recv_frame(timeout=5), c.recv_frame(timeout=5)]
             assert all(sc.ack_vars(f.payload)["allow"] == 1 for f in acks), acks
-    assert script_calls(redis) - calls0 <= 12       # mostly in pairs: the batches waited
+    # at least two pairs shared a call (a busy machine may stretch some gaps past the
+    # wait): two of the node's twenty samples are enough to put its p90 at 6.4 ms
+    calls = script_calls(redis) - calls0
+    assert calls <= 18, "%d calls: the machine never kept the 4 ms gaps" % calls
     [node] = status_json(a)["redis"]["nodes"]
     assert node["replies"] >= 10 and node["p90_ms"] is not None
     assert node["p90_ms"] <= 3.2, node              # bucket bounds: ... 1.6, 3.2, 6.4 ms

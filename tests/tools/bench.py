@@ -582,12 +582,19 @@ def print_degraded_by(h, ag):
         print("               degraded by %s" % why)
 
 
-def run_exact_agent(h, args, agent_bin, rport, red, sha, params, layout=1):
+def run_exact_agent(h, args, agent_bin, rport, red, sha, params, layout=1, third=False):
     """Row E: the agent deciding against Redis, spop-load paced at --rate; its argv checked.
-    Row G: the same in key layout 2."""
-    setup = "E" if layout == 1 else "G"
-    print("[%s] agent + Redis, exact (one GCRA limit, key layout %d): spop-load -c4 -p32 -r %d "
-          "-d %d" % (setup, layout, args.rate, args.duration))
+    Row G: the same in key layout 2. Row U (<third>): row E at a third of its rate, the rate
+    each master of row R's cluster sees: Redis wakes about as often for a third of the
+    decisions, so what a wake-up costs weighs three times more on each (R / U says what the
+    cluster adds beyond that, R / E what outgrowing one Redis costs at the same rate)."""
+    setup = "U" if third else "E" if layout == 1 else "G"
+    if third:
+        args = argparse.Namespace(**vars(args))
+        args.rate = max(1, args.rate // 3)
+    print("[%s] agent + Redis, exact (one GCRA limit, key layout %d%s): spop-load -c4 -p32 "
+          "-r %d -d %d" % (setup, layout, ", a third of row E's rate" if third else "",
+                           args.rate, args.duration))
     cfg = agent_config("redis", rport)
     cfg["redis"]["key_layout"] = layout
     ag, aport, _ = rh.start_agent(h, agent_bin, cfg, "agent-" + setup)
@@ -595,13 +602,15 @@ def run_exact_agent(h, args, agent_bin, rport, red, sha, params, layout=1):
         params = params[:3] + [FLAGS] + params[4:]
     try:
         time.sleep(0.3)
-        got = captured_argv(h, args, aport, rport)
-        want = ["EVALSHA", sha, "1", principal_key("key-0", layout)] + [str(x) for x in params]
-        if got != want:
-            raise rh.SetupError("the agent's script call is not what redis-benchmark would "
-                                "send:\n    agent: %s\n    bench: %s" % (got, want))
-        print("    agent's call (MONITOR): %s" % " ".join(
-            t if len(t) < 48 else t[:12] + "..." for t in got))
+        if not third:           # the same agent and setup as row E's: checked there
+            got = captured_argv(h, args, aport, rport)
+            want = ["EVALSHA", sha, "1", principal_key("key-0", layout)] + \
+                [str(x) for x in params]
+            if got != want:
+                raise rh.SetupError("the agent's script call is not what redis-benchmark "
+                                    "would send:\n    agent: %s\n    bench: %s" % (got, want))
+            print("    agent's call (MONITOR): %s" % " ".join(
+                t if len(t) < 48 else t[:12] + "..." for t in got))
         calls0 = script_calls(rport)
         row = paced_row(h, args, setup, "agent exact", ag, aport, red)
         row["calls"] = (script_calls(rport) - calls0) / max(1, row["n"])
@@ -654,27 +663,6 @@ def run_cluster_agent(h, args, agent_bin):
     finally:
         for p, _ in nodes:
             h.stop(p)
-
-
-def run_third_agent(h, args, agent_bin, rport, red):
-    """Row U: row E at a third of its rate, on the same one Redis: the rate each master of row
-    R's cluster sees. Redis wakes about as often for a third of the decisions, so what a
-    wake-up costs weighs three times more on each: R / U says what the cluster adds beyond
-    that, R / E what outgrowing one Redis costs at the same rate."""
-    targs = argparse.Namespace(**vars(args))
-    targs.rate = max(1, args.rate // 3)
-    print("[U] agent + Redis, exact, a third of row E's rate (a master's share in row R): "
-          "spop-load -c4 -p32 -r %d -d %d" % (targs.rate, args.duration))
-    ag, aport, _ = rh.start_agent(h, agent_bin, agent_config("redis", rport), "agent-U")
-    try:
-        time.sleep(0.3)
-        calls0 = script_calls(rport)
-        row = paced_row(h, targs, "U", "agent exact, a third of the rate", ag, aport, red)
-        row["calls"] = (script_calls(rport) - calls0) / max(1, row["n"])
-        print("               script calls per decision %.3f" % row["calls"])
-        return row
-    finally:
-        h.stop(ag)
 
 
 def run_concurrency_agent(h, args, agent_bin, rport, red):
@@ -963,11 +951,11 @@ def server_version(port):
 
 
 def valkey_server():
-    """A valkey-server binary (VALKEY_BIN, or on the PATH), or None."""
-    p = os.environ.get("VALKEY_BIN") or shutil.which("valkey-server")
-    if not p and os.access("/usr/bin/valkey-server", os.X_OK):
-        p = "/usr/bin/valkey-server"
-    return p
+    """A valkey-server binary (VALKEY_BIN, the PATH, the usual directories), or None."""
+    try:
+        return rh.which("valkey-server", "VALKEY_BIN")
+    except rh.SetupError:
+        return None
 
 
 def redis_bench(h, args, setup, label, rport, red, cmd, decisions=1):
@@ -1203,7 +1191,7 @@ def run(h, args, agent_bin, script):
     print()
     rows["R"] = run_cluster_agent(h, args, agent_bin)
     print()
-    rows["U"] = run_third_agent(h, args, agent_bin, rport, red)
+    rows["U"] = run_exact_agent(h, args, agent_bin, rport, red, sha, params, third=True)
     print()
     rows["T"] = run_tls_agent(h, args, agent_bin)
     print()
@@ -1216,7 +1204,8 @@ def run(h, args, agent_bin, script):
         print("[E R U T] round %d of %d" % (i, args.rounds))
         rounds.append({"E": run_exact_agent(h, args, agent_bin, rport, red, sha, params),
                        "R": run_cluster_agent(h, args, agent_bin),
-                       "U": run_third_agent(h, args, agent_bin, rport, red),
+                       "U": run_exact_agent(h, args, agent_bin, rport, red, sha, params,
+                                            third=True),
                        "T": run_tls_agent(h, args, agent_bin)})
         print()
     rows["rounds"] = rounds
@@ -1341,6 +1330,10 @@ def report(args, http, rows):
     def listed(vals, fmt):
         return "rounds: " + ", ".join(fmt % v for v in vals)
 
+    def ratios(a, b, who="redis"):
+        """<who>'s CPU per decision of row <a> / row <b>, in each clean round."""
+        return per_round(lambda x, y: x["cpu"].get(who, 0) / y["cpu"][who], a, b)
+
     ags = per_round(lambda e: e["cpu"].get("agent", 0), "E")
     ag = med(ags) if ags else E["cpu"].get("agent", 0)
     note = "" if ags else clean(E)
@@ -1357,7 +1350,7 @@ def report(args, http, rows):
          x <= 0.5 and not note, "<= 0.5", note)
     R = rows.get("R")
     if R and E["cpu"].get("redis"):
-        res = per_round(lambda r, e: r["cpu"].get("redis", 0) / e["cpu"]["redis"], "R", "E")
+        res = ratios("R", "E")
         x = med(res) if res else R["cpu"].get("redis", 0) / E["cpu"]["redis"]
         note = "" if res else clean(R, E)
         line("Redis CPU per exact decision, 3-master cluster / one Redis (R / E)", "%.2f" % x,
@@ -1368,7 +1361,7 @@ def report(args, http, rows):
         for what, a_, b_ in (("one Redis at a third of the rate / at the rate (U / E)", "U", "E"),
                              ("3-master cluster / one Redis at a third of the rate (R / U)",
                               "R", "U")):
-            vs = per_round(lambda x, y: x["cpu"].get("redis", 0) / y["cpu"]["redis"], a_, b_)
+            vs = ratios(a_, b_)
             print("  %-68s %9s  %s" % ("  ... " + what,
                                       "%.2f" % med(vs) if vs else "n/a",
                                       "(" + listed(vs, "%.2f") + ")" if vs else
@@ -1432,7 +1425,7 @@ def report(args, http, rows):
         print()
         print("what TLS costs a decision (T against E within each round, the median)")
         for who in ("agent", "redis"):
-            tes = per_round(lambda t, e: t["cpu"].get(who, 0) / e["cpu"][who], "T", "E")
+            tes = ratios("T", "E", who)
             x = med(tes) if tes else T["cpu"].get(who, 0) / E["cpu"][who]
             line("%s CPU per exact decision, TLS / clear (T / E)" % (
                 "agent" if who == "agent" else "Redis"), "%.2f" % x, x <= 1.1 and bool(tes),
